@@ -1,0 +1,1 @@
+"""Serentak services: upload, locks, notify, and the runtime they share."""

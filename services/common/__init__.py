@@ -1,0 +1,1 @@
+"""What every Serentak service shares: config, DB, gRPC bootstrap, errors, logging, metrics."""

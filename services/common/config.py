@@ -1,0 +1,67 @@
+"""Settings, read once from the environment (`SERENTAK_*`) into frozen objects.
+
+Nothing else in the code base reads the environment: a service calls `load()` for its
+settings class once at start-up and passes the object down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path(".data")
+
+# Dev-mode identities: bearer token -> tenant and user. Production replaces this table.
+DEFAULT_AUTH_TOKENS: dict[str, dict[str, str]] = {
+    "dev-alice": {"tenant_id": "acme", "user_id": "alice"},
+    "dev-bob": {"tenant_id": "acme", "user_id": "bob"},
+    "dev-carol": {"tenant_id": "acme", "user_id": "carol"},
+    "dev-mallory": {"tenant_id": "evil", "user_id": "mallory"},
+}
+DEFAULT_SERVICE_TOKEN = "dev-service-token"
+
+
+class CommonSettings(BaseSettings):
+    """Settings every service reads; each service extends this class with its own."""
+
+    model_config = SettingsConfigDict(env_prefix="SERENTAK_", frozen=True, extra="ignore")
+
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="Folder for SQLite files and blobs.")
+    bind_host: str = Field("127.0.0.1", description="Interface the gRPC servers listen on.")
+    upload_port: int = 50051
+    locks_port: int = 50052
+    notify_port: int = 50053
+    upload_metrics_port: int = 9101
+    locks_metrics_port: int = 9102
+    notify_metrics_port: int = 9103
+    upload_address: str = "127.0.0.1:50051"
+    locks_address: str = "127.0.0.1:50052"
+    notify_address: str = "127.0.0.1:50053"
+    etcd_endpoint: str = Field("127.0.0.1:2379", description="host:port of one etcd member.")
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
+    shutdown_grace_seconds: float = Field(5.0, ge=0, description="In-flight calls get this long.")
+    max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message accepted.")
+    auth_tokens: dict[str, dict[str, str]] = Field(
+        default_factory=lambda: dict(DEFAULT_AUTH_TOKENS)
+    )
+    service_token: str = DEFAULT_SERVICE_TOKEN
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
+    )
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+def load(cls: type[SettingsT], **overrides: object) -> SettingsT:
+    """Read `cls` from the environment once; keyword overrides win (tests use them)."""
+    return cls(**overrides)  # type: ignore[arg-type]
+
+
+def sqlite_url(data_dir: Path, name: str) -> str:
+    """The embedded default database URL for one service: `{data_dir}/{name}.db`."""
+    return f"sqlite+aiosqlite:///{(data_dir / f'{name}.db').resolve()}"

@@ -1,0 +1,48 @@
+"""The correlation id of the work in progress, carried in a context variable.
+
+It arrives as `x-correlation-id` gRPC metadata (or is generated), is bound to every log
+line through structlog's contextvars, and is copied into outbox rows, jobs and locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+import structlog
+
+METADATA_KEY = "x-correlation-id"
+_MAX_LEN = 128
+
+_current: ContextVar[str | None] = ContextVar("correlation_id", default=None)
+
+
+def new_correlation_id() -> str:
+    """A fresh random id (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+def sanitize(value: str | None) -> str | None:
+    """Keep a client-sent id only if it is short printable ASCII; else None."""
+    if not value or len(value) > _MAX_LEN or not value.isascii() or not value.isprintable():
+        return None
+    return value
+
+
+def current_correlation_id() -> str:
+    """The bound id, or a new one when nothing is bound (background work)."""
+    return _current.get() or new_correlation_id()
+
+
+@contextlib.contextmanager
+def bound_correlation_id(correlation_id: str | None) -> Iterator[str]:
+    """Bind `correlation_id` (or a new one) for the duration of the block."""
+    cid = sanitize(correlation_id) or new_correlation_id()
+    token = _current.set(cid)
+    with structlog.contextvars.bound_contextvars(correlation_id=cid):
+        try:
+            yield cid
+        finally:
+            _current.reset(token)

@@ -1,0 +1,79 @@
+"""SQLAlchemy 2 engines and sessions for SQLite (embedded default) and PostgreSQL.
+
+SQLite runs in WAL mode and every transaction begins IMMEDIATE: a writer takes the write
+lock up front, so two transactions never deadlock upgrading a read lock (which SQLite
+reports as "database is locked" without waiting on the busy timeout).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def is_sqlite(url: str) -> bool:
+    """True for a SQLite URL."""
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def async_url(url: str) -> str:
+    """The async-driver form of a database URL (aiosqlite, psycopg)."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        return str(u.set(drivername="sqlite+aiosqlite"))
+    if u.get_backend_name() == "postgresql":
+        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    raise ValueError(f"unsupported database: {u.get_backend_name()}")
+
+
+def sync_url(url: str) -> str:
+    """The blocking-driver form of a database URL (for Alembic and scripts)."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        return str(u.set(drivername="sqlite"))
+    return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def _configure_sqlite(engine: Any, synchronous: str) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (the driver's is deferred).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def create_engine(
+    url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10
+) -> AsyncEngine:
+    """An async engine for `url` with Serentak's SQLite/PostgreSQL settings."""
+    if is_sqlite(url):
+        engine = create_async_engine(async_url(url))
+        _configure_sqlite(engine.sync_engine, sqlite_synchronous)
+        return engine
+    return create_async_engine(
+        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+    )
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """Sessions that keep loaded attributes after commit (no lazy reload in async code)."""
+    return async_sessionmaker(engine, expire_on_commit=False)

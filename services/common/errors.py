@@ -1,0 +1,91 @@
+"""The root of every typed domain error, and the gRPC status each class maps to.
+
+A service raises one of these (or its own subclass, declared in its `errors.py`); the
+error interceptor turns it into the status code and a `google.rpc.ErrorInfo` reason.
+Anything else escaping a handler is a bug and becomes INTERNAL.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import grpc
+
+ERROR_DOMAIN = "serentak.dev"
+
+
+class SerentakError(Exception):
+    """Root of all domain errors. Subclasses fix `code` and usually `reason`."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
+    reason: ClassVar[str] = "UNKNOWN"
+
+    def __init__(self, message: str, *, reason: str | None = None, **metadata: object) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason  # type: ignore[misc]
+        # ErrorInfo metadata is string -> string.
+        self.metadata = {k: str(v) for k, v in metadata.items() if v is not None}
+
+
+class InvalidArgument(SerentakError):
+    """Bad input; `field` names the offending request field."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, message: str, *, reason: str | None = None, **md: object):
+        super().__init__(f"{field}: {message}", reason=reason, field=field, **md)
+        self.field = field
+
+
+class NotFound(SerentakError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "NOT_FOUND"
+
+
+class AlreadyExists(SerentakError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ALREADY_EXISTS"
+
+
+class FailedPrecondition(SerentakError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FAILED_PRECONDITION"
+
+
+class Aborted(SerentakError):
+    """A lost race or a stale token: the caller may re-read and retry."""
+
+    code = grpc.StatusCode.ABORTED
+    reason = "ABORTED"
+
+
+class ResourceExhausted(SerentakError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "RESOURCE_EXHAUSTED"
+
+
+class Unauthenticated(SerentakError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(SerentakError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
+
+
+class Unavailable(SerentakError):
+    """A dependency (etcd, another service) cannot be reached right now."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
+
+
+class Unimplemented(SerentakError):
+    """An RPC that is part of the contract but not built yet."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "NOT_IMPLEMENTED"

@@ -1,0 +1,154 @@
+"""Build, run and gracefully stop one service's grpc.aio server.
+
+Every server has the standard health service, server reflection, the correlation-id and
+error-mapping interceptors, and a Prometheus endpoint. Shutdown: health goes NOT_SERVING,
+background tasks are cancelled, in-flight calls get `shutdown_grace_seconds` to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.interceptors import CorrelationIdInterceptor, ErrorMappingInterceptor
+from services.common.logging import get_logger
+from services.common.metrics import start_metrics_endpoint
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Servicer:
+    """One gRPC service to register: its `add_*_to_server` function, instance and full name."""
+
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+    instance: Any
+    full_name: str
+
+
+@dataclass
+class ServiceApp:
+    """Everything `serve()` needs to run one Serentak service."""
+
+    name: str
+    host: str
+    port: int
+    metrics_port: int
+    servicers: Sequence[Servicer]
+    # Long-running coroutines (workers, relays); cancelled at shutdown.
+    background: Sequence[Callable[[], Awaitable[None]]] = ()
+    # Run after the server has stopped (close DB engines, etcd clients).
+    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = ()
+    grace_seconds: float = 5.0
+    max_message_bytes: int = 64 * 1024 * 1024
+    # Filled in by start(): the port actually bound (useful with port 0 in tests).
+    bound_port: int = field(default=0, init=False)
+
+
+class RunningService:
+    """A started service: its server, health servicer and background tasks."""
+
+    def __init__(self, app: ServiceApp, server: grpc.aio.Server, health_servicer: Any) -> None:
+        self.app = app
+        self.server = server
+        self.health = health_servicer
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def stop(self) -> None:
+        """Graceful stop: NOT_SERVING, cancel background work, let calls finish."""
+        await self.health.enter_graceful_shutdown()
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.server.stop(self.app.grace_seconds)
+        for hook in self.app.on_shutdown:
+            await hook()
+        log.info("service_stopped", port=self.app.bound_port)
+
+
+async def start(app: ServiceApp) -> RunningService:
+    """Build and start the server; returns once it listens and reports SERVING."""
+    server = grpc.aio.server(
+        interceptors=[CorrelationIdInterceptor(), ErrorMappingInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", app.max_message_bytes),
+            ("grpc.max_send_message_length", app.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [s.full_name for s in app.servicers]
+    for s in app.servicers:
+        s.add_to_server(s.instance, server)
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    app.bound_port = server.add_insecure_port(f"{app.host}:{app.port}")
+    if app.bound_port == 0:
+        raise OSError(f"cannot listen on {app.host}:{app.port}")
+    await server.start()
+    running = RunningService(app, server, health_servicer)
+    for coro_fn in app.background:
+        running.tasks.append(asyncio.create_task(_supervised(coro_fn)))
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "service_started",
+        host=app.host,
+        port=app.bound_port,
+        services=names,
+        metrics_port=app.metrics_port,
+    )
+    return running
+
+
+async def _supervised(coro_fn: Callable[[], Awaitable[None]]) -> None:
+    """Run a background loop; a crash is logged loudly (a bug), never silently lost."""
+    try:
+        await coro_fn()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("background_task_crashed", task=getattr(coro_fn, "__qualname__", "?"))
+        raise
+
+
+async def serve(app: ServiceApp) -> None:
+    """Run `app` until SIGINT/SIGTERM, then stop gracefully."""
+    start_metrics_endpoint(app.host, app.metrics_port)
+    running = await start(app)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("service_stopping", grace_seconds=app.grace_seconds)
+    finally:
+        await running.stop()
+
+
+def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], ServiceApp]) -> None:
+    """`python -m services.<name>`: read settings once, configure logs, serve until a signal."""
+    from services.common.config import load
+    from services.common.logging import configure_logging
+
+    settings = load(settings_cls)
+    configure_logging(name, settings.log_format, settings.log_level)
+    asyncio.run(serve(build_app(settings)))

@@ -1,0 +1,183 @@
+"""Server interceptors: correlation id binding, and typed errors -> gRPC status.
+
+Both wrap the method handler's behaviour so they run inside the RPC's own task, where
+context variables (the correlation id, structlog's bound keys) belong to that call only.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from services.common import correlation
+from services.common.errors import ERROR_DOMAIN, SerentakError
+from services.common.logging import get_logger
+from services.common.metrics import DOMAIN_ERRORS, RPC_DURATION, RPC_REQUESTS
+
+log = get_logger(__name__)
+
+Behaviour = Callable[..., Any]
+# Wraps a behaviour: (behaviour, method name, is_response_stream) -> new behaviour.
+Wrapper = Callable[[Behaviour, str, bool], Behaviour]
+
+
+def _rewrap(handler: grpc.RpcMethodHandler, method: str, wrap: Wrapper) -> grpc.RpcMethodHandler:
+    """Rebuild `handler` with its behaviour wrapped, keeping its (de)serializers."""
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler, True),
+    )
+    for attr, factory, streams in kinds:
+        behaviour = getattr(handler, attr)
+        if behaviour is not None:
+            return factory(
+                wrap(behaviour, method, streams),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler
+
+
+class _WrappingInterceptor(grpc.aio.ServerInterceptor):
+    def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        return _rewrap(handler, handler_call_details.method, self._wrap)
+
+
+def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == key and isinstance(v, str):
+            return v
+    return None
+
+
+class CorrelationIdInterceptor(_WrappingInterceptor):
+    """Binds `x-correlation-id` (or a new one) for the call and echoes it in initial metadata."""
+
+    def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
+        if streams:
+
+            async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                sent = _metadata_value(context, correlation.METADATA_KEY)
+                with correlation.bound_correlation_id(sent) as cid:
+                    await context.send_initial_metadata(((correlation.METADATA_KEY, cid),))
+                    result = behaviour(request, context)
+                    if hasattr(result, "__aiter__"):
+                        async for item in result:
+                            yield item
+                    else:
+                        await result
+
+            return stream_behaviour
+
+        async def unary_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            sent = _metadata_value(context, correlation.METADATA_KEY)
+            with correlation.bound_correlation_id(sent) as cid:
+                await context.send_initial_metadata(((correlation.METADATA_KEY, cid),))
+                return await behaviour(request, context)
+
+        return unary_behaviour
+
+
+def to_status(exc: SerentakError) -> grpc.Status:
+    """The gRPC status for a domain error, with its ErrorInfo reason and metadata."""
+    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=ERROR_DOMAIN)
+    info.metadata.update(exc.metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=exc.code.value[0], message=exc.message, details=[detail])
+    return rpc_status.to_status(status)
+
+
+class ErrorMappingInterceptor(_WrappingInterceptor):
+    """Turns `SerentakError`s into their status and reason; anything else is a bug (INTERNAL)."""
+
+    async def _fail(
+        self, exc: BaseException, method: str, context: grpc.aio.ServicerContext
+    ) -> None:
+        if isinstance(exc, NotImplementedError):
+            # The generated servicer base classes raise this for RPCs not built yet.
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
+        if isinstance(exc, SerentakError):
+            DOMAIN_ERRORS.labels(exc.reason).inc()
+            log.info(
+                "rpc_domain_error",
+                method=method,
+                code=exc.code.name,
+                reason=exc.reason,
+                error=exc.message,
+            )
+            await context.abort_with_status(to_status(exc))
+        log.error("rpc_bug", method=method, error=repr(exc), traceback=traceback.format_exc())
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+    def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
+        def record(started: float, context: grpc.aio.ServicerContext, code: str | None) -> None:
+            RPC_DURATION.labels(method).observe(time.perf_counter() - started)
+            RPC_REQUESTS.labels(method, code or "OK").inc()
+
+        if streams:
+
+            async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                started, code = time.perf_counter(), None
+                try:
+                    result = behaviour(request, context)
+                    if hasattr(result, "__aiter__"):
+                        async for item in result:
+                            yield item
+                    else:
+                        await result
+                except SerentakError as exc:
+                    code = exc.code.name
+                    await self._fail(exc, method, context)
+                except (grpc.aio.AbortError, GeneratorExit):
+                    code = "ABORTED_BY_HANDLER"
+                    raise
+                except Exception as exc:
+                    code = "INTERNAL"
+                    await self._fail(exc, method, context)
+                finally:
+                    record(started, context, code)
+
+            return stream_behaviour
+
+        async def unary_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started, code = time.perf_counter(), None
+            try:
+                return await behaviour(request, context)
+            except SerentakError as exc:
+                code = exc.code.name
+                await self._fail(exc, method, context)
+            except grpc.aio.AbortError:
+                code = "ABORTED_BY_HANDLER"
+                raise
+            except Exception as exc:
+                code = "INTERNAL"
+                await self._fail(exc, method, context)
+            finally:
+                record(started, context, code)
+
+        return unary_behaviour
+
+
+async def collect(stream: AsyncIterator[Any]) -> list[Any]:
+    """Drain an async iterator into a list (handy for client-streaming handlers)."""
+    return [item async for item in stream]

@@ -1,0 +1,28 @@
+"""The body of every Alembic `env.py`: run migrations online against the configured URL."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import MetaData, engine_from_config, pool
+
+
+def run(target_metadata: MetaData | None) -> None:
+    """Run the current Alembic command with the service's metadata and version table."""
+    cfg = context.config
+    version_table = cfg.get_main_option("version_table") or "alembic_version"
+    connectable = engine_from_config(
+        cfg.get_section(cfg.config_ini_section)
+        or {"sqlalchemy.url": cfg.get_main_option("sqlalchemy.url")},
+        prefix="sqlalchemy.",
+        poolclass=pool.NullPool,
+    )
+    with connectable.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            version_table=version_table,
+            render_as_batch=connection.dialect.name == "sqlite",
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    connectable.dispose()

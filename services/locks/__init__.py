@@ -1,0 +1,1 @@
+"""The Serentak locks service."""

@@ -1,0 +1,1 @@
+"""The Serentak notify service."""

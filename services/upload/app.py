@@ -1,0 +1,40 @@
+"""Assemble the upload service: database, servicers, background work."""
+
+from __future__ import annotations
+
+from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+
+from services.common.db import create_engine
+from services.common.grpc_server import ServiceApp, Servicer
+from services.upload.database import migrate
+from services.upload.servicer import FileServicer, UploadServicer
+from services.upload.settings import UploadSettings
+
+_SERVICES = upload_pb2.DESCRIPTOR.services_by_name
+
+
+def build_app(settings: UploadSettings) -> ServiceApp:
+    """The upload service as a `ServiceApp`; migrates its database first."""
+    migrate(settings.database_url)
+    engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    return ServiceApp(
+        name="upload",
+        host=settings.bind_host,
+        port=settings.upload_port,
+        metrics_port=settings.upload_metrics_port,
+        servicers=[
+            Servicer(
+                upload_pb2_grpc.add_UploadServiceServicer_to_server,
+                UploadServicer(),
+                _SERVICES["UploadService"].full_name,
+            ),
+            Servicer(
+                upload_pb2_grpc.add_FileServiceServicer_to_server,
+                FileServicer(),
+                _SERVICES["FileService"].full_name,
+            ),
+        ],
+        on_shutdown=[engine.dispose],
+        grace_seconds=settings.shutdown_grace_seconds,
+        max_message_bytes=settings.max_message_bytes,
+    )

@@ -1,0 +1,20 @@
+"""The upload service's database: migrations at start-up, engine and sessions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.common.migrate import upgrade
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "alembic_version_upload"
+
+
+def migration_locations() -> list[tuple[Path, str]]:
+    """Migration folders applied for this service, in order, with their version tables."""
+    return [(MIGRATIONS, VERSION_TABLE)]
+
+
+def migrate(url: str) -> None:
+    """Bring the database at `url` to the latest schema."""
+    upgrade(url, migration_locations())

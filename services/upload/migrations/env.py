@@ -1,0 +1,6 @@
+"""Alembic environment of the upload service."""
+
+from services.common.migrations_env import run
+from services.upload.models import metadata
+
+run(metadata)
