@@ -131,8 +131,11 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
 
     def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
         def record(started: float, context: grpc.aio.ServicerContext, code: str | None) -> None:
-            RPC_DURATION.labels(method).observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            RPC_DURATION.labels(method).observe(elapsed)
             RPC_REQUESTS.labels(method, code or "OK").inc()
+            log.info("rpc_completed", method=method, code=code or "OK",
+                     duration_ms=round(elapsed * 1000, 3))
 
         if streams:
 

@@ -1,0 +1,54 @@
+# Serentak: `make run` starts everything on the embedded default; `make test` runs the suite.
+# Both set up from nothing: virtualenv, pinned packages, merge_core build, generated code.
+
+SHELL := /bin/bash
+PYTHON_BOOT ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+GEN := gen
+PROTOS := $(shell find protos -name '*.proto')
+MERGE_CORE_SRC := $(shell find merge_core/src merge_core/python -type f 2>/dev/null) merge_core/Cargo.toml merge_core/pyproject.toml
+SITE := $(VENV)/lib/python3.11/site-packages
+
+.PHONY: setup run test bench protos lint clean
+
+setup: $(VENV)/.installed $(VENV)/.merge_core $(GEN)/.stamp
+
+# The virtualenv with every pinned dependency, and this repo installed editable.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip==26.3
+	$(PIP) install -q -e '.[dev]'
+	echo "$(CURDIR)/$(GEN)" > $(SITE)/serentak_gen.pth
+	touch $@
+
+# The Rust merge core, built in release mode and installed into the same virtualenv.
+$(VENV)/.merge_core: $(VENV)/.installed $(MERGE_CORE_SRC)
+	cd merge_core && ../$(VENV)/bin/maturin develop --release -q
+	touch $@
+
+# Generated protobuf/gRPC code and typed stubs; never edited by hand.
+protos: $(GEN)/.stamp
+$(GEN)/.stamp: $(VENV)/.installed $(PROTOS)
+	rm -rf $(GEN) && mkdir -p $(GEN)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos \
+	  --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) --mypy_grpc_out=$(GEN) $(PROTOS)
+	touch $@
+
+run: setup
+	$(PY) -m deploy.local.run
+
+test: setup
+	bash deploy/local/test.sh
+
+bench: setup
+	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+lint: setup
+	$(VENV)/bin/ruff check services tests deploy merge_core/python
+	$(VENV)/bin/mypy
+	cd merge_core && cargo clippy --all-targets -- -D warnings && cargo test -q
+
+clean:
+	rm -rf $(GEN) $(VENV) merge_core/target .data

@@ -1,0 +1,1 @@
+"""Deployment helpers: the local supervisor behind `make run`."""

@@ -1,0 +1,1 @@
+"""Run Serentak on one machine: etcd + the three services."""

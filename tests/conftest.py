@@ -1,0 +1,79 @@
+"""Fixtures shared by every test: real etcd, real PostgreSQL, fresh databases.
+
+When CI=true, a test that needs PostgreSQL or etcd fails if they are absent; elsewhere
+it is skipped with the reason, so a laptop without them can still run the unit tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from support.etcd import EtcdServer, etcd_binary
+from support.postgres import PostgresDatabases
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+PG_DSN_ENV = "SERENTAK_TEST_PG_DSN"
+
+
+def _unavailable(what: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI but is not available")
+    pytest.skip(f"{what} not available")
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One real etcd for the whole session (tests must use their own key prefixes)."""
+    if etcd_binary() is None:
+        _unavailable("etcd")
+    server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def etcd_factory(tmp_path: Path) -> Iterator[Callable[[], EtcdServer]]:
+    """Start private etcd servers (for tests that stop, kill or restart etcd)."""
+    if etcd_binary() is None:
+        _unavailable("etcd")
+    started: list[EtcdServer] = []
+
+    def make() -> EtcdServer:
+        server = EtcdServer(tmp_path / f"etcd{len(started)}")
+        server.start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresDatabases]:
+    """The PostgreSQL server named by SERENTAK_TEST_PG_DSN (an admin DSN)."""
+    dsn = os.environ.get(PG_DSN_ENV)
+    if not dsn:
+        _unavailable(f"PostgreSQL ({PG_DSN_ENV} unset)")
+    assert dsn is not None
+    databases = PostgresDatabases(dsn)
+    try:
+        databases.check()
+    except Exception as exc:  # noqa: BLE001 - any connection failure means unavailable
+        _unavailable(f"PostgreSQL at {dsn} ({exc})")
+    yield databases
+    databases.drop_all()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database: every DB test runs once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
+    databases: PostgresDatabases = request.getfixturevalue("postgres")
+    return databases.create()

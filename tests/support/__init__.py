@@ -1,0 +1,1 @@
+"""Test support: real etcd and PostgreSQL, and running Serentak services."""

@@ -1,0 +1,37 @@
+"""Fresh PostgreSQL databases on a real server, named serentak_t_<random>."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+
+class PostgresDatabases:
+    """Creates throw-away databases from an admin DSN and drops them all at the end."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.created: list[str] = []
+
+    def check(self) -> None:
+        """Raise if the server does not answer."""
+        with psycopg.connect(self.admin_dsn, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+
+    def create(self) -> str:
+        """A new empty database; returns its SQLAlchemy URL."""
+        name = f"serentak_t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        url = make_url(self.admin_dsn).set(drivername="postgresql+psycopg", database=name)
+        return url.render_as_string(hide_password=False)
+
+    def drop_all(self) -> None:
+        """Drop every database this object created."""
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            for name in self.created:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.created.clear()
