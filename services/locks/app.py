@@ -1,10 +1,14 @@
-"""Assemble the lock service: servicer, server settings, shutdown hooks."""
+"""Assemble the lock service: etcd client, mutex, servicer, reaper, shutdown hooks."""
 
 from __future__ import annotations
 
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
 from services.common.grpc_server import ServiceApp, Servicer
+from services.locks.etcd_client import Etcd
+from services.locks.keys import KeySpace
+from services.locks.mutex import Mutex
+from services.locks.reaper import LeaseReaper
 from services.locks.servicer import LockServicer
 from services.locks.settings import LocksSettings
 
@@ -12,15 +16,30 @@ SERVICE_NAME = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
 
 
 def build_app(settings: LocksSettings) -> ServiceApp:
-    """The lock service as a `ServiceApp` ready for `serve()` or `start()`."""
+    """The lock service as a `ServiceApp` ready for `serve()` or `start()`.
+
+    etcd is contacted lazily: the server starts (and reports SERVING) even when etcd is
+    not up yet; RPCs answer UNAVAILABLE / ETCD_UNAVAILABLE until it is.
+    """
+    etcd = Etcd(settings.etcd_endpoint, settings.etcd_call_timeout_seconds)
+    reaper = LeaseReaper(etcd)
+    mutex = Mutex(etcd, KeySpace(settings.lock_prefix), reaper)
+    servicer = LockServicer(
+        mutex,
+        settings.etcd_call_timeout_seconds,
+        list_limit=settings.lock_list_limit,
+        list_max=settings.lock_list_max,
+    )
     return ServiceApp(
         name="locks",
         host=settings.bind_host,
         port=settings.locks_port,
         metrics_port=settings.locks_metrics_port,
         servicers=[
-            Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, LockServicer(), SERVICE_NAME)
+            Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, servicer, SERVICE_NAME)
         ],
+        background=[reaper.run],
+        on_shutdown=[etcd.close],
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
     )

@@ -1,9 +1,150 @@
-"""gRPC surface of `serentak.locks.v1.LockService`."""
+"""gRPC surface of `serentak.locks.v1.LockService`: validate, call the mutex, convert."""
 
 from __future__ import annotations
 
-from serentak.locks.v1 import locks_pb2_grpc
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+
+from services.common.correlation import current_correlation_id
+from services.common.errors import InvalidArgument
+from services.locks.hold import Holding, Lost
+from services.locks.keys import check_owner, check_token, check_ttl, check_wait_timeout
+from services.locks.metrics import LOCKS_HELD
+from services.locks.mutex import LockState, LockView, Mutex
 
 
 class LockServicer(locks_pb2_grpc.LockServiceServicer):
-    """Every RPC answers UNIMPLEMENTED until the lock service is built."""
+    """Thin: every decision lives in `Mutex` and `Holding`."""
+
+    def __init__(
+        self, mutex: Mutex, call_timeout: float, list_limit: int = 100, list_max: int = 1000
+    ) -> None:
+        self.mutex = mutex
+        self.keys = mutex.keys
+        self.call_timeout = call_timeout
+        self.list_limit = list_limit
+        self.list_max = list_max
+
+    async def Acquire(
+        self, request: locks_pb2.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> locks_pb2.Lock:
+        key = self.keys.lock_key(request.key)
+        owner = check_owner(request.owner)
+        ttl = check_ttl(request.ttl_seconds)
+        wait = check_wait_timeout(request.wait_timeout_ms)
+        view = await self.mutex.acquire(key, owner, ttl, wait, current_correlation_id())
+        return lock_pb(view)
+
+    async def Refresh(
+        self, request: locks_pb2.RefreshRequest, context: grpc.aio.ServicerContext
+    ) -> locks_pb2.Lock:
+        key = self.keys.lock_key(request.key)
+        return lock_pb(await self.mutex.refresh(key, check_token(request.token)))
+
+    async def Release(
+        self, request: locks_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> locks_pb2.ReleaseResponse:
+        key = self.keys.lock_key(request.key)
+        released = await self.mutex.release(key, check_token(request.token))
+        return locks_pb2.ReleaseResponse(released=released)
+
+    async def Describe(
+        self, request: locks_pb2.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> locks_pb2.DescribeResponse:
+        return describe_pb(await self.mutex.describe(self.keys.lock_key(request.key)))
+
+    async def List(
+        self, request: locks_pb2.ListRequest, context: grpc.aio.ServicerContext
+    ) -> locks_pb2.ListResponse:
+        if request.limit < 0:
+            raise InvalidArgument("limit", "must not be negative")
+        limit = min(request.limit or self.list_limit, self.list_max)
+        states = await self.mutex.list_locks(self.keys.list_prefix(request.prefix), limit)
+        return locks_pb2.ListResponse(locks=[describe_pb(s) for s in states])
+
+    async def Hold(
+        self,
+        request_iterator: AsyncIterator[locks_pb2.HoldRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[locks_pb2.HoldEvent]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            return
+        key = self.keys.lock_key(first.key)
+        holding = Holding(self.mutex, key, check_token(first.token), self.call_timeout)
+        # The client closing its side ends the hold: read (and ignore) pings until then.
+        client_done = asyncio.create_task(_drain(request_iterator))
+        LOCKS_HELD.inc()
+        try:
+            await holding.start()
+            while True:
+                next_event = asyncio.create_task(holding.events.get())
+                done, _ = await asyncio.wait(
+                    {next_event, client_done}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if next_event not in done:
+                    next_event.cancel()
+                    return
+                event = next_event.result()
+                if isinstance(event, Lost):
+                    yield locks_pb2.HoldEvent(
+                        lost=locks_pb2.Lost(
+                            reason=f"LOST_REASON_{event.reason.name}",  # type: ignore[arg-type]
+                            detail=event.detail,
+                        )
+                    )
+                    return
+                yield locks_pb2.HoldEvent(held=lock_pb(event))
+        finally:
+            LOCKS_HELD.dec()
+            client_done.cancel()
+            await holding.close()
+
+
+async def _drain(requests: AsyncIterator[locks_pb2.HoldRequest]) -> None:
+    async for _ in requests:
+        pass
+
+
+def _ts(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def lock_pb(view: LockView) -> locks_pb2.Lock:
+    """The `Lock` message for a holder."""
+    return locks_pb2.Lock(
+        key=view.key,
+        token=view.token,
+        owner=view.owner,
+        lease_id=view.lease_id,
+        acquired_at=_ts(view.acquired_at),
+        expires_at=_ts(view.expires_at),
+        correlation_id=view.correlation_id,
+        ttl_seconds=view.ttl_seconds,
+    )
+
+
+def describe_pb(state: LockState) -> locks_pb2.DescribeResponse:
+    """The `DescribeResponse` for one lock's holder and waiters."""
+    if state.holder is None:
+        return locks_pb2.DescribeResponse(held=False)
+    return locks_pb2.DescribeResponse(
+        held=True,
+        lock=lock_pb(state.holder),
+        waiters=[
+            locks_pb2.Waiter(
+                owner=w.owner,
+                create_revision=w.create_revision,
+                lease_id=w.lease_id,
+                waiting_since=_ts(w.waiting_since),
+                correlation_id=w.correlation_id,
+            )
+            for w in state.waiters
+        ],
+    )

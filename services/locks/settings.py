@@ -11,3 +11,8 @@ class LocksSettings(CommonSettings):
     """Read once at start-up from `SERENTAK_*`."""
 
     lock_prefix: str = Field("/serentak/locks/", description="etcd key prefix for all locks.")
+    etcd_call_timeout_seconds: float = Field(
+        5.0, gt=0, description="Longest wait for one etcd request before answering UNAVAILABLE."
+    )
+    lock_list_limit: int = Field(100, gt=0, description="List answers this many locks by default.")
+    lock_list_max: int = Field(1000, gt=0, description="List never answers more locks than this.")

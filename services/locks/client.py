@@ -1,0 +1,256 @@
+"""`LockClient`: how other services take a lock, keep it alive and learn that it is gone.
+
+    locks = LockClient("127.0.0.1:50052", owner="upload-worker-7")
+    async with locks.hold("file:123", ttl=30, wait_timeout=10) as lock:
+        await commit_fenced(session, file_id, lock.token, ...)   # see fencing.py
+
+`hold()` acquires (raising `LockHeld` when the wait runs out), opens a `Hold` stream so
+the service renews the lease, and exposes `lock.token` for fencing. If the lock is lost
+(lease expired, key deleted, etcd unreachable longer than the TTL), the body is
+cancelled and the `async with` raises `LockLost`. On exit the lock is released.
+
+When the lock service itself goes away (restart, network), the client re-attaches to
+the same lock with `Hold(key, token)` as long as its local deadline has not passed: the
+lease lives in etcd, not in the service, so a quick restart costs nothing. The local
+deadline is the arrival of the last renewal plus the TTL minus a margin (10%, at least
+0.2 s) for the renewal's own travel time; past it, the lock is treated as lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from types import TracebackType
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+
+from services.common.correlation import METADATA_KEY, current_correlation_id
+from services.common.errors import SerentakError, Unavailable
+from services.common.logging import get_logger
+from services.locks.errors import LockHeld, LockLost
+
+log = get_logger(__name__)
+
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class LockClient:
+    """A connection to the lock service for one owner (a worker, a process)."""
+
+    def __init__(self, target: str | grpc.aio.Channel, owner: str) -> None:
+        self._own_channel = isinstance(target, str)
+        self.channel = (
+            grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            if isinstance(target, str)
+            else target
+        )
+        self.stub = locks_pb2_grpc.LockServiceStub(self.channel)
+        self.owner = owner
+
+    async def close(self) -> None:
+        """Close the channel if this client opened it."""
+        if self._own_channel:
+            await self.channel.close()
+
+    def hold(self, key: str, ttl: int = 30, wait_timeout: float = 30.0) -> HeldLock:
+        """`async with` this to hold `key` for the block; see the module docstring."""
+        return HeldLock(self, key, ttl, wait_timeout)
+
+    async def acquire(self, key: str, ttl: int, wait_timeout: float) -> locks_pb2.Lock:
+        """Plain Acquire (no keepalive); raises LockHeld, or the call's typed error."""
+        request = locks_pb2.AcquireRequest(
+            key=key, owner=self.owner, ttl_seconds=ttl, wait_timeout_ms=int(wait_timeout * 1000)
+        )
+        try:
+            return await self.stub.Acquire(request, timeout=wait_timeout + 30, metadata=_metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise typed_error(exc) from exc
+
+    async def release(self, key: str, token: int) -> bool:
+        """Release if `token` is still the holder's; False when nothing changed."""
+        try:
+            resp = await self.stub.Release(
+                locks_pb2.ReleaseRequest(key=key, token=token), timeout=10, metadata=_metadata()
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise typed_error(exc) from exc
+        return bool(resp.released)
+
+
+class HeldLock:
+    """The `async with` of `LockClient.hold`; `token` is the fencing token."""
+
+    def __init__(self, client: LockClient, key: str, ttl: int, wait_timeout: float) -> None:
+        self.client = client
+        self.key = key
+        self.ttl = ttl
+        self.wait_timeout = wait_timeout
+        self.lock: locks_pb2.Lock | None = None
+        self.lost: locks_pb2.Lost | None = None
+        self.reattached = 0  # how many times the Hold stream was re-opened
+        self._margin = max(0.2, ttl * 0.1)
+        self._deadline = 0.0
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._body: asyncio.Task[object] | None = None
+        self._in_body = False
+        self._cancelled_body = False
+
+    @property
+    def token(self) -> int:
+        """The fencing token: carry it into every write made under this lock."""
+        assert self.lock is not None, "not held"
+        return self.lock.token
+
+    async def __aenter__(self) -> HeldLock:
+        self.lock = await self.client.acquire(self.key, self.ttl, self.wait_timeout)
+        self._deadline = time.monotonic() + self.ttl - self._margin
+        try:
+            first = await self._open_hold(wait_for_ready=False)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.client.release(self.key, self.token)
+            raise
+        if first.HasField("lost"):
+            with contextlib.suppress(Exception):
+                await self.client.release(self.key, self.token)
+            raise LockLost(first.lost.detail, key=self.key, token=self.token)
+        self._body = asyncio.current_task()
+        self._in_body = True
+        self._watch = asyncio.create_task(self._watch_hold())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._in_body = False  # from here on, a loss no longer cancels anything
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch
+        try:
+            await self.client.release(self.key, self.token)
+        except SerentakError as err:
+            # The lease expires on its own once the Hold stream is closed.
+            log.info(
+                "lock_release_failed", lock_key=self.key, lock_token=self.token, error=str(err)
+            )
+        finally:
+            if self._call is not None:
+                self._call.cancel()
+        if self._cancelled_body:
+            assert self._body is not None
+            self._body.uncancel()
+            lost = self.lost
+            raise LockLost(
+                f"lock {self.key} lost: {lost.detail if lost else 'unknown'}",
+                key=self.key,
+                token=self.token,
+                lost_reason=locks_pb2.LostReason.Name(lost.reason) if lost else None,
+            ) from exc
+        return False
+
+    async def _open_hold(self, wait_for_ready: bool) -> locks_pb2.HoldEvent:
+        """Open a Hold stream for my key and token; returns its first event."""
+        timeout = max(0.05, self._deadline - time.monotonic())
+        call = self.client.stub.Hold(metadata=_metadata(), wait_for_ready=wait_for_ready)
+        self._call = call
+        await asyncio.wait_for(
+            call.write(locks_pb2.HoldRequest(key=self.key, token=self.token)), timeout
+        )
+        event = await asyncio.wait_for(call.read(), timeout)
+        if event is grpc.aio.EOF:
+            raise Unavailable("the lock service closed the Hold stream")
+        self._note(event)
+        return event
+
+    def _note(self, event: locks_pb2.HoldEvent) -> None:
+        if event.HasField("held"):
+            self.lock = event.held
+            self._deadline = time.monotonic() + event.held.ttl_seconds - self._margin
+
+    async def _watch_hold(self) -> None:
+        """Read Hold events until the lock is lost; re-attach if the stream breaks."""
+        while True:
+            try:
+                assert self._call is not None
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                event = await asyncio.wait_for(self._call.read(), remaining)
+                if event is grpc.aio.EOF:
+                    raise Unavailable("the lock service closed the Hold stream")
+            except (grpc.aio.AioRpcError, Unavailable, TimeoutError):
+                event = await self._reattach()
+            self._note(event)
+            if event.HasField("lost"):
+                self._on_lost(event.lost)
+                return
+
+    async def _reattach(self) -> locks_pb2.HoldEvent:
+        """Re-open Hold with the same key and token until the local deadline passes."""
+        while time.monotonic() < self._deadline:
+            if self._call is not None:
+                self._call.cancel()
+            try:
+                event = await self._open_hold(wait_for_ready=True)
+            except (grpc.aio.AioRpcError, Unavailable, TimeoutError):
+                # A refused connection fails fast; pace the retries (retry timer).
+                await asyncio.sleep(0.1)
+                continue
+            self.reattached += 1
+            log.info("lock_hold_reattached", lock_key=self.key, lock_token=self.token)
+            return event
+        return locks_pb2.HoldEvent(
+            lost=locks_pb2.Lost(
+                reason=locks_pb2.LOST_REASON_ETCD_UNREACHABLE,
+                detail="no renewal from the lock service within the TTL",
+            )
+        )
+
+    def _on_lost(self, lost: locks_pb2.Lost) -> None:
+        self.lost = lost
+        log.warning(
+            "lock_lost",
+            lock_key=self.key,
+            lock_token=self.token,
+            reason=locks_pb2.LostReason.Name(lost.reason),
+            detail=lost.detail,
+        )
+        if self._in_body and self._body is not None:
+            self._cancelled_body = True
+            self._body.cancel()
+
+
+def _metadata() -> tuple[tuple[str, str], ...]:
+    return ((METADATA_KEY, current_correlation_id()),)
+
+
+def typed_error(exc: grpc.aio.AioRpcError) -> SerentakError | grpc.aio.AioRpcError:
+    """The lock service's typed error for a failed call (by ErrorInfo reason)."""
+    reason, metadata = "", {}
+    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    if status is not None:
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                reason, metadata = info.reason, dict(info.metadata)
+    message = exc.details() or ""
+    if reason == LockHeld.reason:
+        return LockHeld(message, **metadata)
+    if reason == LockLost.reason:
+        return LockLost(message, **metadata)
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(message, reason=reason or "LOCK_SERVICE_UNAVAILABLE", **metadata)
+    return exc

@@ -1,0 +1,30 @@
+"""Typed errors of the lock service; the shared interceptor maps each to its gRPC status."""
+
+from __future__ import annotations
+
+from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
+
+
+class LockHeld(Aborted):
+    """The wait ran out while someone else held the lock (ABORTED / LOCK_HELD)."""
+
+    reason = "LOCK_HELD"
+
+
+class LockLost(FailedPrecondition):
+    """The caller's token is not the holder's any more, or its lease expired (LOCK_LOST)."""
+
+    reason = "LOCK_LOST"
+
+
+class InvalidLockKey(InvalidArgument):
+    """A lock key or prefix that is not `file:{id}` / `user:{id}:{scope}` (INVALID_LOCK_KEY)."""
+
+    def __init__(self, field: str, message: str, **metadata: object) -> None:
+        super().__init__(field, message, reason="INVALID_LOCK_KEY", **metadata)
+
+
+class EtcdUnavailable(Unavailable):
+    """etcd did not answer in time (UNAVAILABLE / ETCD_UNAVAILABLE); safe to retry."""
+
+    reason = "ETCD_UNAVAILABLE"

@@ -1,0 +1,29 @@
+"""Prometheus metrics of the lock service, one line of description each."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LOCK_WAIT_SECONDS = Histogram(
+    "serentak_lock_wait_seconds",
+    "Time an Acquire spent before it got the lock or gave up, by outcome.",
+    ["outcome"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+LOCK_CONTENTION = Counter(
+    "serentak_lock_contention_total",
+    "Acquires that found the lock held: outcome=waited (then got it) or failed.",
+    ["outcome"],
+)
+STALE_LOCK_RECOVERIES = Counter(
+    "serentak_lock_stale_recoveries_total",
+    "Locks handed to a waiter after the previous contender's lease expired.",
+)
+LOCKS_HELD = Gauge(
+    "serentak_locks_held",
+    "Locks this process keeps alive right now (open Hold streams).",
+)
+LEASES_TO_REVOKE = Gauge(
+    "serentak_lock_leases_to_revoke",
+    "Leases declared lost while etcd was unreachable, still waiting to be revoked.",
+)

@@ -1,0 +1,321 @@
+"""The lock algorithm: etcd's concurrency/mutex.go, plus the fixes for its sharp edges.
+
+Every contender for lock `name` owns one key `{prefix}{name}/{lease:x}` bound to its own
+lease. The holder is the key with the lowest create revision, and that revision is the
+fencing token (revisions grow across the whole cluster, across restarts).
+
+- Uncontended: one transaction creates my key and reads the holder (`Etcd.claim`).
+- Waiting: each waiter watches only the key created just before its own, so a release
+  wakes one waiter (FIFO, no herd); it also watches its own key, and keeps its own lease
+  alive while it waits. If its own key disappears (lease expired or revoked) it fails
+  with LOCK_LOST instead of reporting ownership (etcd #12017, #19597).
+- After waiting, ownership is confirmed by a transaction that succeeds only if my key
+  still has my create revision.
+- Release deletes the holder's key only if it still has the caller's token, in the same
+  transaction (never a newer holder's key: etcd #22082).
+
+Keys are deleted, not their leases revoked, when a contender lets go; an idle lease
+without keys expires by itself within its TTL. That keeps "the predecessor's lease no
+longer exists" meaning "it expired", which is how stale-lock recoveries are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from services.common.logging import get_logger
+from services.locks.errors import EtcdUnavailable, LockHeld, LockLost
+from services.locks.etcd_client import Etcd, KeyValue, RevisionCompacted
+from services.locks.keys import KeySpace, LockKey
+from services.locks.metrics import LOCK_CONTENTION, LOCK_WAIT_SECONDS, STALE_LOCK_RECOVERIES
+from services.locks.reaper import LeaseReaper
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a contender key stores (JSON): who, since when, under which request."""
+
+    owner: str
+    correlation_id: str
+    ttl: int
+    waiting_since: float
+    acquired_at: float | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Record:
+        """Tolerant: a foreign or damaged value still shows up, with blanks."""
+        try:
+            data = json.loads(raw)
+            return cls(
+                owner=str(data.get("owner", "")),
+                correlation_id=str(data.get("correlation_id", "")),
+                ttl=int(data.get("ttl", 0)),
+                waiting_since=float(data.get("waiting_since", 0.0)),
+                acquired_at=data.get("acquired_at"),
+            )
+        except (ValueError, TypeError, AttributeError):
+            return cls(owner="", correlation_id="", ttl=0, waiting_since=0.0)
+
+
+@dataclass(frozen=True)
+class LockView:
+    """A lock's holder as callers see it (mirrors the `Lock` message)."""
+
+    key: str
+    token: int
+    owner: str
+    lease_id: int
+    acquired_at: float
+    expires_at: float
+    correlation_id: str
+    ttl_seconds: int
+
+
+@dataclass(frozen=True)
+class WaiterView:
+    """A queued contender (mirrors the `Waiter` message)."""
+
+    owner: str
+    create_revision: int
+    lease_id: int
+    waiting_since: float
+    correlation_id: str
+
+
+@dataclass(frozen=True)
+class LockState:
+    """Holder and waiters of one lock, oldest first."""
+
+    holder: LockView | None
+    waiters: list[WaiterView] = field(default_factory=list)
+
+
+class Mutex:
+    """Acquire, refresh, release and inspect locks stored in etcd."""
+
+    def __init__(self, etcd: Etcd, keys: KeySpace, reaper: LeaseReaper) -> None:
+        self.etcd = etcd
+        self.keys = keys
+        self.reaper = reaper
+
+    # -- acquire --------------------------------------------------------------
+
+    async def acquire(
+        self, key: LockKey, owner: str, ttl: int, wait_timeout_ms: int, correlation_id: str
+    ) -> LockView:
+        """Take the lock, waiting up to `wait_timeout_ms`; LockHeld when the wait runs out."""
+        started = time.monotonic()
+        granted_at = time.time()
+        lease = await self.etcd.grant_lease(ttl)
+        my_key = key.contender_key(lease)
+        record = Record(owner, correlation_id, ttl, waiting_since=granted_at)
+        my_rev = 0
+        try:
+            claim = await self.etcd.claim(my_key, record.encode(), lease, key.etcd_prefix)
+            my_rev = claim.my_revision
+            if claim.holder is not None and claim.holder.create_revision == my_rev:
+                LOCK_WAIT_SECONDS.labels("acquired").observe(time.monotonic() - started)
+                return _view(key.name, my_rev, lease, record, granted_at, granted_at + ttl)
+            if wait_timeout_ms == 0:
+                raise _Timeout
+            async with asyncio.timeout(wait_timeout_ms / 1000):
+                view = await self._wait_turn(key, my_key, my_rev, lease, record)
+        except (_Timeout, TimeoutError):
+            await self._abandon(my_key, my_rev, lease)
+            LOCK_CONTENTION.labels("failed").inc()
+            LOCK_WAIT_SECONDS.labels("timed_out").observe(time.monotonic() - started)
+            raise await self._held_error(key) from None
+        except BaseException:
+            # Lost, cancelled by the caller, or etcd trouble: leave no waiter behind.
+            await asyncio.shield(self._abandon(my_key, my_rev, lease))
+            LOCK_CONTENTION.labels("failed").inc()
+            LOCK_WAIT_SECONDS.labels("failed").observe(time.monotonic() - started)
+            raise
+        LOCK_CONTENTION.labels("waited").inc()
+        LOCK_WAIT_SECONDS.labels("acquired").observe(time.monotonic() - started)
+        return view
+
+    async def _wait_turn(
+        self, key: LockKey, my_key: bytes, my_rev: int, lease: int, record: Record
+    ) -> LockView:
+        """Wait for every older contender to go, keeping my lease alive meanwhile."""
+        keeper = asyncio.create_task(self._keep_waiter_alive(lease, record.ttl))
+        waiter = asyncio.create_task(self._wait_predecessors(key, my_key, my_rev))
+        try:
+            done, _ = await asyncio.wait({keeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter not in done:
+                keeper.result()  # raises: the keeper only ends on failure
+            last_predecessor = waiter.result()
+        finally:
+            for task in (keeper, waiter):
+                task.cancel()
+            await asyncio.gather(keeper, waiter, return_exceptions=True)
+        # Renew once more so the holder starts with its full TTL, then confirm in one
+        # transaction that my key (and so my lease) survived the wait.
+        refreshed_at = time.time()
+        if await self.etcd.keep_alive(lease) <= 0:
+            raise LockLost("lease expired while waiting", key=key.name, token=my_rev)
+        acquired = Record(
+            record.owner, record.correlation_id, record.ttl, record.waiting_since, refreshed_at
+        )
+        if not await self.etcd.put_if_created_at(my_key, my_rev, acquired.encode(), lease):
+            raise LockLost("own key vanished while waiting", key=key.name, token=my_rev)
+        if last_predecessor is not None and await self._expired(last_predecessor):
+            STALE_LOCK_RECOVERIES.inc()
+            log.info("stale_lock_recovered", lock_key=key.name, lock_token=my_rev)
+        return _view(key.name, my_rev, lease, acquired, refreshed_at, refreshed_at + record.ttl)
+
+    async def _wait_predecessors(self, key: LockKey, my_key: bytes, my_rev: int) -> KeyValue | None:
+        """mutex.go waitDeletes: until no key older than mine is left; returns the last one."""
+        last: KeyValue | None = None
+        while True:
+            predecessor, revision = await self.etcd.last_created_before(key.etcd_prefix, my_rev - 1)
+            if predecessor is None:
+                return last
+            try:
+                deleted, _ = await self.etcd.wait_deleted([predecessor.key, my_key], revision + 1)
+            except RevisionCompacted:
+                continue
+            if deleted.key == my_key:
+                raise LockLost(
+                    "own lease expired or was revoked while waiting", key=key.name, token=my_rev
+                )
+            last = deleted
+
+    async def _keep_waiter_alive(self, lease: int, ttl: int) -> None:
+        """Renew a waiting contender's lease every third of its TTL; raise when it is gone."""
+        while True:
+            await asyncio.sleep(ttl / 3)  # renewal period, not a synchronisation point
+            if await self.etcd.keep_alive(lease) <= 0:
+                raise LockLost("lease expired while waiting")
+
+    async def _expired(self, kv: KeyValue) -> bool:
+        return kv.lease != 0 and await self.etcd.lease_remaining(kv.lease) <= 0
+
+    async def _abandon(self, my_key: bytes, my_rev: int, lease: int) -> None:
+        """Remove my contender key; if etcd is away, revoke the lease when it is back."""
+        try:
+            if my_rev:
+                await self.etcd.delete_if_created_at(my_key, my_rev)
+            else:
+                await self.etcd.revoke_lease(lease)
+        except EtcdUnavailable:
+            self.reaper.doom(lease)
+
+    async def _held_error(self, key: LockKey) -> LockHeld:
+        state = await self.describe(key)
+        holder = state.holder
+        if holder is None:
+            return LockHeld("the lock was held until the wait ran out", key=key.name)
+        return LockHeld(
+            f"{key.name} is held by {holder.owner}",
+            key=key.name,
+            holder_owner=holder.owner,
+            holder_token=holder.token,
+            holder_expires_at=_iso(holder.expires_at),
+        )
+
+    # -- holder operations ----------------------------------------------------
+
+    async def holder(self, key: LockKey, token: int) -> KeyValue:
+        """The holder's key if `token` is the holder's; else LockLost."""
+        kv = await self.etcd.first_created(key.etcd_prefix)
+        if kv is None or kv.create_revision != token:
+            raise LockLost(
+                "token is not the holder's",
+                key=key.name,
+                token=token,
+                holder_token=kv.create_revision if kv else None,
+            )
+        return kv
+
+    async def refresh(self, key: LockKey, token: int) -> LockView:
+        """Renew the holder's lease; LockLost when `token` is not the holder's any more."""
+        kv = await self.holder(key, token)
+        refreshed_at = time.time()
+        ttl = await self.etcd.keep_alive(kv.lease)
+        if ttl <= 0:
+            raise LockLost("lease expired", key=key.name, token=token)
+        record = Record.decode(kv.value)
+        return _view(
+            key.name,
+            token,
+            kv.lease,
+            record,
+            record.acquired_at or record.waiting_since,
+            refreshed_at + ttl,
+        )
+
+    async def release(self, key: LockKey, token: int) -> bool:
+        """Delete the holder's key iff it still has `token`; False when nothing changed."""
+        kv = await self.etcd.first_created(key.etcd_prefix)
+        if kv is None or kv.create_revision != token:
+            return False
+        return await self.etcd.delete_if_created_at(kv.key, token)
+
+    # -- inspection -----------------------------------------------------------
+
+    async def describe(self, key: LockKey) -> LockState:
+        """Holder and waiters of one lock."""
+        return await self._state(key.name, await self.etcd.by_create_revision(key.etcd_prefix))
+
+    async def list_locks(self, prefix: bytes, limit: int) -> list[LockState]:
+        """Locks whose name starts with `prefix` (etcd form), by name, at most `limit`."""
+        groups: dict[str, list[KeyValue]] = {}
+        for kv in await self.etcd.by_create_revision(prefix):
+            groups.setdefault(self.keys.split(kv.key), []).append(kv)
+        names = sorted(groups)[:limit]
+        return [await self._state(name, groups[name]) for name in names]
+
+    async def _state(self, name: str, kvs: list[KeyValue]) -> LockState:
+        if not kvs:
+            return LockState(None)
+        first, rest = kvs[0], kvs[1:]
+        record = Record.decode(first.value)
+        remaining = await self.etcd.lease_remaining(first.lease) if first.lease else -1
+        holder = _view(
+            name,
+            first.create_revision,
+            first.lease,
+            record,
+            record.acquired_at or record.waiting_since,
+            time.time() + max(remaining, 0),
+        )
+        waiters = []
+        for kv in rest:
+            r = Record.decode(kv.value)
+            waiters.append(
+                WaiterView(r.owner, kv.create_revision, kv.lease, r.waiting_since, r.correlation_id)
+            )
+        return LockState(holder, waiters)
+
+
+class _Timeout(Exception):
+    """Internal: a try-lock found the lock held."""
+
+
+def _view(
+    name: str, token: int, lease: int, record: Record, acquired_at: float, expires_at: float
+) -> LockView:
+    return LockView(
+        key=name,
+        token=token,
+        owner=record.owner,
+        lease_id=lease,
+        acquired_at=acquired_at,
+        expires_at=expires_at,
+        correlation_id=record.correlation_id,
+        ttl_seconds=record.ttl,
+    )
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
