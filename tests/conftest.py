@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from support.etcd import EtcdServer, etcd_binary
 from support.postgres import PostgresDatabases
 
@@ -64,7 +63,7 @@ def postgres() -> Iterator[PostgresDatabases]:
     databases = PostgresDatabases(dsn)
     try:
         databases.check()
-    except Exception as exc:  # noqa: BLE001 - any connection failure means unavailable
+    except Exception as exc:
         _unavailable(f"PostgreSQL at {dsn} ({exc})")
     yield databases
     databases.drop_all()

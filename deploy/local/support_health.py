@@ -9,8 +9,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def wait_all_serving(addresses: dict[str, str], give_up: Callable[[], bool],
-                     timeout: float = 120.0) -> None:
+def wait_all_serving(
+    addresses: dict[str, str], give_up: Callable[[], bool], timeout: float = 120.0
+) -> None:
     """Return when every address answers SERVING; raise SystemExit on timeout or give_up()."""
     deadline = time.monotonic() + timeout
     pending = dict(addresses)
@@ -21,7 +22,8 @@ def wait_all_serving(addresses: dict[str, str], give_up: Callable[[], bool],
             with grpc.insecure_channel(address) as channel:
                 try:
                     reply = health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(), timeout=1)
+                        health_pb2.HealthCheckRequest(), timeout=1
+                    )
                 except grpc.RpcError:
                     continue
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:

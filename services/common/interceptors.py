@@ -134,8 +134,12 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
             elapsed = time.perf_counter() - started
             RPC_DURATION.labels(method).observe(elapsed)
             RPC_REQUESTS.labels(method, code or "OK").inc()
-            log.info("rpc_completed", method=method, code=code or "OK",
-                     duration_ms=round(elapsed * 1000, 3))
+            log.info(
+                "rpc_completed",
+                method=method,
+                code=code or "OK",
+                duration_ms=round(elapsed * 1000, 3),
+            )
 
         if streams:
 

@@ -44,8 +44,14 @@ def test_run_starts_everything_and_ctrl_c_leaves_no_orphans(tmp_path: Path) -> N
         env[f"SERENTAK_{name.upper()}_PORT"] = str(port)
         env[f"SERENTAK_{name.upper()}_ADDRESS"] = f"127.0.0.1:{port}"
         env[f"SERENTAK_{name.upper()}_METRICS_PORT"] = str(free_port())
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.local.run"], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.local.run"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen: list[str] = []
     try:
         assert proc.stdout is not None

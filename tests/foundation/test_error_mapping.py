@@ -8,22 +8,37 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
-
-from services.common import errors
-from services.common.grpc_server import Servicer, ServiceApp
 from support.services import running_app
 
+from services.common import errors
+from services.common.grpc_server import ServiceApp, Servicer
+
 CASES = [
-    (errors.InvalidArgument("ttl_seconds", "must be 2..3600"), grpc.StatusCode.INVALID_ARGUMENT,
-     "INVALID_ARGUMENT"),
-    (errors.NotFound("no such file", reason="FILE_NOT_FOUND"), grpc.StatusCode.NOT_FOUND,
-     "FILE_NOT_FOUND"),
-    (errors.AlreadyExists("chunk differs", reason="CHUNK_CONFLICT", chunk_index=3),
-     grpc.StatusCode.ALREADY_EXISTS, "CHUNK_CONFLICT"),
-    (errors.FailedPrecondition("gone", reason="FILE_RETENTION_EXPIRED"),
-     grpc.StatusCode.FAILED_PRECONDITION, "FILE_RETENTION_EXPIRED"),
-    (errors.Aborted("stale", reason="STALE_FENCING_TOKEN"), grpc.StatusCode.ABORTED,
-     "STALE_FENCING_TOKEN"),
+    (
+        errors.InvalidArgument("ttl_seconds", "must be 2..3600"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    ),
+    (
+        errors.NotFound("no such file", reason="FILE_NOT_FOUND"),
+        grpc.StatusCode.NOT_FOUND,
+        "FILE_NOT_FOUND",
+    ),
+    (
+        errors.AlreadyExists("chunk differs", reason="CHUNK_CONFLICT", chunk_index=3),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "CHUNK_CONFLICT",
+    ),
+    (
+        errors.FailedPrecondition("gone", reason="FILE_RETENTION_EXPIRED"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "FILE_RETENTION_EXPIRED",
+    ),
+    (
+        errors.Aborted("stale", reason="STALE_FENCING_TOKEN"),
+        grpc.StatusCode.ABORTED,
+        "STALE_FENCING_TOKEN",
+    ),
     (errors.ResourceExhausted("too big"), grpc.StatusCode.RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED"),
     (errors.Unauthenticated("who?"), grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
     (errors.PermissionDenied("no"), grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
@@ -35,22 +50,26 @@ class RaisingLocks(locks_pb2_grpc.LockServiceServicer):
 
     to_raise: Exception = RuntimeError("unset")
 
-    async def Acquire(self, request, context):  # noqa: N802 - gRPC method name
+    async def Acquire(self, request, context):
         raise self.to_raise
 
-    async def Describe(self, request, context):  # noqa: N802
+    async def Describe(self, request, context):
         return {}["missing"]  # a bug: KeyError
 
-    async def Hold(self, request_iterator, context):  # noqa: N802
+    async def Hold(self, request_iterator, context):
         yield locks_pb2.HoldEvent()
         raise errors.FailedPrecondition("lost", reason="LOCK_LOST")
 
 
 def _app(servicer: RaisingLocks) -> ServiceApp:
     name = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
-    return ServiceApp(name="t", host="127.0.0.1", port=0, metrics_port=0,
-                      servicers=[Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server,
-                                          servicer, name)])
+    return ServiceApp(
+        name="t",
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        servicers=[Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, servicer, name)],
+    )
 
 
 def _error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:

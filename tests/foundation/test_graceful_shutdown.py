@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
-from services.common.grpc_server import Servicer, ServiceApp, start
+from services.common.grpc_server import ServiceApp, Servicer, start
 
 
 class SlowLocks(locks_pb2_grpc.LockServiceServicer):
@@ -17,7 +17,7 @@ class SlowLocks(locks_pb2_grpc.LockServiceServicer):
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def Acquire(self, request, context):  # noqa: N802 - gRPC method name
+    async def Acquire(self, request, context):
         self.entered.set()
         await self.release.wait()
         return locks_pb2.Lock(key=request.key, token=7)
@@ -34,14 +34,20 @@ async def test_in_flight_call_finishes_while_health_reports_not_serving() -> Non
             background_cancelled.set()
 
     name = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
-    app = ServiceApp(name="t", host="127.0.0.1", port=0, metrics_port=0,
-                     servicers=[Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server,
-                                         servicer, name)],
-                     background=[background_loop], grace_seconds=30)
+    app = ServiceApp(
+        name="t",
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        servicers=[Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, servicer, name)],
+        background=[background_loop],
+        grace_seconds=30,
+    )
     running = await start(app)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.bound_port}") as ch:
         in_flight = asyncio.ensure_future(
-            locks_pb2_grpc.LockServiceStub(ch).Acquire(locks_pb2.AcquireRequest(key="file:1")))
+            locks_pb2_grpc.LockServiceStub(ch).Acquire(locks_pb2.AcquireRequest(key="file:1"))
+        )
         await servicer.entered.wait()
         watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=name))
         first = await watch.read()

@@ -24,7 +24,8 @@ def test_migrations_reach_head_on_both_databases(service_db, database_url: str) 
             for location, version_table in service_db.migration_locations():
                 assert version_table in tables
                 head = ScriptDirectory.from_config(
-                    alembic_config(database_url, location, version_table)).get_current_head()
+                    alembic_config(database_url, location, version_table)
+                ).get_current_head()
                 current = conn.execute(text(f"SELECT version_num FROM {version_table}")).scalar()
                 assert current == head
     finally:

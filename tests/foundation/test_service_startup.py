@@ -12,7 +12,6 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from support.services import service_process
 
 EXPECTED = {
@@ -32,8 +31,9 @@ def grpcurl() -> str:
 
 
 def run_grpcurl(*args: str) -> str:
-    done = subprocess.run([grpcurl(), "-plaintext", *args], capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [grpcurl(), "-plaintext", *args], capture_output=True, text=True, timeout=60, check=True
+    )
     return done.stdout
 
 
@@ -63,14 +63,19 @@ def test_correlation_id_sent_by_client_appears_in_the_call_log(tmp_path: Path, e
             health = health_pb2_grpc.HealthStub(channel)
             _, call = health.Check.with_call(
                 health_pb2.HealthCheckRequest(),
-                metadata=[("x-correlation-id", "corr-test-42")], timeout=10)
+                metadata=[("x-correlation-id", "corr-test-42")],
+                timeout=10,
+            )
             echoed = dict(call.initial_metadata())
             assert echoed["x-correlation-id"] == "corr-test-42"
         svc.process.terminate()
         svc.process.wait(timeout=15)
         lines = [json.loads(line) for line in svc.log_text().splitlines() if line.startswith("{")]
-    calls = [r for r in lines if r.get("event") == "rpc_completed"
-             and r.get("method") == "/grpc.health.v1.Health/Check"]
+    calls = [
+        r
+        for r in lines
+        if r.get("event") == "rpc_completed" and r.get("method") == "/grpc.health.v1.Health/Check"
+    ]
     assert any(r.get("correlation_id") == "corr-test-42" for r in calls), calls
 
 

@@ -50,13 +50,27 @@ class EtcdServer:
         """Start (or restart) and return once /health answers true."""
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [self.binary, "--name", "serentak-test", "--data-dir", str(self.data_dir),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"serentak-test={peer}"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                self.binary,
+                "--name",
+                "serentak-test",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"serentak-test={peer}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S

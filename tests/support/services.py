@@ -64,7 +64,9 @@ def wait_serving(address: str, timeout: float = READY_TIMEOUT_S) -> None:
 
 
 @contextlib.contextmanager
-def service_process(name: str, tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[ServiceProcess]:
+def service_process(
+    name: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[ServiceProcess]:
     """Run `python -m services.<name>` on free ports with its data in `tmp_path`."""
     port, metrics_port = free_port(), free_port()
     full_env = {
@@ -78,8 +80,11 @@ def service_process(name: str, tmp_path: Path, env: dict[str, str] | None = None
     log_path = tmp_path / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"], cwd=REPO_ROOT, env=full_env,
-            stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", f"services.{name}"],
+            cwd=REPO_ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     svc = ServiceProcess(name, port, metrics_port, process, log_path)
     try:
