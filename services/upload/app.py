@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
-from services.common.db import create_engine
 from services.common.grpc_server import ServiceApp, Servicer
+from services.common.jobs import RuntimeOptions
+from services.upload.components import build_components
 from services.upload.database import migrate
 from services.upload.servicer import FileServicer, UploadServicer
 from services.upload.settings import UploadSettings
@@ -13,10 +14,12 @@ from services.upload.settings import UploadSettings
 _SERVICES = upload_pb2.DESCRIPTOR.services_by_name
 
 
-def build_app(settings: UploadSettings) -> ServiceApp:
+def build_app(
+    settings: UploadSettings, runtime_options: RuntimeOptions | None = None
+) -> ServiceApp:
     """The upload service as a `ServiceApp`; migrates its database first."""
     migrate(settings.database_url)
-    engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    parts = build_components(settings, runtime_options)
     return ServiceApp(
         name="upload",
         host=settings.bind_host,
@@ -25,7 +28,7 @@ def build_app(settings: UploadSettings) -> ServiceApp:
         servicers=[
             Servicer(
                 upload_pb2_grpc.add_UploadServiceServicer_to_server,
-                UploadServicer(),
+                UploadServicer(parts.auth, parts.uploads, parts.chunks, parts.runtime.wake),
                 _SERVICES["UploadService"].full_name,
             ),
             Servicer(
@@ -34,7 +37,8 @@ def build_app(settings: UploadSettings) -> ServiceApp:
                 _SERVICES["FileService"].full_name,
             ),
         ],
-        on_shutdown=[engine.dispose],
+        background=parts.runtime.background(),
+        on_shutdown=[parts.close],
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
     )

@@ -1,9 +1,28 @@
-"""Tables of the upload service (SQLAlchemy 2 declarative)."""
+"""Tables of the upload service (SQLAlchemy 2 declarative).
+
+Times are stored as naive UTC and read back as aware UTC (`UtcDateTime`), so SQLite and
+PostgreSQL behave the same.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
-from sqlalchemy.orm import DeclarativeBase
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 metadata = MetaData(
     naming_convention={
@@ -20,3 +39,136 @@ class Base(DeclarativeBase):
     """Declarative base bound to the service's metadata."""
 
     metadata = metadata
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, naive UTC in the database."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+def utcnow() -> datetime:
+    """The current time, aware UTC."""
+    return datetime.now(UTC)
+
+
+# Upload statuses (invariant 5: only forward).
+UPLOADING, MERGING, COMPLETED, FAILED, ABORTED, EXPIRED = (
+    "uploading",
+    "merging",
+    "completed",
+    "failed",
+    "aborted",
+    "expired",
+)
+FILE, FOLDER = "file", "folder"
+VIEWER, EDITOR = "viewer", "editor"
+
+
+class FileRow(Base):
+    """A file or folder. `version` bumps on every change (invariant 6)."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    parent_id: Mapped[str | None] = mapped_column(String(32), ForeignKey("files.id"))
+    name: Mapped[str] = mapped_column(String(255), nullable=False)
+    kind: Mapped[str] = mapped_column(String(8), nullable=False)
+    owner_user_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    version: Mapped[int] = mapped_column(BigInteger, nullable=False, default=1)
+    # Folders only: bumped whenever a child appears, changes or leaves (listing cache key).
+    children_version: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    checksum: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    checksum_algorithm: Mapped[str] = mapped_column(String(16), nullable=False, default="")
+    blob_key: Mapped[str | None] = mapped_column(String(255))
+    # Fencing (invariant 7): the highest lock token any commit on this file carried.
+    last_lock_token: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    # "{tenant}:{user}" for a root folder, else NULL: one root per user.
+    root_of: Mapped[str | None] = mapped_column(String(140), unique=True)
+    create_request_key: Mapped[str | None] = mapped_column(String(300), unique=True)
+    deleted_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+    __table_args__ = (Index("ix_files_tenant_parent", "tenant_id", "parent_id", "name", "id"),)
+
+
+class ShareRow(Base):
+    """A collaborator's role on one file."""
+
+    __tablename__ = "shares"
+
+    file_id: Mapped[str] = mapped_column(String(32), ForeignKey("files.id"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(8), nullable=False)
+    granted_by: Mapped[str] = mapped_column(String(64), nullable=False)
+    granted_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+
+class UploadRow(Base):
+    """One resumable upload session."""
+
+    __tablename__ = "uploads"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    owner_user_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    # "{tenant}:{user}:{client_request_id}" so a retried CreateUpload finds its upload.
+    request_key: Mapped[str | None] = mapped_column(String(300), unique=True)
+    client_request_id: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    # The target file; for a new file the id is reserved now and the row created at merge.
+    file_id: Mapped[str] = mapped_column(String(32), nullable=False, index=True)
+    is_new_file: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    folder_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    name: Mapped[str] = mapped_column(String(255), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    total_chunks: Mapped[int] = mapped_column(Integer, nullable=False)
+    total_size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    chunk_size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    checksum_algorithm: Mapped[str] = mapped_column(String(16), nullable=False)
+    expected_checksum: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    # Invariant 2: equals the number of distinct stored indexes.
+    received_chunk_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+    merge_started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    merge_finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    file_version: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    final_checksum: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    failure_reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    chunks_purged_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (
+        Index("ix_uploads_owner", "tenant_id", "owner_user_id", "created_at"),
+        Index("ix_uploads_status_expires", "status", "expires_at"),
+    )
+
+
+class ChunkRow(Base):
+    """One stored chunk. Invariant 1: unique on (upload_id, chunk_index)."""
+
+    __tablename__ = "upload_chunks"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    upload_id: Mapped[str] = mapped_column(String(32), ForeignKey("uploads.id"), nullable=False)
+    chunk_index: Mapped[int] = mapped_column(Integer, nullable=False)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    checksum: Mapped[str] = mapped_column(String(128), nullable=False)
+    blob_key: Mapped[str] = mapped_column(String(255), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+    __table_args__ = (UniqueConstraint("upload_id", "chunk_index", name="uq_upload_chunks_index"),)

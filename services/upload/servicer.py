@@ -1,12 +1,106 @@
-"""gRPC surface of `serentak.upload.v1.UploadService` and `FileService`."""
+"""gRPC surface of `serentak.upload.v1.UploadService` and `FileService`: thin mappings.
+
+Each handler identifies the caller, calls one domain use case and converts the result.
+"""
 
 from __future__ import annotations
 
-from serentak.upload.v1 import upload_pb2_grpc
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+
+from services.common.auth import Authenticator
+from services.common.errors import InvalidArgument
+from services.upload import convert
+from services.upload.chunks import ChunkOutcome, ChunkStore
+from services.upload.uploads import Uploads
 
 
 class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
-    """Every RPC answers UNIMPLEMENTED until uploads are built."""
+    """Resumable chunked uploads."""
+
+    def __init__(
+        self,
+        auth: Authenticator,
+        uploads: Uploads,
+        chunks: ChunkStore,
+        on_merge_started: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._auth = auth
+        self._uploads = uploads
+        self._chunks = chunks
+        # Wakes the in-process workers so a merge starts without waiting for a poll.
+        self._on_merge_started = on_merge_started
+
+    async def CreateUpload(
+        self, request: upload_pb2.CreateUploadRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.Upload:
+        identity = self._auth.require_user(context)
+        row = await self._uploads.create(identity, request)
+        upload, missing = await self._uploads.get(identity, row.id)
+        return convert.upload_message(upload, missing)
+
+    async def _put(
+        self, request: upload_pb2.PutChunkRequest, context: grpc.aio.ServicerContext
+    ) -> ChunkOutcome:
+        identity = self._auth.require_user(context)
+        outcome = await self._chunks.put(
+            identity, request.upload_id, request.chunk_index, request.data, request.checksum
+        )
+        if outcome.started_merge:
+            self._on_merge_started()
+        return outcome
+
+    async def PutChunk(
+        self, request: upload_pb2.PutChunkRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.PutChunkResponse:
+        outcome = await self._put(request, context)
+        return convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
+
+    async def UploadChunks(
+        self,
+        request_iterator: AsyncIterator[upload_pb2.PutChunkRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> upload_pb2.UploadChunksResponse:
+        identity = self._auth.require_user(context)
+        response = upload_pb2.UploadChunksResponse()
+        last_upload_id = ""
+        async for request in request_iterator:
+            outcome = await self._put(request, context)
+            response.chunks.append(
+                convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
+            )
+            last_upload_id = outcome.upload.id
+        if not last_upload_id:
+            raise InvalidArgument("chunks", "the stream carried no chunk")
+        upload, missing = await self._uploads.get(identity, last_upload_id)
+        response.upload.CopyFrom(convert.upload_message(upload, missing))
+        return response
+
+    async def GetUpload(
+        self, request: upload_pb2.GetUploadRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.Upload:
+        identity = self._auth.require_user(context)
+        upload, missing = await self._uploads.get(identity, request.upload_id)
+        return convert.upload_message(upload, missing)
+
+    async def AbortUpload(
+        self, request: upload_pb2.AbortUploadRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.Upload:
+        identity = self._auth.require_user(context)
+        await self._uploads.abort(identity, request.upload_id)
+        upload, missing = await self._uploads.get(identity, request.upload_id)
+        return convert.upload_message(upload, missing)
+
+    async def ListUploads(
+        self, request: upload_pb2.ListUploadsRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ListUploadsResponse:
+        identity = self._auth.require_user(context)
+        rows, token = await self._uploads.list(identity, request)
+        return upload_pb2.ListUploadsResponse(
+            uploads=[convert.upload_message(r) for r in rows], next_page_token=token
+        )
 
 
 class FileServicer(upload_pb2_grpc.FileServiceServicer):

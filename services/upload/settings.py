@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 
 from services.common.config import CommonSettings, sqlite_url
+
+KIB = 1024
+MIB = 1024 * KIB
 
 
 class UploadSettings(CommonSettings):
@@ -13,8 +18,31 @@ class UploadSettings(CommonSettings):
     upload_database_url: str | None = Field(
         None, description="SQLAlchemy URL; default: SQLite at {data_dir}/upload.db."
     )
+    blob_dir: Path | None = Field(
+        None, description="Chunks and merged files; default data_dir/blobs."
+    )
+    upload_ttl_seconds: float = Field(
+        24 * 3600, gt=0, description="An upload idle this long becomes expired."
+    )
+    min_chunk_size: int = Field(
+        256 * KIB, ge=1, description="Smallest chunk_size (the last chunk may be shorter)."
+    )
+    # 32 MiB, not 64: a chunk plus its envelope must fit the 64 MiB gRPC message limit.
+    max_chunk_size: int = Field(32 * MIB, ge=1, description="Largest chunk_size.")
+    default_chunk_size: int = Field(8 * MIB, ge=1, description="What the CLI sends by default.")
+    max_total_chunks: int = Field(10_000, ge=1, description="Most chunks in one upload.")
+    merge_lock_ttl_seconds: int = Field(60, ge=2, description="Lease of the merge's file lock.")
+    merge_lock_wait_ms: int = Field(30_000, ge=0, description="How long a merge waits for it.")
+    listing_cache_entries: int = Field(10_000, ge=0, description="Folder pages kept in memory.")
+    expiry_interval_seconds: float = Field(60.0, gt=0, description="Cleanup sweep period.")
+    audit_sample_size: int = Field(20, ge=0, description="Completed files re-hashed per audit.")
 
     @property
     def database_url(self) -> str:
         """The configured database, or the embedded SQLite default."""
         return self.upload_database_url or sqlite_url(self.data_dir, "upload")
+
+    @property
+    def blob_root(self) -> Path:
+        """Where the local blob store keeps its objects."""
+        return self.blob_dir or (self.data_dir / "blobs")

@@ -1,0 +1,215 @@
+"""Storing one chunk: checked, written durably, recorded exactly once.
+
+Invariant 1: `(upload_id, chunk_index)` is unique. A retry with the same checksum is a
+success with `duplicate=True` and no new effect; another checksum or size is
+CHUNK_CONFLICT and the stored chunk is untouched.
+Invariant 2: `received_chunk_count` grows only when the row is inserted, in the same
+transaction as the insert.
+Invariant 3: the store that completes the set wins `uploading -> merging` and enqueues the
+merge job in that same transaction.
+
+Why the bytes are renamed into place *inside* the transaction, after the insert: the
+inserter of the row is the only writer of `uploads/{id}/{index}`. The bytes are staged
+(temp file + fsync) before the transaction; once `INSERT ... ON CONFLICT DO NOTHING` has
+inserted our row (PostgreSQL holds the unique key until commit; SQLite holds the write
+lock), nobody else can have a committed row for that index, so the rename may replace
+only an orphan from a crashed attempt. A loser of the insert discards its staged bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.auth import Identity
+from services.common.errors import InvalidArgument
+from services.common.logging import get_logger
+from services.upload import checksums, metrics
+from services.upload.blob_store import BlobStore, chunk_key
+from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
+from services.upload.models import EXPIRED, MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
+from services.upload.uploads import MergeEnqueuer, Uploads, expected_chunk_size
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkOutcome:
+    """What storing one chunk did, and the upload as it stands after it."""
+
+    upload: UploadRow
+    index: int
+    duplicate: bool
+    # True for the one store that moved the upload to `merging`.
+    started_merge: bool
+
+
+class _AlreadyStored(Exception):
+    """The index had a row when our insert ran (internal control flow)."""
+
+    def __init__(self, existing: ChunkRow) -> None:
+        self.existing = existing
+
+
+class ChunkStore:
+    """Stores chunks of the caller's uploads."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        uploads: Uploads,
+        blobs: BlobStore,
+        enqueue_merge: MergeEnqueuer,
+        *,
+        upload_ttl_seconds: float,
+    ) -> None:
+        self._sessions = sessions
+        self._uploads = uploads
+        self._blobs = blobs
+        self._enqueue_merge = enqueue_merge
+        self._ttl = upload_ttl_seconds
+
+    async def put(
+        self, identity: Identity, upload_id: str, index: int, data: bytes, checksum: str
+    ) -> ChunkOutcome:
+        """Check and store chunk `index` of `upload_id` (see the module docstring)."""
+        async with self._sessions() as session:
+            upload = await self._uploads.load(session, identity, upload_id)
+        if not 0 <= index < upload.total_chunks:
+            raise InvalidArgument(
+                "chunk_index",
+                f"must be 0..{upload.total_chunks - 1}",
+                reason="CHUNK_INDEX_OUT_OF_RANGE",
+            )
+        want_size = expected_chunk_size(upload, index)
+        if len(data) != want_size:
+            raise InvalidArgument(
+                "data",
+                f"chunk {index} must be {want_size} bytes, got {len(data)}",
+                reason="CHUNK_SIZE_MISMATCH",
+            )
+        algorithm = upload.checksum_algorithm
+        claimed = checksums.normalize_hex(checksum, algorithm, "checksum")
+        actual = await checksums.digest_async(data, algorithm)
+        if actual != claimed:
+            raise ChecksumMismatch(
+                "checksum",
+                f"chunk {index} hashes to {actual}, not {claimed}",
+                expected=claimed,
+                actual=actual,
+                chunk_index=index,
+            )
+        # Fast path for retries: an existing row answers without touching the disk.
+        existing = await self._existing(upload.id, index)
+        if existing is not None:
+            return await self._answer_existing(upload, existing, index, len(data), actual)
+        upload = await self._uploads.expire_if_due(upload)
+        if upload.status != UPLOADING:
+            raise UploadNotActive(
+                f"the upload is {upload.status}",
+                upload_id=upload.id,
+                status=upload.status,
+                reason="UPLOAD_EXPIRED" if upload.status == EXPIRED else None,
+            )
+        key = chunk_key(upload.id, index)
+        staged = self._blobs.stage(key, data)
+        try:
+            return await self._record(upload, index, len(data), actual, key, staged)
+        except _AlreadyStored as lost:
+            return await self._answer_existing(upload, lost.existing, index, len(data), actual)
+        finally:
+            self._blobs.discard(staged)
+
+    async def _existing(self, upload_id: str, index: int) -> ChunkRow | None:
+        async with self._sessions() as session:
+            return (
+                await session.execute(
+                    select(ChunkRow).where(
+                        ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index
+                    )
+                )
+            ).scalar_one_or_none()
+
+    async def _answer_existing(
+        self, upload: UploadRow, existing: ChunkRow, index: int, size: int, checksum: str
+    ) -> ChunkOutcome:
+        if existing.checksum != checksum or existing.size != size:
+            metrics.CHUNK_CONFLICTS.inc()
+            raise ChunkConflict(
+                f"chunk {index} is already stored with another checksum or size",
+                upload_id=upload.id,
+                chunk_index=index,
+                stored_checksum=existing.checksum,
+                stored_size=existing.size,
+            )
+        metrics.CHUNK_DUPLICATES.inc()
+        async with self._sessions() as session:
+            fresh = await session.get(UploadRow, upload.id)
+            assert fresh is not None
+        return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
+
+    async def _record(
+        self, upload: UploadRow, index: int, size: int, checksum: str, key: str, staged: str
+    ) -> ChunkOutcome:
+        now = utcnow()
+        async with self._sessions.begin() as session:
+            dialect = session.get_bind().dialect.name
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            inserted = await session.execute(
+                insert(ChunkRow)
+                .values(
+                    upload_id=upload.id,
+                    chunk_index=index,
+                    size=size,
+                    checksum=checksum,
+                    blob_key=key,
+                    created_at=now,
+                )
+                .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
+            )
+            if not inserted.rowcount:  # type: ignore[attr-defined]
+                existing = (
+                    await session.execute(
+                        select(ChunkRow).where(
+                            ChunkRow.upload_id == upload.id, ChunkRow.chunk_index == index
+                        )
+                    )
+                ).scalar_one()
+                raise _AlreadyStored(existing)
+            # Our row: we are the only writer of this key (see the module docstring).
+            self._blobs.publish(staged, key)
+            counted = await session.execute(
+                update(UploadRow)
+                .where(UploadRow.id == upload.id, UploadRow.status == UPLOADING)
+                .values(
+                    received_chunk_count=UploadRow.received_chunk_count + 1,
+                    updated_at=now,
+                    expires_at=now + timedelta(seconds=self._ttl),
+                )
+            )
+            if not counted.rowcount:  # type: ignore[attr-defined]
+                # Aborted or expired meanwhile: roll back the row (the bytes are an orphan).
+                raise UploadNotActive("the upload stopped accepting chunks", upload_id=upload.id)
+            # The one store that completes the set moves it to merging (invariant 3).
+            won = await session.execute(
+                update(UploadRow)
+                .where(
+                    UploadRow.id == upload.id,
+                    UploadRow.status == UPLOADING,
+                    UploadRow.received_chunk_count == UploadRow.total_chunks,
+                )
+                .values(status=MERGING, merge_started_at=now, updated_at=now)
+            )
+            started = bool(won.rowcount)  # type: ignore[attr-defined]
+            fresh = await session.get(UploadRow, upload.id, populate_existing=True)
+            assert fresh is not None
+            if started:
+                await self._enqueue_merge(session, fresh)
+        metrics.CHUNKS_STORED.inc()
+        if started:
+            log.info("upload_merge_started", upload_id=upload.id, file_id=upload.file_id)
+        return ChunkOutcome(fresh, index, duplicate=False, started_merge=started)

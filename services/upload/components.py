@@ -1,0 +1,81 @@
+"""The upload service's parts, built once from settings and wired together.
+
+`app.py` turns these into a `ServiceApp`; tests build them directly to reach the job
+runtime (e.g. to run a worker they can kill).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from services.common.auth import Authenticator
+from services.common.db import create_engine, session_factory
+from services.common.jobs import JobRegistry, JobRuntime, RetryPolicy, RuntimeOptions
+from services.locks.client import LockClient
+from services.upload.blob_store import LocalBlobStore
+from services.upload.chunks import ChunkStore
+from services.upload.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
+from services.upload.settings import UploadSettings
+from services.upload.uploads import Uploads
+
+
+@dataclass
+class UploadComponents:
+    """Everything the upload service runs on."""
+
+    settings: UploadSettings
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    auth: Authenticator
+    blobs: LocalBlobStore
+    locks: LockClient
+    uploads: Uploads
+    chunks: ChunkStore
+    registry: JobRegistry
+    runtime: JobRuntime
+
+    async def close(self) -> None:
+        """Release connections (lock service channel, database pool)."""
+        await self.locks.close()
+        await self.engine.dispose()
+
+
+def build_components(
+    settings: UploadSettings, runtime_options: RuntimeOptions | None = None
+) -> UploadComponents:
+    """Build and wire the parts (the database must already be migrated)."""
+    engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    sessions = session_factory(engine)
+    options = runtime_options or RuntimeOptions()
+    blobs = LocalBlobStore(settings.blob_root)
+    locks = LockClient(settings.locks_address, owner=f"upload-merge:{options.node_id}")
+    uploads = Uploads(sessions, settings)
+    chunks = ChunkStore(
+        sessions, uploads, blobs, enqueue_merge, upload_ttl_seconds=settings.upload_ttl_seconds
+    )
+    registry = JobRegistry()
+    registry.register(
+        MERGE_JOB,
+        MergeHandler(
+            blobs,
+            locks,
+            lock_ttl_seconds=settings.merge_lock_ttl_seconds,
+            lock_wait_seconds=settings.merge_lock_wait_ms / 1000,
+        ),
+        retry=RetryPolicy(max_attempts=8, base_seconds=0.5, cap_seconds=30),
+    )
+    runtime = JobRuntime(sessions, registry, options)
+    return UploadComponents(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        auth=Authenticator(settings.auth_tokens, settings.service_token),
+        blobs=blobs,
+        locks=locks,
+        uploads=uploads,
+        chunks=chunks,
+        registry=registry,
+        runtime=runtime,
+    )

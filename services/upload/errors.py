@@ -1,0 +1,66 @@
+"""Typed errors of the upload service, each with its gRPC code and ErrorInfo reason."""
+
+from __future__ import annotations
+
+from services.common.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+
+
+class ChecksumMismatch(InvalidArgument):
+    """The chunk's bytes do not hash to the checksum the client sent."""
+
+    reason = "CHECKSUM_MISMATCH"
+
+
+class ChunkConflict(AlreadyExists):
+    """The index is already stored with another checksum or size; the stored chunk stays."""
+
+    reason = "CHUNK_CONFLICT"
+
+
+class UploadNotFound(NotFound):
+    reason = "UPLOAD_NOT_FOUND"
+
+
+class FileNotFound(NotFound):
+    reason = "FILE_NOT_FOUND"
+
+
+class UploadNotActive(FailedPrecondition):
+    """The upload is no longer `uploading` (merging, completed, failed, aborted, expired)."""
+
+    reason = "UPLOAD_NOT_ACTIVE"
+
+
+class StaleFencingToken(Aborted):
+    """A commit carried a lock token lower than the file's `last_lock_token`."""
+
+    reason = "STALE_FENCING_TOKEN"
+
+
+class VersionMismatch(Aborted):
+    """The request's `expected_version` is not the file's current version."""
+
+    reason = "VERSION_MISMATCH"
+
+
+class NotAllowed(PermissionDenied):
+    """The caller may see the file but not make this change."""
+
+    reason = "INSUFFICIENT_ROLE"
+
+
+class WrongKind(FailedPrecondition):
+    """A folder where a file is needed, or the reverse."""
+
+    reason = "WRONG_FILE_KIND"
+
+
+class FileDeleted(FailedPrecondition):
+    reason = "FILE_DELETED"

@@ -1,0 +1,264 @@
+"""The merge job: turn a complete set of chunks into the file's next version, exactly once.
+
+Enqueued (idempotency key `merge:{upload_id}`) by the chunk store in the transaction that
+won `uploading -> merging`. The handler runs inside the job runtime's transaction, so the
+file commit, the outbox event, `merging -> completed` and the job's completion commit
+together or not at all:
+
+1. Load the upload; anything but `merging` means the merge already happened (or the job
+   is a redelivery): do nothing (invariant 3).
+2. Check the chunk rows are exactly indexes 0..N-1.
+3. `merge_core.merge` streams the chunks in index order into `files/{file_id}/{upload_id}`,
+   verifying every chunk's size and checksum and the whole file's, via temp + rename
+   (invariant 4). A corrupt chunk ends the upload `failed` with the reason.
+4. Take `file:{file_id}` from the lock service and commit with the fencing check
+   (invariant 7), bumping the version and writing `file.content.updated` (invariant 6).
+
+A worker killed mid-merge leaves the upload `merging` and the job leased; the lease ends,
+another worker runs the job again from step 1, and the deterministic output key means the
+second merge simply replaces the first one's (never published) result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+import merge_core
+from services.common.errors import SerentakError
+from services.common.jobs import ConflictError, JobContext, NewJob, TransientError, enqueue
+from services.common.logging import get_logger
+from services.locks.client import LockClient
+from services.upload import metrics
+from services.upload.blob_store import BlobStore, content_key
+from services.upload.errors import StaleFencingToken
+from services.upload.events import record_file_event
+from services.upload.models import (
+    COMPLETED,
+    FAILED,
+    FILE,
+    MERGING,
+    ChunkRow,
+    FileRow,
+    UploadRow,
+    utcnow,
+)
+from services.upload.uploads import transition
+from services.upload.versions import commit_fenced, touch_folder
+
+log = get_logger(__name__)
+
+MERGE_JOB = "upload.merge"
+
+
+def merge_job(upload: UploadRow) -> NewJob:
+    """The merge job for `upload`; per-file partition so one file's merges run in order."""
+    return NewJob(
+        job_type=MERGE_JOB,
+        payload={"upload_id": upload.id},
+        partition_key=f"file:{upload.file_id}",
+        idempotency_key=f"merge:{upload.id}",
+    )
+
+
+async def enqueue_merge(session: AsyncSession, upload: UploadRow) -> None:
+    """Enqueue the merge of `upload` in the caller's transaction (the one that won merging)."""
+    await enqueue(session, merge_job(upload))
+
+
+class MergeFailed(Exception):
+    """The chunks cannot make the file (corrupt, missing, wrong size): the upload fails."""
+
+
+class MergeHandler:
+    """The `upload.merge` job handler."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        locks: LockClient,
+        *,
+        lock_ttl_seconds: int,
+        lock_wait_seconds: float,
+        fsync: bool = True,
+    ) -> None:
+        self._blobs = blobs
+        self._locks = locks
+        self._lock_ttl = lock_ttl_seconds
+        self._lock_wait = lock_wait_seconds
+        self._fsync = fsync
+
+    async def __call__(self, ctx: JobContext) -> None:
+        """Run one merge job (see the module docstring)."""
+        upload_id = str(ctx.payload["upload_id"])
+        session = ctx.session
+        upload = await session.get(UploadRow, upload_id, populate_existing=True)
+        if upload is None or upload.status != MERGING:
+            metrics.DUPLICATE_MERGES_REFUSED.inc()
+            log.info("merge_skipped", upload_id=upload_id, status=upload.status if upload else None)
+            ctx.effect = {"skipped": upload.status if upload else "missing"}
+            return
+        started = time.monotonic()
+        try:
+            result = await self._merge(session, upload)
+        except MergeFailed as failure:
+            await self._fail(session, upload, str(failure))
+            ctx.effect = {"failed": str(failure)[:500]}
+            return
+        except merge_core.MergeIOError as exc:
+            # A disk or file-system hiccup may pass; the last attempt gives up for good.
+            if ctx.attempt < 5:
+                raise TransientError(f"merge I/O error: {exc}") from exc
+            await self._fail(session, upload, f"merge I/O error: {exc}")
+            return
+        file = await self._commit(session, upload, result)
+        metrics.MERGES.labels("completed").inc()
+        metrics.MERGE_DURATION.observe(time.monotonic() - started)
+        log.info(
+            "merge_completed",
+            upload_id=upload.id,
+            file_id=file.id,
+            version=file.version,
+            size=result.size,
+        )
+        ctx.effect = {"file_id": file.id, "version": file.version}
+
+    async def _merge(self, session: AsyncSession, upload: UploadRow) -> merge_core.MergeResult:
+        rows = list(
+            (
+                await session.execute(
+                    select(ChunkRow)
+                    .where(ChunkRow.upload_id == upload.id)
+                    .order_by(ChunkRow.chunk_index)
+                )
+            ).scalars()
+        )
+        indexes = [r.chunk_index for r in rows]
+        if indexes != list(range(upload.total_chunks)):
+            missing = sorted(set(range(upload.total_chunks)) - set(indexes))
+            raise MergeFailed(
+                f"chunk rows are not 0..{upload.total_chunks - 1}; missing {missing[:10]}"
+            )
+        chunks = [
+            merge_core.Chunk(r.chunk_index, self._blobs.path(r.blob_key), r.size, r.checksum)
+            for r in rows
+        ]
+        output = self._blobs.path(content_key(upload.file_id, upload.id))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # merge_core releases the GIL; a thread keeps the event loop (heartbeats) going.
+            return await asyncio.to_thread(
+                merge_core.merge,
+                chunks,
+                output,
+                upload.checksum_algorithm,
+                upload.expected_checksum or None,
+                self._fsync,
+            )
+        except (
+            merge_core.ChunkChecksumMismatch,
+            merge_core.ChunkSizeMismatch,
+            merge_core.MissingChunk,
+            merge_core.DuplicateChunk,
+            merge_core.FileChecksumMismatch,
+        ) as exc:
+            raise MergeFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _fail(self, session: AsyncSession, upload: UploadRow, reason: str) -> None:
+        await transition(
+            session,
+            upload.id,
+            MERGING,
+            FAILED,
+            failure_reason=reason[:2000],
+            merge_finished_at=utcnow(),
+        )
+        metrics.MERGES.labels("failed").inc()
+        log.warning("merge_failed", upload_id=upload.id, file_id=upload.file_id, reason=reason)
+
+    async def _commit(
+        self, session: AsyncSession, upload: UploadRow, result: merge_core.MergeResult
+    ) -> FileRow:
+        try:
+            async with self._locks.hold(
+                f"file:{upload.file_id}", ttl=self._lock_ttl, wait_timeout=self._lock_wait
+            ) as lock:
+                file = await commit_content(session, upload, result, lock.token)
+        except StaleFencingToken as exc:
+            # A newer holder committed first (ours was lost): retry under a fresh lock.
+            raise ConflictError(str(exc)) from exc
+        except SerentakError as exc:
+            # LOCK_HELD past the wait, lock service or etcd unavailable: try again later.
+            raise TransientError(f"file lock: {exc}") from exc
+        return file
+
+
+async def commit_content(
+    session: AsyncSession, upload: UploadRow, result: Any, token: int
+) -> FileRow:
+    """Commit the merged content as the file's next version under lock `token`.
+
+    One transaction (the caller's): the fenced file update (or the new file row), the
+    parent folder's listing version, the outbox event and `merging -> completed`.
+    """
+    now = utcnow()
+    values: dict[str, Any] = {
+        "size": result.size,
+        "checksum": result.checksum,
+        "checksum_algorithm": result.algorithm,
+        "blob_key": content_key(upload.file_id, upload.id),
+    }
+    existing = await session.get(FileRow, upload.file_id, populate_existing=True)
+    if existing is None:
+        folder = await session.get(FileRow, upload.folder_id)
+        # A new file belongs to the folder's owner; the uploader is the event's actor.
+        owner = folder.owner_user_id if folder is not None else upload.owner_user_id
+        file = FileRow(
+            id=upload.file_id,
+            tenant_id=upload.tenant_id,
+            parent_id=upload.folder_id,
+            name=upload.name,
+            kind=FILE,
+            owner_user_id=owner,
+            version=1,
+            children_version=0,
+            last_lock_token=token,
+            created_at=now,
+            updated_at=now,
+            **values,
+        )
+        session.add(file)
+        await session.flush()
+    else:
+        file = await commit_fenced(session, upload.file_id, token, **values)
+    await touch_folder(session, file.parent_id)
+    await record_file_event(
+        session,
+        "file.content.updated",
+        file,
+        upload.owner_user_id,
+        idempotency_key=f"merge:{upload.id}",
+        file_id=file.id,
+        name=file.name,
+        size=file.size,
+        checksum=file.checksum,
+        checksum_algorithm=file.checksum_algorithm,
+        upload_id=upload.id,
+    )
+    moved = await transition(
+        session,
+        upload.id,
+        MERGING,
+        COMPLETED,
+        merge_finished_at=now,
+        file_version=file.version,
+        final_checksum=result.checksum,
+    )
+    if not moved:
+        # Only this job moves a merging upload; losing here means a concurrent duplicate.
+        raise ConflictError(f"upload {upload.id} left merging during the merge")
+    return file

@@ -1,0 +1,41 @@
+"""Domain metrics of the upload service (each with a one-line description)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CHUNK_CONFLICTS = Counter(
+    "serentak_upload_chunk_conflicts_total",
+    "Chunks refused because the index was stored with another checksum or size.",
+)
+CHUNK_DUPLICATES = Counter(
+    "serentak_upload_chunk_duplicates_total",
+    "Idempotent chunk retries answered with duplicate=true and no new effect.",
+)
+CHUNKS_STORED = Counter("serentak_upload_chunks_stored_total", "Chunks stored for the first time.")
+DUPLICATE_MERGES_REFUSED = Counter(
+    "serentak_upload_duplicate_merges_refused_total",
+    "Merge jobs that found their upload no longer merging and did nothing.",
+)
+MERGES = Counter("serentak_upload_merges_total", "Merges finished, by outcome.", ["outcome"])
+MERGE_DURATION = Histogram(
+    "serentak_upload_merge_duration_seconds",
+    "Time of one merge job from start to commit.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+CACHE_HITS = Counter(
+    "serentak_upload_listing_cache_hits_total", "Folder listings served from cache."
+)
+CACHE_MISSES = Counter(
+    "serentak_upload_listing_cache_misses_total", "Folder listings read from the DB."
+)
+CACHE_INVALIDATIONS = Counter(
+    "serentak_upload_listing_cache_invalidations_total",
+    "Folder listing cache entries dropped after a commit changed the folder.",
+)
+EXPIRED_UPLOADS = Counter("serentak_upload_expired_total", "Uploads moved to expired by the sweep.")
+PURGED_CHUNKS = Counter(
+    "serentak_upload_purged_chunk_files_total",
+    "Chunk files deleted for expired or aborted uploads.",
+)
+UPLOADS_MERGING = Gauge("serentak_upload_merging", "Uploads currently in merging (last audit).")

@@ -1,0 +1,85 @@
+"""The upstream provider interface: get an item, page through a drive's delta, read webhooks.
+
+`graph.py` implements it over HTTP (Microsoft Graph shape). Failures are typed
+`UpstreamError`s carrying the HTTP status and any Retry-After, so `decisions.py` can map
+them to an action without knowing about HTTP clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamItem:
+    """Metadata of one upstream item as the provider reports it."""
+
+    id: str
+    name: str = ""
+    size: int = 0
+    etag: str = ""
+    modified_at: datetime | None = None
+    # Retention end, when the provider announces one.
+    expires_at: datetime | None = None
+    # A `deleted` facet or `@removed` annotation: gone upstream.
+    removed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaPage:
+    """One page of a drive's changes: follow `next_link`, or store `delta_link`."""
+
+    items: list[UpstreamItem] = field(default_factory=list)
+    next_link: str | None = None
+    delta_link: str | None = None
+
+
+class UpstreamError(Exception):
+    """The provider answered an error status, or could not be reached (status 0)."""
+
+    def __init__(
+        self, status: int, message: str, *, retry_after: float | None = None, url: str = ""
+    ) -> None:
+        super().__init__(f"upstream {status or 'unreachable'}: {message}")
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+        self.url = url
+
+
+class UpstreamTimeout(UpstreamError):
+    """No answer within the configured timeout."""
+
+    def __init__(self, message: str, *, url: str = "") -> None:
+        super().__init__(0, message, url=url)
+
+
+class WebhookRefused(Exception):
+    """A notification that must not be acted on (bad client state, unreadable body)."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Provider(Protocol):
+    """What the sync engine needs from an upstream storage provider."""
+
+    async def get_item(self, drive_id: str, item_id: str) -> UpstreamItem:
+        """The item's current metadata; raises UpstreamError on any non-2xx answer."""
+        ...
+
+    async def delta_page(self, drive_id: str, cursor: str | None) -> DeltaPage:
+        """One delta page from `cursor` (a next/delta link), or a full enumeration if None."""
+        ...
+
+    def notified_drives(self, payload: Mapping[str, Any], client_state: str) -> list[str]:
+        """Upstream drive ids a webhook body names; WebhookRefused on a bad client state."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,50 @@
+"""Settings of the upstream sync engine, read once at start-up from `SERENTAK_SYNC_*`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DAY_SECONDS = 24 * 3600
+
+
+class SyncSettings(BaseSettings):
+    """The sync engine's knobs; the upload service loads this next to `UploadSettings`."""
+
+    model_config = SettingsConfigDict(env_prefix="SERENTAK_SYNC_", frozen=True, extra="ignore")
+
+    enabled: bool = Field(True, description="Run the sync jobs, webhook server and periodic polls.")
+    provider_base_url: str = Field(
+        "https://graph.microsoft.com/v1.0", description="Graph-style API root (no trailing /)."
+    )
+    provider_token: str = Field("", description="Bearer token sent to the provider.")
+    provider_timeout_seconds: float = Field(10.0, gt=0, description="Per upstream HTTP call.")
+    webhook_host: str = Field("127.0.0.1", description="Interface of the webhook endpoint.")
+    # 8181: next to the service ports, clear of 8080/8081 that dev tools like to take.
+    webhook_port: int = Field(8181, ge=0, description="Port of the webhook endpoint (0: any).")
+    webhook_path: str = Field("/webhooks/graph", description="Path the provider posts to.")
+    client_state: str = Field(
+        "dev-sync-client-state", description="Shared secret echoed in every notification."
+    )
+    max_not_found_retries: int = Field(5, ge=0, description="404s tolerated before dead-letter.")
+    not_found_backoff_base_seconds: float = Field(
+        2.0, ge=0, description="First 404 backoff ceiling; doubles per retry (full jitter)."
+    )
+    not_found_backoff_cap_seconds: float = Field(600.0, ge=0, description="Largest 404 backoff.")
+    transient_max_attempts: int = Field(
+        8, ge=1, description="Attempts of one sync job on 429/5xx/timeouts before dead-letter."
+    )
+    transient_backoff_base_seconds: float = Field(1.0, ge=0, description="Transient backoff base.")
+    transient_backoff_cap_seconds: float = Field(300.0, ge=0, description="Caps Retry-After too.")
+    webhook_dedupe_seconds: float = Field(
+        5.0, ge=0, description="Delta polls requested inside this window collapse into one."
+    )
+    reconcile_interval_seconds: float = Field(
+        900.0, gt=0, description="Periodic delta poll of every drive (providers drop webhooks)."
+    )
+    retention_seconds: float = Field(
+        30 * DAY_SECONDS, ge=0, description="Tombstones older than this are purged."
+    )
+    purge_interval_seconds: float = Field(3600.0, gt=0, description="Purge job period.")
+    purge_batch_size: int = Field(500, ge=1, description="Tombstones purged per transaction.")
+    max_delta_pages: int = Field(10_000, ge=1, description="Guard against a next-link loop.")

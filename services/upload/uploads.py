@@ -1,0 +1,313 @@
+"""Upload sessions: create (idempotent per client_request_id), read, abort, list, expire.
+
+Status only moves forward (invariant 5): `uploading -> merging -> completed | failed`, and
+`aborted` / `expired` only from `uploading`. Every move is one conditional UPDATE naming
+the status it leaves, so two racing moves cannot both win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from serentak.upload.v1 import upload_pb2
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.auth import Identity
+from services.common.errors import AlreadyExists, InvalidArgument
+from services.upload import checksums, pagination
+from services.upload.convert import STATUS_NAME
+from services.upload.errors import FileDeleted, UploadNotActive, UploadNotFound, WrongKind
+from services.upload.models import (
+    ABORTED,
+    EXPIRED,
+    FILE,
+    FOLDER,
+    UPLOADING,
+    ChunkRow,
+    UploadRow,
+    utcnow,
+)
+from services.upload.permissions import writable
+from services.upload.ranges import missing_ranges
+from services.upload.settings import UploadSettings
+from services.upload.tree import ensure_root, new_id, validate_name
+
+MAX_CLIENT_REQUEST_ID = 128
+
+# Legal moves (invariant 5); anything else is a bug in the caller.
+_FORWARD = {
+    "uploading": {"merging", "aborted", "expired"},
+    "merging": {"completed", "failed"},
+}
+
+MergeEnqueuer = Callable[[AsyncSession, UploadRow], Awaitable[None]]
+
+
+def expected_chunk_size(upload: UploadRow, index: int) -> int:
+    """Bytes chunk `index` must hold: chunk_size, except the last one takes the remainder."""
+    if index < upload.total_chunks - 1:
+        return upload.chunk_size
+    return upload.total_size - upload.chunk_size * (upload.total_chunks - 1)
+
+
+async def transition(
+    session: AsyncSession, upload_id: str, from_status: str, to_status: str, **values: Any
+) -> bool:
+    """Move `upload_id` from `from_status` to `to_status` if it is still there; True if moved.
+
+    UPDATE uploads SET status = :to WHERE id = :id AND status = :from -- a lost race
+    updates 0 rows, so exactly one of several racing callers wins.
+    """
+    if to_status not in _FORWARD.get(from_status, set()):
+        raise ValueError(f"illegal upload transition {from_status} -> {to_status}")
+    result = await session.execute(
+        update(UploadRow)
+        .where(UploadRow.id == upload_id, UploadRow.status == from_status)
+        .values(status=to_status, updated_at=utcnow(), **values)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def validate_shape(
+    settings: UploadSettings, total_chunks: int, total_size: int, chunk_size: int
+) -> None:
+    """Check the chunk layout: counts, bounds, and that the sizes add up."""
+    if not 1 <= total_chunks <= settings.max_total_chunks:
+        raise InvalidArgument("total_chunks", f"must be 1..{settings.max_total_chunks}")
+    if chunk_size < 1 or chunk_size > settings.max_chunk_size:
+        raise InvalidArgument("chunk_size", f"must be 1..{settings.max_chunk_size} bytes")
+    if total_chunks > 1 and chunk_size < settings.min_chunk_size:
+        raise InvalidArgument(
+            "chunk_size",
+            f"must be at least {settings.min_chunk_size} bytes for a multi-chunk upload",
+        )
+    if total_size < 0:
+        raise InvalidArgument("total_size", "must not be negative")
+    # Every chunk but the last is full; the last holds 1..chunk_size bytes (0 for an empty file).
+    low = chunk_size * (total_chunks - 1) + (1 if total_chunks > 1 else 0)
+    high = chunk_size * total_chunks
+    if not low <= total_size <= high:
+        raise InvalidArgument(
+            "total_size",
+            f"{total_chunks} chunks of {chunk_size} bytes hold {low}..{high} bytes",
+        )
+
+
+class Uploads:
+    """The upload-session use cases, scoped to the caller's tenant."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: UploadSettings,
+    ) -> None:
+        self._sessions = sessions
+        self._settings = settings
+
+    async def create(
+        self, identity: Identity, request: upload_pb2.CreateUploadRequest
+    ) -> UploadRow:
+        """A new upload (or the one an earlier try with the same client_request_id made)."""
+        crid = request.client_request_id
+        if len(crid) > MAX_CLIENT_REQUEST_ID or (crid and not crid.isprintable()):
+            raise InvalidArgument(
+                "client_request_id", f"at most {MAX_CLIENT_REQUEST_ID} printable characters"
+            )
+        request_key = f"{identity.tenant_id}:{identity.user_id}:{crid}" if crid else None
+        if request_key is not None:
+            existing = await self._by_request_key(request_key)
+            if existing is not None:
+                return self._same_request(existing, request)
+        validate_shape(self._settings, request.total_chunks, request.total_size, request.chunk_size)
+        algorithm = checksums.algorithm_name(request.checksum_algorithm)
+        expected = ""
+        if request.expected_checksum:
+            expected = checksums.normalize_hex(
+                request.expected_checksum, algorithm, "expected_checksum"
+            )
+        file_id, folder_id, name, is_new = await self._target(identity, request)
+        now = utcnow()
+        row = UploadRow(
+            id=new_id(),
+            tenant_id=identity.tenant_id,
+            owner_user_id=identity.user_id,
+            request_key=request_key,
+            client_request_id=crid,
+            file_id=file_id,
+            is_new_file=is_new,
+            folder_id=folder_id,
+            name=name,
+            status=UPLOADING,
+            total_chunks=request.total_chunks,
+            total_size=request.total_size,
+            chunk_size=request.chunk_size,
+            checksum_algorithm=algorithm,
+            expected_checksum=expected,
+            received_chunk_count=0,
+            created_at=now,
+            updated_at=now,
+            expires_at=now + timedelta(seconds=self._settings.upload_ttl_seconds),
+            file_version=0,
+            final_checksum="",
+            failure_reason="",
+        )
+        try:
+            async with self._sessions.begin() as session:
+                session.add(row)
+        except IntegrityError:
+            # A concurrent retry with the same client_request_id committed first.
+            assert request_key is not None
+            existing = await self._by_request_key(request_key)
+            if existing is None:
+                raise
+            return self._same_request(existing, request)
+        return row
+
+    async def _by_request_key(self, key: str) -> UploadRow | None:
+        async with self._sessions() as session:
+            return (
+                await session.execute(select(UploadRow).where(UploadRow.request_key == key))
+            ).scalar_one_or_none()
+
+    @staticmethod
+    def _same_request(existing: UploadRow, request: upload_pb2.CreateUploadRequest) -> UploadRow:
+        if (
+            existing.total_chunks != request.total_chunks
+            or existing.total_size != request.total_size
+            or existing.chunk_size != request.chunk_size
+        ):
+            raise AlreadyExists(
+                "client_request_id was used for a different upload",
+                reason="CLIENT_REQUEST_ID_REUSED",
+                upload_id=existing.id,
+            )
+        return existing
+
+    async def _target(
+        self, identity: Identity, request: upload_pb2.CreateUploadRequest
+    ) -> tuple[str, str, str, bool]:
+        """(file_id, folder_id, name, is_new_file) after checking the caller may write there."""
+        which = request.WhichOneof("target")
+        if which is None:
+            raise InvalidArgument("target", "set new_file or file_id")
+        if which == "new_file":
+            name = validate_name(request.new_file.name, "new_file.name")
+            folder_id = request.new_file.folder_id or await ensure_root(self._sessions, identity)
+            async with self._sessions() as session:
+                folder, _ = await writable(session, identity, folder_id)
+                if folder.kind != FOLDER:
+                    raise WrongKind("new_file.folder_id is not a folder", file_id=folder_id)
+                if folder.deleted_at is not None:
+                    raise FileDeleted("the folder is deleted", file_id=folder_id)
+            return new_id(), folder_id, name, True
+        async with self._sessions() as session:
+            file, _ = await writable(session, identity, request.file_id)
+            if file.kind != FILE:
+                raise WrongKind("file_id is a folder", file_id=file.id)
+            if file.deleted_at is not None:
+                raise FileDeleted("the file is deleted", file_id=file.id)
+            return file.id, file.parent_id or "", file.name, False
+
+    async def load(self, session: AsyncSession, identity: Identity, upload_id: str) -> UploadRow:
+        """The caller's upload `upload_id` in their tenant, or UPLOAD_NOT_FOUND."""
+        if not upload_id:
+            raise InvalidArgument("upload_id", "must not be empty")
+        row = (
+            await session.execute(
+                select(UploadRow).where(
+                    UploadRow.id == upload_id,
+                    UploadRow.tenant_id == identity.tenant_id,
+                    UploadRow.owner_user_id == identity.user_id,
+                )
+            )
+        ).scalar_one_or_none()
+        if row is None:
+            raise UploadNotFound("upload not found", upload_id=upload_id)
+        return row
+
+    async def expire_if_due(self, upload: UploadRow) -> UploadRow:
+        """Move an idle `uploading` upload past its expires_at to `expired`; the fresh row."""
+        if upload.status != UPLOADING or upload.expires_at > utcnow():
+            return upload
+        async with self._sessions.begin() as session:
+            await transition(session, upload.id, UPLOADING, EXPIRED)
+        async with self._sessions() as session:
+            fresh = await session.get(UploadRow, upload.id)
+            assert fresh is not None
+            return fresh
+
+    async def get(
+        self, identity: Identity, upload_id: str
+    ) -> tuple[UploadRow, list[tuple[int, int]]]:
+        """The upload and its missing index ranges."""
+        async with self._sessions() as session:
+            upload = await self.load(session, identity, upload_id)
+        upload = await self.expire_if_due(upload)
+        async with self._sessions() as session:
+            indexes = (
+                await session.execute(
+                    select(ChunkRow.chunk_index).where(ChunkRow.upload_id == upload.id)
+                )
+            ).scalars()
+            return upload, missing_ranges(upload.total_chunks, indexes)
+
+    async def abort(self, identity: Identity, upload_id: str) -> UploadRow:
+        """Abort an `uploading` upload; any other status is UPLOAD_NOT_ACTIVE."""
+        async with self._sessions() as session:
+            upload = await self.load(session, identity, upload_id)
+        upload = await self.expire_if_due(upload)
+        async with self._sessions.begin() as session:
+            moved = await transition(session, upload.id, UPLOADING, ABORTED)
+        async with self._sessions() as session:
+            fresh = await session.get(UploadRow, upload.id)
+            assert fresh is not None
+        if not moved:
+            raise UploadNotActive(
+                f"cannot abort an upload that is {fresh.status}",
+                upload_id=upload.id,
+                status=fresh.status,
+            )
+        return fresh
+
+    async def list(
+        self, identity: Identity, request: upload_pb2.ListUploadsRequest
+    ) -> tuple[list[UploadRow], str]:
+        """The caller's uploads (or all uploads of a file they can write), newest last."""
+        size = pagination.page_size(request.page_size)
+        position = pagination.decode(request.page_token, 2)
+        query = select(UploadRow).where(UploadRow.tenant_id == identity.tenant_id)
+        async with self._sessions() as session:
+            if request.file_id:
+                await writable(session, identity, request.file_id)
+                query = query.where(UploadRow.file_id == request.file_id)
+            else:
+                query = query.where(UploadRow.owner_user_id == identity.user_id)
+            if request.status:
+                if request.status not in STATUS_NAME:
+                    raise InvalidArgument("status", f"unknown upload status {request.status}")
+                query = query.where(UploadRow.status == STATUS_NAME[request.status])
+            if position is not None:
+                at = datetime.fromisoformat(str(position[0]))
+                query = query.where(
+                    or_(
+                        UploadRow.created_at > at,
+                        and_(UploadRow.created_at == at, UploadRow.id > str(position[1])),
+                    )
+                )
+            rows = list(
+                (
+                    await session.execute(
+                        query.order_by(UploadRow.created_at, UploadRow.id).limit(size + 1)
+                    )
+                ).scalars()
+            )
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            last = rows[-1]
+            token = pagination.encode([last.created_at.isoformat(), last.id])
+        return rows, token

@@ -1,0 +1,112 @@
+"""Fixtures for the upload service: a real lock service (real etcd), the upload service
+in-process on a fresh SQLite or PostgreSQL database, and per-user gRPC stubs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from serentak.upload.v1 import upload_pb2_grpc
+from support.services import running_app
+
+from services.common.jobs import RuntimeOptions
+from services.locks.app import build_app as build_locks_app
+from services.locks.settings import LocksSettings
+from services.upload.app import build_app as build_upload_app
+from services.upload.settings import UploadSettings
+
+TOKENS = {"alice": "dev-alice", "bob": "dev-bob", "carol": "dev-carol", "mallory": "dev-mallory"}
+
+
+@dataclass
+class Client:
+    """Stubs that call as one user."""
+
+    uploads: upload_pb2_grpc.UploadServiceStub
+    files: upload_pb2_grpc.FileServiceStub
+    metadata: tuple[tuple[str, str], ...]
+
+    def md(self, **extra: str) -> tuple[tuple[str, str], ...]:
+        """The user's metadata plus extras (e.g. x-correlation-id)."""
+        return self.metadata + tuple(extra.items())
+
+
+@dataclass
+class UploadCluster:
+    """A running upload service (+ lock service) and clients for each dev user."""
+
+    address: str
+    settings: UploadSettings
+    channel: grpc.aio.Channel
+    clients: dict[str, Client] = field(default_factory=dict)
+
+    def __getitem__(self, user: str) -> Client:
+        return self.clients[user]
+
+
+@pytest.fixture
+async def locks_address(etcd: Any) -> AsyncIterator[str]:
+    """A real lock service on the session etcd, under a key prefix of its own."""
+    settings = LocksSettings(etcd_endpoint=etcd.endpoint, lock_prefix=f"/t-{uuid.uuid4().hex}/")
+    async with running_app(build_locks_app(settings)) as service:
+        yield f"127.0.0.1:{service.app.bound_port}"
+
+
+def upload_settings(
+    database_url: str, tmp_path: Path, locks_address: str, **overrides: Any
+) -> UploadSettings:
+    """Test settings: small chunks allowed, data under tmp_path, fsync kept on."""
+    values: dict[str, Any] = {
+        "upload_database_url": database_url,
+        "data_dir": tmp_path / "data",
+        "locks_address": locks_address,
+        "min_chunk_size": 1024,
+        "merge_lock_wait_ms": 20_000,
+    }
+    values.update(overrides)
+    return UploadSettings(**values)
+
+
+@pytest.fixture
+def runtime_options() -> RuntimeOptions:
+    """Fast-polling job runtime for tests."""
+    return RuntimeOptions(
+        node_id=f"test-{uuid.uuid4().hex[:6]}",
+        concurrency=4,
+        poll_interval=0.05,
+        lease_seconds=10,
+        stats_interval=60,
+    )
+
+
+@pytest.fixture
+async def cluster(
+    database_url: str, tmp_path: Path, locks_address: str, runtime_options: RuntimeOptions
+) -> AsyncIterator[UploadCluster]:
+    """The upload service in-process on a fresh database (SQLite and PostgreSQL)."""
+    settings = upload_settings(database_url, tmp_path, locks_address)
+    async with running_app(build_upload_app(settings, runtime_options)) as service:
+        address = f"127.0.0.1:{service.app.bound_port}"
+        channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        c = UploadCluster(address, settings, channel)
+        for user, token in TOKENS.items():
+            c.clients[user] = Client(
+                upload_pb2_grpc.UploadServiceStub(channel),
+                upload_pb2_grpc.FileServiceStub(channel),
+                (("authorization", f"Bearer {token}"),),
+            )
+        try:
+            yield c
+        finally:
+            await channel.close()

@@ -1,0 +1,92 @@
+"""Helpers for upload tests: typed-error reading, chunking, waiting for an upload's status."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from serentak.upload.v1 import upload_pb2
+
+DEADLINE_S = 60.0
+
+
+def error_info(exc: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo carried by a failed call (fails the test when there is none)."""
+    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    assert status is not None, f"no rich status on {exc.code()}: {exc.details()}"
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info
+    raise AssertionError("no ErrorInfo in the status details")
+
+
+async def expect_error(
+    call: Any, code: grpc.StatusCode, reason: str
+) -> error_details_pb2.ErrorInfo:
+    """Await `call`; assert it fails with `code` and ErrorInfo `reason`."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        info = error_info(exc)
+        assert (exc.code(), info.reason) == (code, reason), (exc.code(), info.reason, exc.details())
+        return info
+    raise AssertionError(f"expected {code.name}/{reason}, the call succeeded")
+
+
+def sha256(data: bytes) -> str:
+    """Hex sha256."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def split(data: bytes, chunk_size: int) -> list[bytes]:
+    """`data` cut into chunks (one empty chunk for empty data)."""
+    return [data[i : i + chunk_size] for i in range(0, len(data), chunk_size)] or [b""]
+
+
+def create_request(
+    data: bytes, chunk_size: int, name: str = "f.bin", folder_id: str = "", **kw: Any
+) -> upload_pb2.CreateUploadRequest:
+    """A CreateUploadRequest for `data` cut at `chunk_size` as a new file."""
+    return upload_pb2.CreateUploadRequest(
+        new_file=upload_pb2.NewFileTarget(folder_id=folder_id, name=name),
+        total_chunks=len(split(data, chunk_size)),
+        total_size=len(data),
+        chunk_size=chunk_size,
+        **kw,
+    )
+
+
+def chunk_request(upload_id: str, index: int, data: bytes) -> upload_pb2.PutChunkRequest:
+    """A PutChunkRequest with the right checksum."""
+    return upload_pb2.PutChunkRequest(
+        upload_id=upload_id, chunk_index=index, data=data, checksum=sha256(data)
+    )
+
+
+async def wait_status(client: Any, upload_id: str, *statuses: int) -> upload_pb2.Upload:
+    """Poll GetUpload until it reaches one of `statuses` (deadline DEADLINE_S)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        upload = await client.uploads.GetUpload(
+            upload_pb2.GetUploadRequest(upload_id=upload_id), metadata=client.metadata
+        )
+        if upload.status in statuses:
+            return upload
+        assert time.monotonic() < deadline, f"upload stuck in {upload.status}"
+        await asyncio.sleep(0.02)
+
+
+async def download(client: Any, file_id: str, offset: int = 0) -> tuple[bytes, dict[str, str]]:
+    """The file's bytes and trailing metadata via Download."""
+    call = client.files.Download(
+        upload_pb2.DownloadRequest(file_id=file_id, offset=offset), metadata=client.metadata
+    )
+    parts = [chunk.data async for chunk in call]
+    trailing = {k: v for k, v in (await call.trailing_metadata() or ())}
+    return b"".join(parts), trailing
