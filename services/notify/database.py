@@ -5,14 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common.migrate import upgrade
+from services.common.runtime_migrations import migration_location as runtime_migrations
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_notify"
 
 
 def migration_locations() -> list[tuple[Path, str]]:
-    """Migration folders applied for this service, in order, with their version tables."""
-    return [(MIGRATIONS, VERSION_TABLE)]
+    """Migration folders applied for this service, in order, with their version tables.
+
+    The job runtime's tables (jobs, outbox, dead letters) come first.
+    """
+    return [runtime_migrations(), (MIGRATIONS, VERSION_TABLE)]
 
 
 def migrate(url: str) -> None:

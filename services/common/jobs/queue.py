@@ -1,0 +1,173 @@
+"""The job queue: enqueue in the caller's transaction, claim with a lease, finish.
+
+The SQL that decides who runs what is in `sql.py`; this module binds parameters and
+turns rows into `ClaimedJob`s.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from sqlalchemy import insert
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.correlation import current_correlation_id
+from services.common.jobs import sql
+from services.common.jobs.errors import LeaseLost
+from services.common.jobs.job import ClaimedJob, NewJob
+from services.common.jobs.models import jobs, utcnow
+
+
+def _is_postgresql(session: AsyncSession) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _validate(job: NewJob) -> None:
+    if not job.job_type:
+        raise ValueError("job_type is required")
+    if not job.partition_key:
+        raise ValueError("partition_key is required")
+    if not job.idempotency_key:
+        raise ValueError("idempotency_key is required")
+    if job.run_after is not None and job.run_after.tzinfo is None:
+        raise ValueError("run_after must be timezone-aware")
+
+
+async def enqueue(session: AsyncSession, job: NewJob) -> str:
+    """Add `job` in the caller's transaction (a rollback removes it); returns its job_id.
+
+    With a `dedupe_key`, the job waits until its dedupe window closes; a job of the same
+    type and key enqueued meanwhile collapses into it (latest payload and idempotency key
+    win) and the returned job_id is the existing job's.
+    """
+    _validate(job)
+    now = utcnow()
+    run_after = job.run_after or now
+    values = {
+        "job_id": uuid.uuid4().hex,
+        "job_type": job.job_type,
+        "partition_key": job.partition_key,
+        "idempotency_key": job.idempotency_key,
+        "payload": job.payload,
+        "correlation_id": job.correlation_id or current_correlation_id(),
+        "status": "queued",
+        "attempts": 0,
+        "collapsed": 0,
+        "run_after": run_after,
+        "enqueued_at": now,
+    }
+    if job.dedupe_key is None:
+        await session.execute(insert(jobs).values(values))
+        return str(values["job_id"])
+    values["dedupe_key"] = job.dedupe_key
+    values["run_after"] = max(run_after, now + timedelta(seconds=job.dedupe_window_seconds))
+    dialect_insert = postgresql.insert if _is_postgresql(session) else sqlite.insert
+    stmt = dialect_insert(jobs).values(values)
+    # The unique (job_type, dedupe_key) holds only for jobs not yet started (a claim clears
+    # dedupe_key), so a conflict means "an open window exists": fold this job into it.
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[jobs.c.job_type, jobs.c.dedupe_key],
+        set_={
+            "payload": stmt.excluded.payload,
+            "idempotency_key": stmt.excluded.idempotency_key,
+            "correlation_id": stmt.excluded.correlation_id,
+            "collapsed": jobs.c.collapsed + 1,
+        },
+    ).returning(jobs.c.job_id)
+    return str((await session.execute(stmt)).scalar_one())
+
+
+async def claim_next_job(
+    session: AsyncSession,
+    worker_id: str,
+    job_types: Iterable[str],
+    lease_seconds: float,
+) -> ClaimedJob | None:
+    """Lease the oldest claimable job of `job_types` to `worker_id`, or None.
+
+    Runs in the caller's (short) transaction; commit it to make the lease visible.
+    """
+    types = list(job_types)
+    if not types:
+        return None
+    now = utcnow()
+    stmt = sql.CLAIM_POSTGRESQL if _is_postgresql(session) else sql.CLAIM_SQLITE
+    row = (
+        await session.execute(
+            stmt,
+            {
+                "worker_id": worker_id,
+                "lease_token": uuid.uuid4().hex,
+                "lease_until": now + timedelta(seconds=lease_seconds),
+                "now": now,
+                "job_types": types,
+            },
+        )
+    ).first()
+    if row is None:
+        return None
+    m = row._mapping
+    return ClaimedJob(
+        id=m["id"],
+        job_id=m["job_id"],
+        job_type=m["job_type"],
+        partition_key=m["partition_key"],
+        idempotency_key=m["idempotency_key"],
+        payload=dict(m["payload"]),
+        correlation_id=m["correlation_id"],
+        attempts=m["attempts"],
+        enqueued_at=m["enqueued_at"],
+        run_after=m["run_after"],
+        first_attempt_at=m["first_attempt_at"],
+        lease_token=m["lease_token"],
+        claimed_by=m["claimed_by"],
+    )
+
+
+def _lease(job: ClaimedJob) -> dict[str, object]:
+    return {"id": job.id, "lease_token": job.lease_token}
+
+
+async def heartbeat(session: AsyncSession, job: ClaimedJob, lease_seconds: float) -> bool:
+    """Extend the lease; False when it was lost (the job may be running elsewhere)."""
+    result = await session.execute(
+        sql.HEARTBEAT,
+        {**_lease(job), "lease_until": utcnow() + timedelta(seconds=lease_seconds)},
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def complete(session: AsyncSession, job: ClaimedJob) -> None:
+    """Delete the finished job; raises LeaseLost (the caller must roll back) if not ours."""
+    result = await session.execute(sql.COMPLETE, _lease(job))
+    if not result.rowcount:  # type: ignore[attr-defined]
+        raise LeaseLost(job.job_id)
+
+
+async def reschedule(
+    session: AsyncSession,
+    job: ClaimedJob,
+    run_after: datetime,
+    error_class: str,
+    error_message: str,
+) -> bool:
+    """Queue the job again for `run_after`; False if the lease was lost meanwhile."""
+    result = await session.execute(
+        sql.RESCHEDULE,
+        {
+            **_lease(job),
+            "run_after": run_after,
+            "error_class": error_class,
+            "error_message": error_message[:4000],
+        },
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def release(session: AsyncSession, job: ClaimedJob) -> bool:
+    """Give the job back without counting the attempt (shutdown); False if not ours."""
+    result = await session.execute(sql.RELEASE, _lease(job))
+    return bool(result.rowcount)  # type: ignore[attr-defined]

@@ -1,0 +1,254 @@
+"""The worker: claim jobs, run their handlers with a heartbeat, then complete, retry or bury.
+
+One `Worker` is an asyncio loop with bounded concurrency. Run several per process and
+several processes per service; the claim (see `sql.py`) keeps per-partition order and
+hands each job to one lease holder at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import timedelta
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.correlation import bound_correlation_id
+from services.common.jobs import metrics
+from services.common.jobs.dead_letters import dead_letter
+from services.common.jobs.errors import (
+    PERMANENT,
+    LeaseLost,
+    error_class_of,
+    retry_after_of,
+)
+from services.common.jobs.idempotency import AlreadyApplied, is_applied, record_applied
+from services.common.jobs.job import ClaimedJob, JobContext
+from services.common.jobs.models import utcnow
+from services.common.jobs.queue import claim_next_job, complete, heartbeat, release, reschedule
+from services.common.jobs.registry import JobRegistry, JobType
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_POLL_SECONDS = 0.5
+DEFAULT_CONCURRENCY = 4
+
+
+class WorkerLost(Exception):
+    """The job's earlier attempts ended with their worker gone (lease expired mid-job)."""
+
+
+class Worker:
+    """Claims and runs jobs of the registry's types until cancelled.
+
+    Leases last `lease_seconds` and are renewed every `heartbeat_interval` while the
+    handler runs; a worker that dies (SIGKILL) stops renewing and its job becomes
+    claimable again once the lease ends. When idle, the worker polls every
+    `poll_interval` seconds (or sooner when `wake()` is called).
+    """
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        registry: JobRegistry,
+        *,
+        worker_id: str,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        heartbeat_interval: float | None = None,
+        poll_interval: float = DEFAULT_POLL_SECONDS,
+        concurrency: int = DEFAULT_CONCURRENCY,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.sessions = sessions
+        self.registry = registry
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        # A third of the lease: two heartbeats may fail before the lease is at risk.
+        self.heartbeat_interval = heartbeat_interval or lease_seconds / 3
+        self.poll_interval = poll_interval
+        self.concurrency = concurrency
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Claim again now instead of at the next poll (e.g. after an in-process enqueue)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Claim and run jobs until cancelled; in-flight jobs are handed back on cancel."""
+        slots = asyncio.Semaphore(self.concurrency)
+        running: set[asyncio.Task[None]] = set()
+        log.info("worker_started", worker_id=self.worker_id, job_types=self.registry.names)
+        try:
+            while True:
+                await slots.acquire()
+                job = await self._claim()
+                if job is None:
+                    slots.release()
+                    await self._idle()
+                    continue
+                task = asyncio.create_task(self.execute(job))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                task.add_done_callback(lambda _t: slots.release())
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            log.info("worker_stopped", worker_id=self.worker_id)
+
+    async def run_once(self) -> bool:
+        """Claim and run at most one job; True if one ran (tests and tools use this)."""
+        job = await self._claim()
+        if job is None:
+            return False
+        await self.execute(job)
+        return True
+
+    async def _idle(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+        self._wake.clear()
+
+    async def _claim(self) -> ClaimedJob | None:
+        try:
+            async with self.sessions() as session, session.begin():
+                return await claim_next_job(
+                    session, self.worker_id, self.registry.names, self.lease_seconds
+                )
+        except Exception:
+            # The database is unreachable or busy: not a reason to stop the worker.
+            log.exception("job_claim_failed", worker_id=self.worker_id)
+            return None
+
+    async def execute(self, job: ClaimedJob) -> None:
+        """Run one claimed job to its outcome: completed, retried, dead-lettered or lost."""
+        job_type = self.registry.get(job.job_type)
+        assert job_type is not None, "claims only return registered job types"
+        with (
+            bound_correlation_id(job.correlation_id),
+            structlog.contextvars.bound_contextvars(
+                job_id=job.job_id,
+                job_type=job.job_type,
+                idempotency_key=job.idempotency_key,
+                attempt=job.attempts,
+                worker_id=self.worker_id,
+            ),
+        ):
+            lag = (utcnow() - max(job.run_after, job.enqueued_at)).total_seconds()
+            metrics.JOB_START_LAG.labels(job.job_type).observe(max(lag, 0.0))
+            log.info("job_started", lag_seconds=round(lag, 4))
+            beat = asyncio.create_task(self._heartbeat(job))
+            started = time.monotonic()
+            outcome = "failed"
+            try:
+                outcome = await self._attempt(job_type, job)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._release(job))
+                raise
+            except LeaseLost:
+                outcome = "lease_lost"
+                metrics.LEASES_LOST.labels(job.job_type).inc()
+                log.warning("job_lease_lost")
+            except Exception as exc:
+                outcome = await self._fail(job_type, job, exc)
+            finally:
+                beat.cancel()
+                elapsed = time.monotonic() - started
+                metrics.JOB_DURATION.labels(job.job_type, outcome).observe(elapsed)
+            log.info("job_finished", outcome=outcome, duration_seconds=round(elapsed, 4))
+
+    async def _attempt(self, job_type: JobType, job: ClaimedJob) -> str:
+        if job.attempts > job_type.retry.max_attempts:
+            # Every earlier attempt lost its worker mid-job (crash loop): stop here.
+            raise WorkerLost(f"lease expired {job.attempts - 1} times without an outcome")
+        try:
+            async with self.sessions() as session, session.begin():
+                if await is_applied(session, job.idempotency_key):
+                    await complete(session, job)
+                    metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
+                    return "already_applied"
+                ctx = JobContext(job=job, session=session, worker_id=self.worker_id)
+                await job_type.handler(ctx)
+                await record_applied(session, job, ctx.effect)
+                await complete(session, job)
+                return "completed"
+        except AlreadyApplied:
+            # A concurrent job with the same key won; ours rolled back. Acknowledge it.
+            async with self.sessions() as session, session.begin():
+                await complete(session, job)
+            metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
+            return "already_applied"
+
+    async def _fail(self, job_type: JobType, job: ClaimedJob, exc: Exception) -> str:
+        error_class = error_class_of(exc)
+        exc_info = exc if error_class in ("bug",) else None
+        try:
+            if error_class == PERMANENT or job_type.retry.gives_up_after(job.attempts):
+                async with self.sessions() as session, session.begin():
+                    moved = await dead_letter(session, job, exc, self.worker_id)
+                if not moved:
+                    raise LeaseLost(job.job_id)
+                metrics.JOB_DEAD_LETTERED.labels(job.job_type, error_class).inc()
+                log.error(
+                    "job_dead_lettered",
+                    error_class=error_class,
+                    error=f"{type(exc).__name__}: {exc}",
+                    exc_info=exc,
+                )
+                return "dead_lettered"
+            delay = job_type.retry.delay(job.attempts, retry_after_of(exc))
+            async with self.sessions() as session, session.begin():
+                kept = await reschedule(
+                    session,
+                    job,
+                    utcnow() + timedelta(seconds=delay),
+                    error_class,
+                    f"{type(exc).__name__}: {exc}",
+                )
+            if not kept:
+                raise LeaseLost(job.job_id)
+            metrics.JOB_RETRIES.labels(job.job_type, error_class).inc()
+            log.warning(
+                "job_retry_scheduled",
+                error_class=error_class,
+                error=f"{type(exc).__name__}: {exc}",
+                delay_seconds=round(delay, 3),
+                exc_info=exc_info,
+            )
+            return "retried"
+        except LeaseLost:
+            metrics.LEASES_LOST.labels(job.job_type).inc()
+            log.warning("job_lease_lost")
+            return "lease_lost"
+        except Exception:
+            # Bookkeeping failed (database down): the lease will end and the job run again.
+            log.exception("job_failure_not_recorded")
+            return "unrecorded"
+
+    async def _heartbeat(self, job: ClaimedJob) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                async with self.sessions() as session, session.begin():
+                    alive = await heartbeat(session, job, self.lease_seconds)
+            except Exception:
+                log.exception("job_heartbeat_failed")
+                continue
+            if not alive:
+                # The completion is conditional on the lease, so nothing is applied twice;
+                # the handler is left to finish and will be rolled back.
+                log.warning("job_heartbeat_lease_lost")
+                return
+
+    async def _release(self, job: ClaimedJob) -> None:
+        try:
+            async with self.sessions() as session, session.begin():
+                await release(session, job)
+            log.info("job_released")
+        except Exception:
+            log.exception("job_release_failed")

@@ -1,0 +1,160 @@
+"""The outbox relay: publish unpublished events in order per aggregate, then mark them.
+
+Per aggregate: take its relay lease (so one relay at a time publishes it, across
+replicas), then for each unpublished event in id order: publish to every subscriber,
+renew the lease, mark published. A crash between publish and mark republishes the event
+on the next run: subscribers deduplicate by event_id. A failed publish stops that
+aggregate (later events must not overtake it) and retries after a growing delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+
+from serentak.events.v1 import events_pb2
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.correlation import bound_correlation_id
+from services.common.jobs import metrics
+from services.common.logging import get_logger
+from services.common.outbox import leases
+from services.common.outbox.store import (
+    mark_published,
+    pending_aggregates,
+    unpublished_events,
+)
+from services.common.outbox.subscribers import Subscriber
+
+log = get_logger(__name__)
+
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_POLL_SECONDS = 0.5
+# Backoff after a failed publish, per aggregate: 0.5 s doubling up to 60 s.
+RETRY_BASE_SECONDS = 0.5
+RETRY_CAP_SECONDS = 60.0
+
+
+class Relay:
+    """Publishes the outbox to `subscribers` until cancelled."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        subscribers: Sequence[Subscriber],
+        *,
+        relay_id: str,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        poll_interval: float = DEFAULT_POLL_SECONDS,
+        batch_size: int = 100,
+        concurrency: int = 4,
+    ) -> None:
+        self.sessions = sessions
+        self.subscribers = list(subscribers)
+        self.relay_id = relay_id
+        self.lease_seconds = lease_seconds
+        self.poll_interval = poll_interval
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        # aggregate key -> (failures so far, monotonic time before which we do not retry)
+        self._backoff: dict[str, tuple[int, float]] = {}
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Look for events now instead of at the next poll."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Publish forever; sleeps `poll_interval` when there is nothing to do."""
+        log.info("relay_started", relay_id=self.relay_id)
+        while True:
+            try:
+                published = await self.publish_pending()
+            except Exception:
+                log.exception("relay_round_failed", relay_id=self.relay_id)
+                published = 0
+            if not published:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                self._wake.clear()
+
+    async def publish_pending(self) -> int:
+        """One round over the aggregates with unpublished events; returns events published."""
+        async with self.sessions() as session, session.begin():
+            aggregates = await pending_aggregates(session, self.batch_size)
+        now = time.monotonic()
+        due = [
+            a for a in aggregates if self._backoff.get(leases.aggregate_key(*a), (0, 0.0))[1] <= now
+        ]
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def one(aggregate: tuple[str, str]) -> int:
+            async with slots:
+                return await self.publish_aggregate(*aggregate)
+
+        return sum(await asyncio.gather(*(one(a) for a in due)))
+
+    async def publish_aggregate(self, aggregate_type: str, aggregate_id: str) -> int:
+        """Publish one aggregate's pending events under its lease; returns how many."""
+        key = leases.aggregate_key(aggregate_type, aggregate_id)
+        async with self.sessions() as session, session.begin():
+            token = await leases.acquire(session, key, self.relay_id, self.lease_seconds)
+        if token is None:
+            return 0  # another relay is on it
+        published = 0
+        try:
+            while True:
+                async with self.sessions() as session, session.begin():
+                    batch = await unpublished_events(
+                        session, aggregate_type, aggregate_id, self.batch_size
+                    )
+                if not batch:
+                    break
+                for row in batch:
+                    if not await self._publish_one(key, token, row.id, row.event):
+                        return published
+                    published += 1
+            self._backoff.pop(key, None)
+            return published
+        finally:
+            with contextlib.suppress(Exception):
+                async with self.sessions() as session, session.begin():
+                    await leases.release(session, key, token)
+
+    async def _publish_one(
+        self, key: str, token: str, row_id: int, event: events_pb2.Event
+    ) -> bool:
+        with bound_correlation_id(event.correlation_id):
+            try:
+                for subscriber in self.subscribers:
+                    await subscriber.publish(event)
+            except Exception as exc:
+                failures = self._backoff.get(key, (0, 0.0))[0] + 1
+                delay = min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 2 ** min(failures - 1, 20))
+                self._backoff[key] = (failures, time.monotonic() + delay)
+                metrics.OUTBOX_PUBLISH_FAILURES.labels(event.event_type).inc()
+                log.warning(
+                    "outbox_publish_failed",
+                    event_id=event.event_id,
+                    aggregate=key,
+                    error=f"{type(exc).__name__}: {exc}",
+                    retry_in_seconds=delay,
+                )
+                return False
+            async with self.sessions() as session, session.begin():
+                # Mark only while the lease is still ours: if it ended, another relay may
+                # be publishing this aggregate and owns the bookkeeping now.
+                if not await leases.renew(session, key, token, self.lease_seconds):
+                    log.warning("relay_lease_lost", aggregate=key, event_id=event.event_id)
+                    return False
+                await mark_published(session, row_id)
+            metrics.OUTBOX_PUBLISHED.labels(event.event_type).inc()
+            log.info(
+                "outbox_event_published",
+                event_id=event.event_id,
+                aggregate=key,
+                version=event.version,
+            )
+            return True

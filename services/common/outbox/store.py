@@ -1,0 +1,108 @@
+"""Writing events to the outbox, in the caller's transaction, and reading them back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from serentak.events.v1 import events_pb2
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.correlation import current_correlation_id
+from services.common.jobs.models import utcnow
+from services.common.outbox.models import outbox_events
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEvent:
+    """One unpublished row: its order id and the event to publish."""
+
+    id: int
+    event: events_pb2.Event
+
+
+async def record_event(session: AsyncSession, event: events_pb2.Event) -> None:
+    """Write `event` to the outbox in the caller's transaction.
+
+    A rollback leaves no event; a commit always leaves one, published later by the relay
+    in order per aggregate. An empty correlation_id or occurred_at is filled in (from
+    the bound correlation id and now) on a copy; the caller's message is not modified.
+    """
+    for name in ("event_id", "event_type", "aggregate_type", "aggregate_id"):
+        if not getattr(event, name):
+            raise ValueError(f"event.{name} is required")
+    stored = events_pb2.Event()
+    stored.CopyFrom(event)
+    if not stored.correlation_id:
+        stored.correlation_id = current_correlation_id()
+    now = utcnow()
+    if not stored.HasField("occurred_at"):
+        stored.occurred_at.FromDatetime(now)
+    await session.execute(
+        insert(outbox_events).values(
+            event_id=stored.event_id,
+            aggregate_type=stored.aggregate_type,
+            aggregate_id=stored.aggregate_id,
+            version=stored.version,
+            event_type=stored.event_type,
+            event=stored.SerializeToString(deterministic=True),
+            correlation_id=stored.correlation_id,
+            created_at=now,
+        )
+    )
+
+
+async def pending_aggregates(session: AsyncSession, limit: int) -> list[tuple[str, str]]:
+    """Aggregates with unpublished events, the one waiting longest first."""
+    oldest = func.min(outbox_events.c.id)
+    stmt = (
+        select(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id)
+        .where(outbox_events.c.published_at.is_(None))
+        .group_by(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id)
+        .order_by(oldest)
+        .limit(limit)
+    )
+    return [(t, i) for t, i in await session.execute(stmt)]
+
+
+async def unpublished_events(
+    session: AsyncSession, aggregate_type: str, aggregate_id: str, limit: int
+) -> list[OutboxEvent]:
+    """The aggregate's unpublished events in the order they were recorded."""
+    stmt = (
+        select(outbox_events.c.id, outbox_events.c.event)
+        .where(
+            outbox_events.c.aggregate_type == aggregate_type,
+            outbox_events.c.aggregate_id == aggregate_id,
+            outbox_events.c.published_at.is_(None),
+        )
+        .order_by(outbox_events.c.id)
+        .limit(limit)
+    )
+    return [
+        OutboxEvent(row_id, events_pb2.Event.FromString(blob))
+        for row_id, blob in await session.execute(stmt)
+    ]
+
+
+async def mark_published(session: AsyncSession, row_id: int) -> None:
+    """Set published_at (only once: a republish after a crash keeps the first mark)."""
+    await session.execute(
+        update(outbox_events)
+        .where(outbox_events.c.id == row_id, outbox_events.c.published_at.is_(None))
+        .values(published_at=utcnow())
+    )
+
+
+async def oldest_unpublished(session: AsyncSession) -> tuple[int, datetime | None]:
+    """(number of unpublished events, created_at of the oldest one)."""
+    stmt = select(func.count(), func.min(outbox_events.c.created_at)).where(
+        outbox_events.c.published_at.is_(None)
+    )
+    count, oldest = (await session.execute(stmt)).one()
+    if isinstance(oldest, str):  # SQLite aggregates lose the column type
+        oldest = datetime.fromisoformat(oldest).replace(tzinfo=utcnow().tzinfo)
+    elif oldest is not None and oldest.tzinfo is None:
+        oldest = oldest.replace(tzinfo=utcnow().tzinfo)
+    return int(count), oldest
