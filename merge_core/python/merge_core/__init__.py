@@ -1,0 +1,44 @@
+"""merge_core: ordered chunk merge with streaming checksum checks.
+
+Rust does the bytes, the ordering and the checksums; this package is the
+typed Python face of it. See `merge` for the guarantees.
+
+    from merge_core import Chunk, merge
+    result = merge([Chunk(0, "c0", 5, "..."), Chunk(1, "c1", 3, "...")], "out.bin")
+"""
+
+from merge_core._merge import Chunk, ChunkLike, MergeResult, as_chunk, merge
+from merge_core._merge_core import (
+    ALGORITHMS,
+    BUFFER_BUDGET,
+    ChunkChecksumMismatch,
+    ChunkSizeMismatch,
+    DuplicateChunk,
+    FileChecksumMismatch,
+    Hasher,
+    MergeError,
+    MergeIOError,
+    MissingChunk,
+    __version__,
+    checksum_file,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "BUFFER_BUDGET",
+    "Chunk",
+    "ChunkChecksumMismatch",
+    "ChunkLike",
+    "ChunkSizeMismatch",
+    "DuplicateChunk",
+    "FileChecksumMismatch",
+    "Hasher",
+    "MergeError",
+    "MergeIOError",
+    "MergeResult",
+    "MissingChunk",
+    "__version__",
+    "as_chunk",
+    "checksum_file",
+    "merge",
+]

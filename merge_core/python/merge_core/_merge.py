@@ -1,0 +1,130 @@
+"""The public merge API over the Rust core (`merge_core._merge_core`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TypeAlias
+
+from merge_core import _merge_core
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk file to merge; mirrors the Rust `Chunk` field for field.
+
+    `index` alone decides where the chunk goes (never `path` or the order
+    chunks are given in); `size` and `checksum` (lowercase or uppercase hex of
+    the merge's algorithm) are what the file must hold.
+    """
+
+    index: int
+    path: str | os.PathLike[str]
+    size: int
+    checksum: str
+
+
+ChunkLike: TypeAlias = (
+    Chunk | Mapping[str, Any] | tuple[int, "str | os.PathLike[str]", int, str]
+)
+"""A `Chunk`, a mapping with its four keys, or an `(index, path, size, checksum)` tuple."""
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What a successful merge produced.
+
+    `checksum` is the whole file's, in lowercase hex of `algorithm`; `size`
+    is in bytes; `duration_seconds` is the wall time of the merge call.
+    """
+
+    output_path: str
+    size: int
+    checksum: str
+    algorithm: str
+    chunk_count: int
+    duration_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-ready dict."""
+        return asdict(self)
+
+
+def as_chunk(value: ChunkLike) -> Chunk:
+    """Accepts a `Chunk`, a mapping or a 4-tuple; raises `TypeError` otherwise."""
+    if isinstance(value, Chunk):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return Chunk(
+                index=value["index"],
+                path=value["path"],
+                size=value["size"],
+                checksum=value["checksum"],
+            )
+        except KeyError as missing:
+            raise TypeError(f"chunk mapping lacks key {missing}") from None
+    if isinstance(value, tuple) and len(value) == 4:
+        return Chunk(*value)
+    raise TypeError(f"not a chunk: {value!r}")
+
+
+def merge(
+    chunks: Iterable[ChunkLike],
+    output_path: str | os.PathLike[str],
+    algorithm: str = "sha256",
+    expected_checksum: str | None = None,
+    fsync: bool = True,
+    *,
+    progress: Callable[[int, int], object] | None = None,
+) -> MergeResult:
+    """Concatenate chunk files in index order into `output_path`, verified.
+
+    Guarantees:
+
+    * Order is by `index` only. The indexes must be exactly `0..N-1`;
+      otherwise `MissingChunk` (lowest absent index) or `DuplicateChunk`, and
+      nothing is read or written. No chunks at all makes an empty file.
+    * While streaming, every chunk's size and checksum are verified and the
+      whole file's checksum is computed (and compared with
+      `expected_checksum` if given). The first failing chunk, by index, is
+      reported: `ChunkSizeMismatch` / `ChunkChecksumMismatch` with `index`,
+      `expected`, `actual`, `path`; `FileChecksumMismatch`; `MergeIOError`
+      (with `errno`, `path`, `operation`, and `index` for a chunk file).
+      All derive from `MergeError`. Malformed arguments (unknown algorithm,
+      checksum that is not hex of the right length) raise `ValueError`.
+    * Output goes to a temporary file in `output_path`'s directory (named
+      `.<name>.<pid>-...merge-tmp`), is fsynced, renamed over `output_path`
+      atomically, and the directory is fsynced. On any failure the temporary
+      file is removed: no partial output is ever visible at `output_path`
+      (a SIGKILL can leave the temporary file, never a partial output).
+      With `fsync=False` the rename is still atomic but nothing is fsynced.
+    * Memory is bounded by `BUFFER_BUDGET` bytes of buffers, whatever the size.
+    * The GIL is released for the whole merge; reading, both hashes and
+      writing run on separate threads at once.
+    * `progress(bytes_done, bytes_total)`, if given, is called from the
+      calling thread at most ~4 times a second (and at start and end),
+      briefly re-taking the GIL; pending signals are checked then too, so
+      Ctrl-C interrupts a merge. An exception from it stops the merge,
+      removes the temporary file and propagates.
+    """
+    normalized = [as_chunk(c) for c in chunks]
+    started = time.perf_counter()
+    path, size, checksum, algo, count = _merge_core.merge(
+        normalized,
+        os.fspath(output_path),
+        algorithm,
+        expected_checksum,
+        fsync,
+        progress,
+    )
+    return MergeResult(
+        output_path=path,
+        size=size,
+        checksum=checksum,
+        algorithm=algo,
+        chunk_count=count,
+        duration_seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,76 @@
+"""Stub for the Rust extension (kept honest by `mypy.stubtest merge_core`)."""
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Protocol, final
+
+from typing_extensions import Buffer
+
+__version__: str
+ALGORITHMS: tuple[str, ...]
+BUFFER_BUDGET: int
+
+class _ChunkFields(Protocol):
+    @property
+    def index(self) -> int: ...
+    @property
+    def path(self) -> str | os.PathLike[str]: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def checksum(self) -> str: ...
+
+class MergeError(Exception):
+    """Root of every merge_core error."""
+
+    index: int | None
+
+class ChunkChecksumMismatch(MergeError):
+    index: int
+    expected: str
+    actual: str
+    path: str
+
+class ChunkSizeMismatch(MergeError):
+    index: int
+    expected: int
+    actual: int
+    path: str
+
+class MissingChunk(MergeError):
+    index: int
+
+class DuplicateChunk(MergeError):
+    index: int
+
+class FileChecksumMismatch(MergeError):
+    index: None
+    expected: str
+    actual: str
+
+class MergeIOError(MergeError):
+    errno: int | None
+    path: str
+    operation: str
+
+@final
+class Hasher:
+    """Streaming checksum; `finalize()` returns lowercase hex, state kept."""
+
+    def __init__(self, algorithm: str = "sha256") -> None: ...
+    @property
+    def algorithm(self) -> str: ...
+    def update(self, data: Buffer) -> None: ...
+    def finalize(self) -> str: ...
+    def hexdigest(self) -> str: ...
+    def copy(self) -> Hasher: ...
+
+def checksum_file(path: str | os.PathLike[str], algorithm: str = "sha256") -> str: ...
+def merge(
+    chunks: Sequence[_ChunkFields],
+    output_path: str | os.PathLike[str],
+    algorithm: str = "sha256",
+    expected_checksum: str | None = None,
+    fsync: bool = True,
+    progress: Callable[[int, int], object] | None = None,
+) -> tuple[str, int, str, str, int]: ...

@@ -1,0 +1,6 @@
+//! PyO3 bindings: thin wrappers that convert arguments, release the GIL
+//! around the Rust core, and turn `MergeError` into named Python exceptions.
+
+pub mod checksum;
+pub mod errors;
+pub mod merge;

@@ -1,0 +1,30 @@
+//! merge_core: ordered chunk merge with streaming checksum checks.
+//!
+//! The Rust core (`merge`, `checksum`, ...) has no Python in it; the PyO3
+//! bindings live in `bindings/` behind the `python` feature. This file only
+//! declares modules and registers the Python ones.
+
+pub mod aligned;
+pub mod checksum;
+pub mod chunk;
+pub mod errors;
+pub mod merge;
+pub mod output;
+pub mod pool;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+#[cfg(feature = "python")]
+#[pyo3::pymodule]
+fn _merge_core(m: &pyo3::Bound<'_, pyo3::types::PyModule>) -> pyo3::PyResult<()> {
+    use pyo3::prelude::*;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    bindings::errors::register(m)?;
+    m.add_class::<bindings::checksum::PyHasher>()?;
+    m.add_function(wrap_pyfunction!(bindings::checksum::checksum_file, m)?)?;
+    m.add("ALGORITHMS", ("sha256", "blake3", "crc32c"))?;
+    m.add_function(wrap_pyfunction!(bindings::merge::merge, m)?)?;
+    m.add("BUFFER_BUDGET", merge::MergeOptions::default().buffer_budget())?;
+    Ok(())
+}

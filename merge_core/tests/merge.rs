@@ -1,0 +1,230 @@
+//! End-to-end tests of the Rust merge: ordering, verification, cleanup.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use _merge_core::checksum::{Algorithm, Hasher};
+use _merge_core::chunk::Chunk;
+use _merge_core::errors::MergeError;
+use _merge_core::merge::{merge, MergeOptions};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "merge_core_test_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn entries(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn hex(alg: Algorithm, data: &[u8]) -> String {
+    let mut h = Hasher::new(alg);
+    h.update(data);
+    h.finalize_hex()
+}
+
+fn data(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+/// Writes chunk files `c{i}` in `dir/chunks` and returns them with their data.
+fn make_chunks(dir: &Path, sizes: &[usize], alg: Algorithm) -> (Vec<Chunk>, Vec<u8>) {
+    let chunk_dir = dir.join("chunks");
+    fs::create_dir_all(&chunk_dir).unwrap();
+    let mut all = Vec::new();
+    let mut chunks = Vec::new();
+    for (i, &len) in sizes.iter().enumerate() {
+        let bytes = data(i, len);
+        // Names sort the wrong way on purpose: order must come from `index`.
+        let path = chunk_dir.join(format!("c{}", sizes.len() - i));
+        fs::write(&path, &bytes).unwrap();
+        chunks.push(Chunk { index: i as u64, path, size: len as u64, checksum: hex(alg, &bytes) });
+        all.extend_from_slice(&bytes);
+    }
+    (chunks, all)
+}
+
+fn small_options(alg: Algorithm) -> MergeOptions {
+    // Tiny buffers so chunks span many blocks and writes.
+    MergeOptions {
+        algorithm: alg,
+        block_size: 4096,
+        blocks: 3,
+        write_size: 1000,
+        fsync: false,
+        ..Default::default()
+    }
+}
+
+fn run(
+    chunks: Vec<Chunk>,
+    out: &Path,
+    options: &MergeOptions,
+) -> Result<_merge_core::merge::MergeOutcome, MergeError> {
+    merge(chunks, out, options, &mut |_, _| true)
+}
+
+#[test]
+fn merges_in_index_order_for_every_algorithm() {
+    for alg in Algorithm::ALL {
+        let dir = TempDir::new();
+        let (mut chunks, all) = make_chunks(&dir.0, &[10_000, 0, 1, 4096, 8193, 0], alg);
+        chunks.reverse();
+        let out = dir.0.join("out.bin");
+        let outcome = run(chunks, &out, &small_options(alg)).unwrap();
+        assert_eq!(fs::read(&out).unwrap(), all);
+        assert_eq!(outcome.size, all.len() as u64);
+        assert_eq!(outcome.checksum, hex(alg, &all));
+        assert_eq!(outcome.chunk_count, 6);
+        assert_eq!(dir.entries(), vec!["chunks", "out.bin"]);
+    }
+}
+
+#[test]
+fn durable_merge_with_default_options() {
+    let dir = TempDir::new();
+    let (chunks, all) = make_chunks(&dir.0, &[300_000, 1 << 20, 5], Algorithm::Sha256);
+    let out = dir.0.join("out.bin");
+    let expected = hex(Algorithm::Sha256, &all);
+    let options = MergeOptions { expected_checksum: Some(expected.to_uppercase()), ..Default::default() };
+    let mut reports = Vec::new();
+    let outcome = merge(chunks, &out, &options, &mut |d, t| {
+        reports.push((d, t));
+        true
+    })
+    .unwrap();
+    assert_eq!(outcome.checksum, expected);
+    assert_eq!(fs::read(&out).unwrap(), all);
+    assert_eq!(reports.first(), Some(&(0, all.len() as u64)));
+    assert_eq!(reports.last(), Some(&(all.len() as u64, all.len() as u64)));
+}
+
+#[test]
+fn empty_merge_makes_an_empty_file() {
+    let dir = TempDir::new();
+    let out = dir.0.join("out.bin");
+    let outcome = run(vec![], &out, &small_options(Algorithm::Sha256)).unwrap();
+    assert_eq!(outcome.size, 0);
+    assert_eq!(fs::read(&out).unwrap(), Vec::<u8>::new());
+}
+
+#[test]
+fn a_corrupt_byte_is_caught_with_its_index_and_leaves_nothing() {
+    let dir = TempDir::new();
+    let (chunks, _) = make_chunks(&dir.0, &[5000, 9000, 3000], Algorithm::Crc32c);
+    let mut bytes = fs::read(&chunks[1].path).unwrap();
+    bytes[8999] ^= 1;
+    fs::write(&chunks[1].path, &bytes).unwrap();
+    let out = dir.0.join("out.bin");
+    match run(chunks, &out, &small_options(Algorithm::Crc32c)) {
+        Err(MergeError::ChunkChecksumMismatch { index: 1, .. }) => {}
+        other => panic!("expected mismatch at 1, got {other:?}"),
+    }
+    assert_eq!(dir.entries(), vec!["chunks"]);
+}
+
+#[test]
+fn the_lowest_bad_chunk_is_reported() {
+    let dir = TempDir::new();
+    let (mut chunks, _) = make_chunks(&dir.0, &[5000, 5000, 5000, 5000], Algorithm::Sha256);
+    chunks[3].size = 1; // size error, later
+    chunks[1].checksum = hex(Algorithm::Sha256, b"other"); // checksum error, first
+    let out = dir.0.join("out.bin");
+    assert!(matches!(
+        run(chunks, &out, &small_options(Algorithm::Sha256)),
+        Err(MergeError::ChunkChecksumMismatch { index: 1, .. })
+    ));
+}
+
+#[test]
+fn size_mismatch_and_missing_file() {
+    let dir = TempDir::new();
+    let (mut chunks, _) = make_chunks(&dir.0, &[100, 200], Algorithm::Sha256);
+    chunks[1].size = 199;
+    let out = dir.0.join("out.bin");
+    assert!(matches!(
+        run(chunks.clone(), &out, &small_options(Algorithm::Sha256)),
+        Err(MergeError::ChunkSizeMismatch { index: 1, expected: 199, actual: 200, .. })
+    ));
+    chunks[1].size = 200;
+    fs::remove_file(&chunks[0].path).unwrap();
+    assert!(matches!(
+        run(chunks, &out, &small_options(Algorithm::Sha256)),
+        Err(MergeError::Io { index: Some(0), .. })
+    ));
+    assert_eq!(dir.entries(), vec!["chunks"]);
+}
+
+#[test]
+fn whole_file_mismatch_leaves_nothing() {
+    let dir = TempDir::new();
+    let (chunks, _) = make_chunks(&dir.0, &[100, 200], Algorithm::Blake3);
+    let out = dir.0.join("out.bin");
+    let options =
+        MergeOptions { expected_checksum: Some("0".repeat(64)), ..small_options(Algorithm::Blake3) };
+    assert!(matches!(run(chunks, &out, &options), Err(MergeError::FileChecksumMismatch { .. })));
+    assert_eq!(dir.entries(), vec!["chunks"]);
+}
+
+#[test]
+fn stopping_from_progress_leaves_nothing() {
+    let dir = TempDir::new();
+    let (chunks, _) = make_chunks(&dir.0, &[100_000, 100_000], Algorithm::Sha256);
+    let out = dir.0.join("out.bin");
+    let options =
+        MergeOptions { progress_interval: std::time::Duration::ZERO, ..small_options(Algorithm::Sha256) };
+    let mut calls = 0;
+    let result = merge(chunks, &out, &options, &mut |_, _| {
+        calls += 1;
+        calls < 5
+    });
+    assert!(matches!(result, Err(MergeError::Interrupted)));
+    assert_eq!(dir.entries(), vec!["chunks"]);
+}
+
+#[test]
+fn missing_output_directory_is_an_io_error() {
+    let dir = TempDir::new();
+    let (chunks, _) = make_chunks(&dir.0, &[10], Algorithm::Sha256);
+    let out = dir.0.join("no/such/dir/out.bin");
+    assert!(matches!(
+        run(chunks, &out, &small_options(Algorithm::Sha256)),
+        Err(MergeError::Io { index: None, .. })
+    ));
+}
+
+#[test]
+fn replaces_an_existing_output_atomically() {
+    let dir = TempDir::new();
+    let (chunks, all) = make_chunks(&dir.0, &[10, 20], Algorithm::Sha256);
+    let out = dir.0.join("out.bin");
+    fs::write(&out, b"old").unwrap();
+    let mut bad = chunks.clone();
+    bad[0].size = 11;
+    assert!(run(bad, &out, &small_options(Algorithm::Sha256)).is_err());
+    assert_eq!(fs::read(&out).unwrap(), b"old");
+    run(chunks, &out, &small_options(Algorithm::Sha256)).unwrap();
+    assert_eq!(fs::read(&out).unwrap(), all);
+}
