@@ -7,7 +7,7 @@ import time
 
 import grpc
 import pytest
-from locks.lock_assertions import error_info
+from locks.lock_assertions import error_info, wait_for_waiters
 from prometheus_client import REGISTRY
 from serentak.locks.v1 import locks_pb2
 
@@ -18,17 +18,6 @@ pytestmark = pytest.mark.etcd
 
 def acquire(key: str, owner: str, ttl: int = 10, wait_ms: int = 0) -> locks_pb2.AcquireRequest:
     return locks_pb2.AcquireRequest(key=key, owner=owner, ttl_seconds=ttl, wait_timeout_ms=wait_ms)
-
-
-async def wait_for_waiters(stub, key: str, count: int, timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    """Poll Describe until `key` has `count` waiters (an observable condition, bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = await stub.Describe(locks_pb2.DescribeRequest(key=key))
-        if len(state.waiters) == count:
-            return state
-        assert time.monotonic() < deadline, f"never saw {count} waiters: {state}"
-        await asyncio.sleep(0.01)
 
 
 async def test_uncontended_acquire_then_release(lock_service) -> None:  # type: ignore[no-untyped-def]
