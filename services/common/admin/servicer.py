@@ -1,0 +1,157 @@
+"""`serentak.admin.v1.AdminService`: the operator's view of a service's queue and DLQ.
+
+Generic over the service: it only needs a session factory on a database that has the
+runtime's tables. Every call requires the service credential (`authorization: bearer
+<service_token>`): queue contents and dead-letter payloads are internal data.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.auth import Authenticator
+from services.common.errors import InvalidArgument, NotFound
+from services.common.jobs.dead_letters import (
+    DeadLetterNotFound,
+    list_dead_letters,
+    purge_dead_letters,
+    replay_dead_letter,
+)
+from services.common.jobs.stats import queue_stats
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
+
+
+def _timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def dead_letter_message(row: dict[str, Any]) -> admin_pb2.DeadLetter:
+    """A dead_letters row as its protobuf message."""
+    return admin_pb2.DeadLetter(
+        id=row["id"],
+        job_id=row["job_id"],
+        job_type=row["job_type"],
+        partition_key=row["partition_key"],
+        idempotency_key=row["idempotency_key"],
+        payload_json=json.dumps(row["payload"], sort_keys=True),
+        error_class=row["error_class"],
+        error_type=row["error_type"],
+        error_message=row["error_message"],
+        traceback=row["traceback"],
+        attempts=row["attempts"],
+        worker_id=row["worker_id"],
+        first_attempt_at=_timestamp(row["first_attempt_at"]),
+        last_attempt_at=_timestamp(row["last_attempt_at"]),
+        dead_at=_timestamp(row["dead_at"]),
+        correlation_id=row["correlation_id"],
+        replayed_at=_timestamp(row["replayed_at"]),
+    )
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    """QueueStats, ListDeadLetters, ReplayDeadLetter, PurgeDeadLetters."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], authenticator: Authenticator
+    ) -> None:
+        self._sessions = sessions
+        self._auth = authenticator
+
+    async def QueueStats(
+        self, request: admin_pb2.QueueStatsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.QueueStatsResponse:
+        """Depth and lag per job type, oldest unpublished event, dead-letter count."""
+        self._auth.require_service(context)
+        async with self._sessions() as session, session.begin():
+            stats = await queue_stats(session)
+        return admin_pb2.QueueStatsResponse(
+            job_types=[
+                admin_pb2.JobTypeStats(
+                    job_type=t.job_type,
+                    queued=t.queued,
+                    running=t.running,
+                    lag_seconds=t.lag_seconds,
+                    dead_letters=t.dead_letters,
+                )
+                for t in stats.job_types
+            ],
+            unpublished_events=stats.unpublished_events,
+            oldest_unpublished_event_age_seconds=stats.oldest_unpublished_event_age_seconds,
+            dead_letter_count=stats.dead_letter_count,
+        )
+
+    async def ListDeadLetters(
+        self, request: admin_pb2.ListDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListDeadLettersResponse:
+        """Dead letters oldest first; page_token is the last id seen."""
+        self._auth.require_service(context)
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", "must not be negative")
+        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        after = 0
+        if request.page_token:
+            if not request.page_token.isdigit():
+                raise InvalidArgument("page_token", "not a token from a previous page")
+            after = int(request.page_token)
+        async with self._sessions() as session, session.begin():
+            rows = await list_dead_letters(
+                session, job_type=request.job_type, after_id=after, limit=size + 1
+            )
+        more = len(rows) > size
+        rows = rows[:size]
+        return admin_pb2.ListDeadLettersResponse(
+            dead_letters=[dead_letter_message(r) for r in rows],
+            next_page_token=str(rows[-1]["id"]) if more else "",
+        )
+
+    async def ReplayDeadLetter(
+        self, request: admin_pb2.ReplayDeadLetterRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ReplayDeadLetterResponse:
+        """Queue the dead letter's job again (once); it passes the idempotency check."""
+        self._auth.require_service(context)
+        if request.id <= 0:
+            raise InvalidArgument("id", "must be a positive dead letter id")
+        try:
+            async with self._sessions() as session, session.begin():
+                replay = await replay_dead_letter(session, request.id)
+        except DeadLetterNotFound as exc:
+            raise NotFound(f"no dead letter {request.id}", reason="DEAD_LETTER_NOT_FOUND") from exc
+        log.info(
+            "dead_letter_replayed",
+            dead_letter_id=request.id,
+            job_id=replay.job_id,
+            enqueued=replay.enqueued,
+        )
+        return admin_pb2.ReplayDeadLetterResponse(job_id=replay.job_id, enqueued=replay.enqueued)
+
+    async def PurgeDeadLetters(
+        self, request: admin_pb2.PurgeDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.PurgeDeadLettersResponse:
+        """Delete dead letters (of one job type, dead before older_than)."""
+        self._auth.require_service(context)
+        older_than = None
+        if request.HasField("older_than"):
+            older_than = request.older_than.ToDatetime(tzinfo=UTC)
+        async with self._sessions() as session, session.begin():
+            purged = await purge_dead_letters(
+                session, job_type=request.job_type, older_than=older_than
+            )
+        log.info("dead_letters_purged", purged=purged, job_type=request.job_type)
+        return admin_pb2.PurgeDeadLettersResponse(purged=purged)
