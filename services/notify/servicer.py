@@ -1,9 +1,124 @@
-"""gRPC surface of `serentak.notify.v1.NotifyService`."""
+"""gRPC surface of `serentak.notify.v1.NotifyService`.
+
+Identity: Ingest takes the service credential only; every other RPC acts for the calling
+user and sees only that user's notifications (tenant and user from the bearer token).
+"""
 
 from __future__ import annotations
 
-from serentak.notify.v1 import notify_pb2_grpc
+from collections.abc import AsyncIterator
+
+import grpc
+from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.auth import Authenticator
+from services.common.errors import InvalidArgument
+from services.common.logging import get_logger
+from services.notify import cursors, reading
+from services.notify.inbox import Inbox
+from services.notify.messages import to_message
+from services.notify.settings import NotifySettings
+from services.notify.streams import StreamReader
+
+log = get_logger(__name__)
+MAX_DEVICE_ID = 128
 
 
 class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
-    """Every RPC answers UNIMPLEMENTED until notifications are built."""
+    """Ingest, reading and Subscribe, each checked against the caller's identity."""
+
+    def __init__(
+        self,
+        settings: NotifySettings,
+        auth: Authenticator,
+        sessions: async_sessionmaker[AsyncSession],
+        inbox: Inbox,
+        streams: StreamReader,
+    ) -> None:
+        self._settings = settings
+        self._auth = auth
+        self._sessions = sessions
+        self._inbox = inbox
+        self._streams = streams
+
+    async def Ingest(
+        self, request: notify_pb2.IngestRequest, context: grpc.aio.ServicerContext
+    ) -> notify_pb2.IngestResponse:
+        """Idempotent by event_id; applies events per aggregate in version order."""
+        self._auth.require_service(context)
+        if not request.HasField("event"):
+            raise InvalidArgument("event", "required", reason="INVALID_EVENT")
+        result = await self._inbox.ingest(request.event)
+        return notify_pb2.IngestResponse(
+            duplicate=result.outcome == notify_pb2.INGEST_OUTCOME_DUPLICATE,
+            outcome=result.outcome,  # type: ignore[arg-type]
+            notifications_written=len(result.written),
+        )
+
+    async def ListNotifications(
+        self, request: notify_pb2.ListNotificationsRequest, context: grpc.aio.ServicerContext
+    ) -> notify_pb2.ListNotificationsResponse:
+        """The caller's notifications, newest first, one page at a time."""
+        identity = self._auth.require_user(context)
+        if request.page_size < 0:
+            raise InvalidArgument("page_size", "must be >= 0")
+        size = min(
+            request.page_size or self._settings.default_page_size, self._settings.max_page_size
+        )
+        before = cursors.decode("page_token", request.page_token) if request.page_token else None
+        async with self._sessions() as session:
+            page = await reading.list_page(
+                session,
+                identity,
+                page_size=size,
+                before_seq=before,
+                unread_only=request.unread_only,
+            )
+        return notify_pb2.ListNotificationsResponse(
+            notifications=[to_message(row) for row in page.rows],
+            next_page_token=cursors.encode(page.next_before)
+            if page.next_before is not None
+            else "",
+        )
+
+    async def MarkRead(
+        self, request: notify_pb2.MarkReadRequest, context: grpc.aio.ServicerContext
+    ) -> notify_pb2.MarkReadResponse:
+        """Mark by ids and/or everything at or before a cursor; returns the new badge."""
+        identity = self._auth.require_user(context)
+        ids = reading.check_notification_ids(request.notification_ids)
+        up_to = (
+            cursors.decode("up_to_cursor", request.up_to_cursor) if request.up_to_cursor else None
+        )
+        if not ids and up_to is None:
+            raise InvalidArgument("notification_ids", "give notification_ids or up_to_cursor")
+        async with self._sessions() as session, session.begin():
+            marked = await reading.mark_read(
+                session, identity, notification_ids=ids, up_to_seq=up_to
+            )
+            unread = await reading.unread_count(session, identity)
+        return notify_pb2.MarkReadResponse(marked=marked, unread_count=unread)
+
+    async def GetUnreadCount(
+        self, request: notify_pb2.GetUnreadCountRequest, context: grpc.aio.ServicerContext
+    ) -> notify_pb2.GetUnreadCountResponse:
+        """The caller's badge."""
+        identity = self._auth.require_user(context)
+        async with self._sessions() as session:
+            unread = await reading.unread_count(session, identity)
+        return notify_pb2.GetUnreadCountResponse(unread_count=unread)
+
+    async def Subscribe(
+        self, request: notify_pb2.SubscribeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[notify_pb2.SubscribeResponse]:
+        """Replay after the cursor, then live notifications, until the client leaves."""
+        identity = self._auth.require_user(context)
+        after = cursors.decode("cursor", request.cursor) if request.cursor else None
+        if len(request.device_id) > MAX_DEVICE_ID:
+            raise InvalidArgument("device_id", f"longer than {MAX_DEVICE_ID} characters")
+        log.info("stream_opened", user_id=identity.user_id, device_id=request.device_id)
+        async for response in self._streams.subscribe(
+            identity.tenant_id, identity.user_id, after, request.device_id
+        ):
+            yield response

@@ -6,12 +6,35 @@ from pydantic import Field
 
 from services.common.config import CommonSettings, sqlite_url
 
+DAY_SECONDS = 24 * 3600
+
 
 class NotifySettings(CommonSettings):
     """Read once at start-up from `SERENTAK_*`."""
 
     notify_database_url: str | None = Field(
         None, description="SQLAlchemy URL; default: SQLite at {data_dir}/notify.db."
+    )
+    digest_window_seconds: float = Field(
+        2.0, ge=0, description="Events sharing a dedupe_key this close together become one."
+    )
+    stream_buffer_size: int = Field(
+        1000, ge=1, description="Notifications queued per Subscribe stream before it is dropped."
+    )
+    default_page_size: int = Field(50, ge=1, description="ListNotifications page size default.")
+    max_page_size: int = Field(500, ge=1, description="Largest ListNotifications page.")
+    max_audience: int = Field(10_000, ge=1, description="Most audience users one event may carry.")
+    read_retention_seconds: float = Field(
+        30 * DAY_SECONDS, gt=0, description="Read notifications older than this are purged."
+    )
+    inbox_retention_seconds: float = Field(
+        30 * DAY_SECONDS,
+        gt=0,
+        description="Finished inbox rows older than this are purged (version order still "
+        "skips a very late duplicate as old).",
+    )
+    retention_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the retention sweep runs."
     )
 
     @property

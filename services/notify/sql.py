@@ -1,0 +1,52 @@
+"""SQL that must read the same on SQLite and PostgreSQL: insert-or-ignore, and the retry
+of a transaction that PostgreSQL aborted to break a deadlock or a serialization conflict."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+# PostgreSQL: deadlock_detected, serialization_failure. Both mean "nothing happened, rerun".
+_RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+TRANSACTION_ATTEMPTS = 5
+# Bound on rows per statement: stays under SQLite's and PostgreSQL's parameter limits.
+BATCH_ROWS = 400
+
+
+def insert_ignore(session: AsyncSession, model: Any) -> Any:
+    """`INSERT ... ON CONFLICT DO NOTHING` for `model` in the session's dialect."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(model).on_conflict_do_nothing()
+    return sqlite.insert(model).on_conflict_do_nothing()
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
+
+
+async def retrying(transaction: Callable[[], Awaitable[T]]) -> T:
+    """Run `transaction` (which opens and commits its own) again when the database
+    rolled it back to resolve a deadlock or serialization conflict."""
+    for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
+        try:
+            return await transaction()
+        except DBAPIError as exc:
+            if not _retryable(exc) or attempt == TRANSACTION_ATTEMPTS:
+                raise
+            log.info("transaction_retried", attempt=attempt, sqlstate=exc.orig.sqlstate)  # type: ignore[union-attr]
+    raise AssertionError("unreachable")
+
+
+def batches(items: Sequence[T], size: int = BATCH_ROWS) -> Iterator[Sequence[T]]:
+    """`items` in consecutive slices of at most `size`."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,65 @@
+"""What an event says to a person: the file it is about, its name, a one-line summary.
+
+Also decides which event types a digest may fold together: only those whose latest
+event fully states the current situation (a rename, a move). Content changes, deletes,
+restores and shares are never folded, so every such version stays visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serentak.events.v1 import events_pb2
+
+# Event types whose newest event supersedes the earlier ones of a burst.
+DIGESTIBLE_PAYLOADS = frozenset({"file_renamed", "file_moved"})
+
+
+@dataclass(frozen=True, slots=True)
+class Description:
+    """The person-facing view of one event."""
+
+    file_id: str
+    file_name: str
+    summary: str
+    digestible: bool
+
+
+def describe(event: events_pb2.Event) -> Description:
+    """Describe `event`; unknown or absent payloads fall back to the envelope."""
+    actor = event.actor_user_id or "someone"
+    kind = event.WhichOneof("payload")
+    file_id, name, summary = event.aggregate_id, "", f"{actor}: {event.event_type}"
+    if kind == "file_content_updated":
+        p = event.file_content_updated
+        file_id, name = p.file_id or file_id, p.name
+        summary = f"{actor} updated {name}"
+    elif kind == "file_renamed":
+        r = event.file_renamed
+        file_id, name = r.file_id or file_id, r.new_name
+        summary = f"{actor} renamed a file to {name}"
+    elif kind == "file_moved":
+        m = event.file_moved
+        file_id, name = m.file_id or file_id, m.name
+        summary = f"{actor} moved {name}"
+    elif kind == "file_deleted":
+        d = event.file_deleted
+        file_id, name = d.file_id or file_id, d.name
+        summary = f"{actor} deleted {name}"
+    elif kind == "file_restored":
+        s = event.file_restored
+        file_id, name = s.file_id or file_id, s.name
+        summary = f"{actor} restored {name}"
+    elif kind == "file_shared":
+        sh = event.file_shared
+        file_id, name = sh.file_id or file_id, sh.name
+        summary = f"{actor} shared {name} with {sh.user_id}"
+    elif kind == "file_unshared":
+        u = event.file_unshared
+        file_id, name = u.file_id or file_id, u.name
+        summary = f"{actor} stopped sharing {name} with {u.user_id}"
+    elif kind == "folder_created":
+        f = event.folder_created
+        file_id, name = f.folder_id or file_id, f.name
+        summary = f"{actor} created the folder {name}"
+    return Description(file_id, name, summary, kind in DIGESTIBLE_PAYLOADS)

@@ -1,0 +1,140 @@
+"""Helpers for the notify tests: events as the relay sends them, a harness around the
+running service, error reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from serentak.events.v1 import events_pb2
+from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from support.services import running_app
+
+from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
+from services.common.grpc_server import RunningService
+from services.notify.app import build_app
+from services.notify.settings import NotifySettings
+
+SERVICE = (("authorization", f"Bearer {DEFAULT_SERVICE_TOKEN}"),)
+_versions = itertools.count(1)
+
+
+def user_md(user: str) -> tuple[tuple[str, str], ...]:
+    """Call metadata for a dev user token (dev-alice, ...) or a generated `tok-<user>`."""
+    token = f"dev-{user}" if f"dev-{user}" in DEFAULT_AUTH_TOKENS else f"tok-{user}"
+    return (("authorization", f"Bearer {token}"),)
+
+
+def event(
+    file_id: str,
+    version: int,
+    *,
+    kind: str = "content",
+    name: str = "report.pdf",
+    actor: str = "carol",
+    audience: Iterable[str] = ("alice", "bob", "carol"),
+    dedupe_key: str | None = None,
+    occurred_at: datetime | None = None,
+    tenant: str = "acme",
+    event_id: str | None = None,
+) -> events_pb2.Event:
+    """A file event as the upload service's relay would send it."""
+    ts = Timestamp()
+    ts.FromDatetime(occurred_at or datetime.now(UTC))
+    ev = events_pb2.Event(
+        event_id=event_id or uuid.uuid4().hex,
+        aggregate_type="file",
+        aggregate_id=file_id,
+        tenant_id=tenant,
+        actor_user_id=actor,
+        version=version,
+        occurred_at=ts,
+        audience_user_ids=list(audience),
+        correlation_id=uuid.uuid4().hex,
+    )
+    if kind == "content":
+        ev.event_type = "file.content.updated"
+        ev.dedupe_key = dedupe_key if dedupe_key is not None else f"file:{file_id}:content"
+        ev.file_content_updated.CopyFrom(events_pb2.FileContentUpdated(file_id=file_id, name=name))
+    elif kind == "rename":
+        ev.event_type = "file.renamed"
+        ev.dedupe_key = dedupe_key if dedupe_key is not None else f"file:{file_id}:rename"
+        ev.file_renamed.CopyFrom(events_pb2.FileRenamed(file_id=file_id, new_name=name))
+    else:
+        raise ValueError(kind)
+    return ev
+
+
+def error_reason(err: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a failed call ("" if none)."""
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    for detail in status.details if status else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""
+
+
+@dataclass
+class NotifyHarness:
+    """The running service plus a stub and a few helpers."""
+
+    service: RunningService
+    stub: notify_pb2_grpc.NotifyServiceStub
+    settings: NotifySettings
+
+    async def ingest(self, ev: events_pb2.Event) -> notify_pb2.IngestResponse:
+        return await self.stub.Ingest(notify_pb2.IngestRequest(event=ev), metadata=SERVICE)
+
+    async def ingest_all(self, events: Iterable[events_pb2.Event], parallel: int = 16) -> list[Any]:
+        """Ingest concurrently (at most `parallel` calls in flight), results in input order."""
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(ev: events_pb2.Event) -> notify_pb2.IngestResponse:
+            async with gate:
+                return await self.ingest(ev)
+
+        return await asyncio.gather(*(one(ev) for ev in events))
+
+    async def all_notifications(
+        self, user: str, unread_only: bool = False
+    ) -> list[notify_pb2.Notification]:
+        """Every notification of `user`, newest first, following page tokens."""
+        out: list[notify_pb2.Notification] = []
+        token = ""
+        while True:
+            page = await self.stub.ListNotifications(
+                notify_pb2.ListNotificationsRequest(
+                    page_size=500, page_token=token, unread_only=unread_only
+                ),
+                metadata=user_md(user),
+            )
+            out.extend(page.notifications)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def unread(self, user: str) -> int:
+        resp = await self.stub.GetUnreadCount(
+            notify_pb2.GetUnreadCountRequest(), metadata=user_md(user)
+        )
+        return resp.unread_count
+
+
+async def _start(settings: NotifySettings) -> AsyncIterator[NotifyHarness]:
+    async with running_app(build_app(settings)) as service:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.app.bound_port}") as channel:
+            yield NotifyHarness(service, notify_pb2_grpc.NotifyServiceStub(channel), settings)
+
+
+start_notify = contextlib.asynccontextmanager(_start)
