@@ -1,0 +1,133 @@
+"""Lock service benchmark: Acquire+Release through the service vs straight to etcd.
+
+    .venv/bin/python tests/benchmarks/bench_locks.py [--quick]
+
+Starts a private etcd and the service in-process. Measures, in one run:
+1. the service's Acquire+Release round trip (gRPC -> mutex -> etcd),
+2. the same etcd requests sent directly with the same etcd client (the baseline),
+3. 16 contenders on one key through the service vs the uncontended case.
+Prints p50/p99 latency, operations per second, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "gen"), str(ROOT / "tests")]
+
+import grpc  # noqa: E402
+from serentak.locks.v1 import locks_pb2, locks_pb2_grpc  # noqa: E402
+from support.etcd import EtcdServer  # noqa: E402
+
+from services.common.grpc_server import start  # noqa: E402
+from services.locks.app import build_app  # noqa: E402
+from services.locks.etcd_client import Etcd  # noqa: E402
+from services.locks.keys import KeySpace  # noqa: E402
+from services.locks.settings import LocksSettings  # noqa: E402
+
+
+def summary(name: str, latencies: list[float], wall: float) -> dict[str, float]:
+    """Print and return p50/p99 (ms) and ops/s."""
+    qs = statistics.quantiles(latencies, n=100)
+    row = {"p50": qs[49] * 1000, "p99": qs[98] * 1000, "ops": len(latencies) / wall}
+    print(f"{name:<34} p50 {row['p50']:7.2f} ms  p99 {row['p99']:7.2f} ms  {row['ops']:8.0f} ops/s")
+    return row
+
+
+async def timed(n: int, op: Callable[[int], Awaitable[None]]) -> tuple[list[float], float]:
+    latencies = []
+    began = time.perf_counter()
+    for i in range(n):
+        t = time.perf_counter()
+        await op(i)
+        latencies.append(time.perf_counter() - t)
+    return latencies, time.perf_counter() - began
+
+
+async def run(n: int, contenders: int, endpoint: str) -> None:
+    settings = LocksSettings(etcd_endpoint=endpoint, lock_prefix="/bench/svc/")
+    app = build_app(settings)
+    app.port, app.metrics_port = 0, 0
+    running = await start(app)
+    etcd = Etcd(endpoint, call_timeout=5)
+    space = KeySpace("/bench/direct/")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.bound_port}") as channel:
+            stub = locks_pb2_grpc.LockServiceStub(channel)
+
+            async def via_service(i: int) -> None:
+                lock = await stub.Acquire(
+                    locks_pb2.AcquireRequest(key=f"file:{i % 64}", owner="bench", ttl_seconds=30)
+                )
+                await stub.Release(locks_pb2.ReleaseRequest(key=lock.key, token=lock.token))
+
+            async def direct(i: int) -> None:
+                # The requests the service sends: grant, claim txn, read holder, delete txn.
+                key = space.lock_key(f"file:{i % 64}")
+                lease = await etcd.grant_lease(30)
+                claim = await etcd.claim(key.contender_key(lease), b"{}", lease, key.etcd_prefix)
+                holder = await etcd.first_created(key.etcd_prefix)
+                assert holder is not None and holder.create_revision == claim.my_revision
+                await etcd.delete_if_created_at(holder.key, claim.my_revision)
+
+            await timed(min(50, n), via_service)  # warm-up
+            await timed(min(50, n), direct)
+            svc = summary("service Acquire+Release", *await timed(n, via_service))
+            base = summary("direct etcd (same requests)", *await timed(n, direct))
+            print(
+                f"service / direct: p50 x{svc['p50'] / base['p50']:.2f}, "
+                f"throughput x{svc['ops'] / base['ops']:.2f}"
+            )
+
+            latencies: list[float] = []
+            per_task = max(1, n // contenders)
+
+            async def contender() -> None:
+                for _ in range(per_task):
+                    t = time.perf_counter()
+                    lock = await stub.Acquire(
+                        locks_pb2.AcquireRequest(
+                            key="file:hot", owner="c", ttl_seconds=30, wait_timeout_ms=60_000
+                        )
+                    )
+                    await stub.Release(locks_pb2.ReleaseRequest(key="file:hot", token=lock.token))
+                    latencies.append(time.perf_counter() - t)
+
+            began = time.perf_counter()
+            await asyncio.gather(*(contender() for _ in range(contenders)))
+            hot = summary(
+                f"{contenders}-way contended, one key", latencies, time.perf_counter() - began
+            )
+            print(
+                f"contended / uncontended: p50 x{hot['p50'] / svc['p50']:.2f}, "
+                f"throughput x{hot['ops'] / svc['ops']:.2f}"
+            )
+    finally:
+        await etcd.close()
+        await running.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (CI smoke)")
+    args = parser.parse_args()
+    n = 200 if args.quick else 2000
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EtcdServer(Path(tmp) / "etcd")
+        server.start()
+        try:
+            asyncio.run(run(n, 16, server.endpoint))
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
