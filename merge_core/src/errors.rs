@@ -62,7 +62,11 @@ impl fmt::Display for MergeError {
                 path.display()
             ),
             MergeError::MissingChunk { index, count } => {
-                write!(f, "chunk {index} is missing (indexes must be exactly 0..{count})")
+                write!(
+                    f,
+                    "chunk {index} is missing (indexes must be exactly 0 to {})",
+                    count.saturating_sub(1)
+                )
             }
             MergeError::DuplicateChunk { index } => write!(f, "chunk {index} is given more than once"),
             MergeError::FileChecksumMismatch { expected, actual } => {

@@ -26,9 +26,7 @@ class Chunk:
     checksum: str
 
 
-ChunkLike: TypeAlias = (
-    Chunk | Mapping[str, Any] | tuple[int, "str | os.PathLike[str]", int, str]
-)
+ChunkLike: TypeAlias = Chunk | Mapping[str, Any] | tuple[int, "str | os.PathLike[str]", int, str]
 """A `Chunk`, a mapping with its four keys, or an `(index, path, size, checksum)` tuple."""
 
 

@@ -6,6 +6,22 @@ from typing import Protocol, final
 
 from typing_extensions import Buffer
 
+__all__ = [
+    "ALGORITHMS",
+    "BUFFER_BUDGET",
+    "ChunkChecksumMismatch",
+    "ChunkSizeMismatch",
+    "DuplicateChunk",
+    "FileChecksumMismatch",
+    "Hasher",
+    "MergeError",
+    "MergeIOError",
+    "MissingChunk",
+    "__version__",
+    "checksum_file",
+    "merge",
+]
+
 __version__: str
 ALGORITHMS: tuple[str, ...]
 BUFFER_BUDGET: int
@@ -57,7 +73,7 @@ class MergeIOError(MergeError):
 class Hasher:
     """Streaming checksum; `finalize()` returns lowercase hex, state kept."""
 
-    def __init__(self, algorithm: str = "sha256") -> None: ...
+    def __new__(cls, algorithm: str = "sha256") -> Hasher: ...
     @property
     def algorithm(self) -> str: ...
     def update(self, data: Buffer) -> None: ...
