@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 
@@ -39,9 +40,12 @@ def test_retry_after_is_a_floor_capped_by_the_policy() -> None:
 async def test_attempts_are_spaced_within_the_jitter_bounds(runtime_db) -> None:  # type: ignore[no-untyped-def]
     base, attempts = 0.2, 4
     started: list[float] = []
+    done = asyncio.Event()
 
     async def flaky(ctx: JobContext) -> None:
         started.append(time.monotonic())
+        if ctx.attempt == attempts:
+            done.set()
         if ctx.attempt < attempts:
             raise TransientError("try again")
 
@@ -51,22 +55,23 @@ async def test_attempts_are_spaced_within_the_jitter_bounds(runtime_db) -> None:
         await enqueue(session, NewJob("flaky", {}, "a", "k"))
     worker = Worker(runtime_db.sessions, registry, worker_id="w", poll_interval=0.01)
     task = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + 30
-    while len(started) < attempts and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await asyncio.wait_for(done.wait(), 30)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert len(started) == attempts
     slack = 0.5  # poll interval + claim and commit time on a loaded 2-core machine
-    for n, (a, b) in enumerate(zip(started, started[1:], strict=False), start=1):
+    for n, (a, b) in enumerate(itertools.pairwise(started), start=1):
         assert 0 <= b - a <= base * 2 ** (n - 1) + slack, (n, b - a)
 
 
 async def test_retry_after_hint_is_honoured(runtime_db) -> None:  # type: ignore[no-untyped-def]
     started: list[float] = []
+    done = asyncio.Event()
 
     async def throttled(ctx: JobContext) -> None:
         started.append(time.monotonic())
+        if ctx.attempt == 2:
+            done.set()
         if ctx.attempt == 1:
             raise RetryLater("429", retry_after=0.6)
 
@@ -76,9 +81,7 @@ async def test_retry_after_hint_is_honoured(runtime_db) -> None:  # type: ignore
         await enqueue(session, NewJob("t", {}, "a", "k"))
     worker = Worker(runtime_db.sessions, registry, worker_id="w", poll_interval=0.01)
     task = asyncio.create_task(worker.run())
-    deadline = time.monotonic() + 30
-    while len(started) < 2 and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await asyncio.wait_for(done.wait(), 30)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert len(started) == 2 and started[1] - started[0] >= 0.6
