@@ -1,0 +1,160 @@
+"""SyncService over real gRPC, and a tombstoned file answered FILE_RETENTION_EXPIRED."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
+from support.services import running_app
+from sync.sync_world import DRIVE, SyncWorld
+
+from services.common.auth import Authenticator
+from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
+from services.common.grpc_server import ServiceApp, Servicer
+from services.upload.sync.servicer import SyncServicer
+from services.upload.sync.tombstones import raise_if_tombstoned
+
+ALICE = (("authorization", "Bearer dev-alice"),)
+MALLORY = (("authorization", "Bearer dev-mallory"),)
+
+
+class TombstoneAwareFiles(upload_pb2_grpc.FileServiceServicer):
+    """GetFile doing exactly what the upload service's GetFile must do first."""
+
+    def __init__(self, world: SyncWorld) -> None:
+        self.world = world
+
+    async def GetFile(
+        self, request: upload_pb2.GetFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        async with self.world.sessions() as session:
+            await raise_if_tombstoned(session, request.file_id)
+        return upload_pb2.File()
+
+
+@pytest.fixture
+async def channel(world: SyncWorld) -> AsyncIterator[grpc.aio.Channel]:
+    """A channel to a server running SyncService and the tombstone-aware GetFile."""
+    auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
+    sync_name = sync_pb2.DESCRIPTOR.services_by_name["SyncService"].full_name
+    files_name = upload_pb2.DESCRIPTOR.services_by_name["FileService"].full_name
+    app = ServiceApp(
+        name="upload-sync-test",
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        servicers=[
+            Servicer(
+                sync_pb2_grpc.add_SyncServiceServicer_to_server,
+                SyncServicer(world.engine, auth),
+                sync_name,
+            ),
+            Servicer(
+                upload_pb2_grpc.add_FileServiceServicer_to_server,
+                TombstoneAwareFiles(world),
+                files_name,
+            ),
+        ],
+    )
+    async with running_app(app) as svc:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.app.bound_port}") as ch:
+            yield ch
+
+
+def _error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    status = rpc_status.from_call(err)
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info)
+    return info
+
+
+async def test_tombstoned_file_answers_file_retention_expired(
+    world: SyncWorld, channel: grpc.aio.Channel
+) -> None:
+    sync = sync_pb2_grpc.SyncServiceStub(channel)
+    files = upload_pb2_grpc.FileServiceStub(channel)
+    file_id = "f" * 32
+    world.fake.always(DRIVE, "gone-9", 410)
+    item = await sync.LinkItem(
+        sync_pb2.LinkItemRequest(
+            account_id="acct-1",
+            upstream_drive_id=DRIVE,
+            upstream_item_id="gone-9",
+            file_id=file_id,
+        ),
+        metadata=ALICE,
+    )
+    await files.GetFile(upload_pb2.GetFileRequest(file_id=file_id), metadata=ALICE)
+    await world.drain()
+
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await files.GetFile(upload_pb2.GetFileRequest(file_id=file_id), metadata=ALICE)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = _error_info(caught.value)
+    assert info.reason == "FILE_RETENTION_EXPIRED"
+    assert info.metadata["status"] == "expired"
+
+    status = await sync.GetSyncStatus(
+        sync_pb2.GetSyncStatusRequest(file_id=file_id), metadata=ALICE
+    )
+    assert status.item.status == sync_pb2.SYNC_ITEM_STATUS_TOMBSTONED
+    assert status.item.tombstone_reason == "gone"
+    # Triggering a tombstone queues nothing and calls nobody.
+    again = await sync.TriggerSync(
+        sync_pb2.TriggerSyncRequest(synced_item_id=item.synced_item_id), metadata=ALICE
+    )
+    assert not again.queued
+    assert len(world.fake.item_calls(DRIVE, "gone-9")) == 1
+
+
+async def test_link_drive_polls_and_reports(world: SyncWorld, channel: grpc.aio.Channel) -> None:
+    sync = sync_pb2_grpc.SyncServiceStub(channel)
+    world.fake.set_delta(DRIVE, "", [[{"id": "a", "name": "a"}]], next_token="t1")
+    drive = await sync.LinkDrive(
+        sync_pb2.LinkDriveRequest(account_id="acct-1", upstream_drive_id=DRIVE), metadata=ALICE
+    )
+    await world.drain()
+    status = await sync.GetSyncStatus(
+        sync_pb2.GetSyncStatusRequest(linked_drive_id=drive.linked_drive_id), metadata=ALICE
+    )
+    assert status.drive.has_delta_cursor
+    assert status.drive.synced_count == 1
+
+    with pytest.raises(grpc.aio.AioRpcError) as dup:
+        await sync.LinkDrive(
+            sync_pb2.LinkDriveRequest(account_id="acct-1", upstream_drive_id=DRIVE),
+            metadata=ALICE,
+        )
+    assert dup.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    # Another tenant cannot see it.
+    with pytest.raises(grpc.aio.AioRpcError) as other:
+        await sync.GetSyncStatus(
+            sync_pb2.GetSyncStatusRequest(linked_drive_id=drive.linked_drive_id),
+            metadata=MALLORY,
+        )
+    assert other.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_bad_input_is_invalid_argument_not_internal(channel: grpc.aio.Channel) -> None:
+    sync = sync_pb2_grpc.SyncServiceStub(channel)
+    bad = [
+        sync.LinkItem(sync_pb2.LinkItemRequest(account_id="a"), metadata=ALICE),
+        sync.TriggerSync(sync_pb2.TriggerSyncRequest(), metadata=ALICE),
+        sync.GetSyncStatus(sync_pb2.GetSyncStatusRequest(), metadata=ALICE),
+        sync.LinkDrive(
+            sync_pb2.LinkDriveRequest(account_id="a", upstream_drive_id="x" * 300),
+            metadata=ALICE,
+        ),
+    ]
+    for call in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as anon:
+        await sync.GetSyncStatus(sync_pb2.GetSyncStatusRequest(file_id="x"))
+    assert anon.value.code() == grpc.StatusCode.UNAUTHENTICATED
