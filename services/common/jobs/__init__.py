@@ -16,8 +16,18 @@ from services.common.jobs.periodic import PeriodicSchedule, PeriodicScheduler
 from services.common.jobs.queue import enqueue
 from services.common.jobs.registry import JobRegistry, JobType
 from services.common.jobs.retry import RetryPolicy
-from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.jobs.worker import Worker
+
+
+def __getattr__(name: str) -> object:
+    # The runtime imports the outbox, which imports job modules: loading it lazily keeps
+    # `import services.common.outbox` from meeting a half-initialised `jobs` package.
+    if name in ("JobRuntime", "RuntimeOptions"):
+        from services.common.jobs import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(name)
+
 
 __all__ = [
     "ClaimedJob",
