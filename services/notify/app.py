@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
+from services.common.admin import admin_servicer
 from services.common.auth import Authenticator
 from services.common.db import create_engine, session_factory
 from services.common.grpc_server import ServiceApp, Servicer
@@ -31,9 +32,10 @@ def build_app(settings: NotifySettings) -> ServiceApp:
         digest_window=timedelta(seconds=settings.digest_window_seconds),
         max_audience=settings.max_audience,
     )
+    auth = Authenticator(settings.auth_tokens, settings.service_token)
     servicer = NotifyServicer(
         settings,
-        Authenticator(settings.auth_tokens, settings.service_token),
+        auth,
         sessions,
         inbox,
         StreamReader(sessions, broker),
@@ -50,7 +52,9 @@ def build_app(settings: NotifySettings) -> ServiceApp:
         port=settings.notify_port,
         metrics_port=settings.notify_metrics_port,
         servicers=[
-            Servicer(notify_pb2_grpc.add_NotifyServiceServicer_to_server, servicer, SERVICE_NAME)
+            Servicer(notify_pb2_grpc.add_NotifyServiceServicer_to_server, servicer, SERVICE_NAME),
+            # Queue stats and dead letters of the job runtime (service credential only).
+            admin_servicer(sessions, auth),
         ],
         background=[retention.run],
         on_shutdown=[engine.dispose],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
+from services.common.admin import admin_servicer
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.jobs import RuntimeOptions
 from services.upload.components import build_components
@@ -36,6 +37,8 @@ def build_app(
                 FileServicer(),
                 _SERVICES["FileService"].full_name,
             ),
+            # Queue stats and dead letters of the job runtime (service credential only).
+            admin_servicer(parts.sessions, parts.auth),
         ],
         background=parts.runtime.background(),
         on_shutdown=[parts.close],
