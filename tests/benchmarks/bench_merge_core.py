@@ -1,0 +1,325 @@
+"""Benchmark merge_core against the copy limit, the best plain-Python merge and
+a hash-only baseline.
+
+Run: ``.venv/bin/python tests/benchmarks/bench_merge_core.py [--quick]``
+
+Cases: 1 GiB in 256 chunks and 4 GiB in 1024 chunks of 4 MiB (``--quick``:
+64 MiB and 256 MiB), each measured twice:
+
+* durable -- ``fsync=True``, the real path; ``cat ... > out && sync out``.
+* page cache -- ``fsync=False``, inputs pre-warmed, outputs never synced.
+
+Contenders:
+
+* ``merge_core`` -- per-chunk and whole-file sha256 (plus blake3 and crc32c
+  rows for reference).
+* ``cat`` -- the copy limit (no hashing at all).
+* ``python`` -- the best plain-Python merge we could write: mmap'd chunks,
+  chunk digests on a thread pool and the whole-file digest on another thread
+  (hashlib releases the GIL), ``os.copy_file_range`` for the copy, and
+  ``sync_file_range`` (via ctypes) per chunk when durable.
+* ``openssl`` -- ``openssl dgst -sha256`` over the chunks: one sha256 stream,
+  no writing (a hash-only baseline; coreutils sha256sum is no limit).
+
+Each contender runs ``--repeat`` times (best kept). Outputs go to a temporary
+directory under ``.data/bench`` (or ``--dir``) and are deleted after each run.
+Results are MB/s (10^6 bytes per second) and ratios of merge_core to the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import mmap
+import os
+import platform
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import merge_core
+
+MIB = 1 << 20
+CHUNK = 4 * MIB
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    chunks: int
+    durable: bool
+
+
+# -- inputs ----------------------------------------------------------------------
+
+
+def make_inputs(directory: Path, count: int) -> list[merge_core.Chunk]:
+    """`count` distinct 4 MiB chunk files (reused across runs) and their sha256."""
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = directory / f"manifest-{count}.json"
+    if manifest.exists():
+        entries = json.loads(manifest.read_text())
+        if all(Path(e["path"]).exists() for e in entries):
+            return [merge_core.Chunk(**e) for e in entries]
+    pool = os.urandom(64 * MIB + CHUNK)
+    entries = []
+    for index in range(count):
+        path = directory / f"chunk-{index:05d}"
+        start = (index * 65_537) % (64 * MIB)
+        data = index.to_bytes(8, "little") + pool[start + 8 : start + CHUNK]
+        if not path.exists() or path.stat().st_size != CHUNK:
+            path.write_bytes(data)
+        entries.append(
+            {
+                "index": index,
+                "path": str(path),
+                "size": CHUNK,
+                "checksum": hashlib.sha256(data).hexdigest(),
+            }
+        )
+    manifest.write_text(json.dumps(entries))
+    return [merge_core.Chunk(**e) for e in entries]
+
+
+def warm(chunks: list[merge_core.Chunk]) -> None:
+    with open(os.devnull, "wb") as sink:
+        subprocess.run(["cat", *[str(c.path) for c in chunks]], stdout=sink, check=True)
+
+
+# -- contenders ------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def python_merge(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> str:
+    """The best plain-Python merge: same checks as merge_core, same atomicity."""
+    ordered = sorted(chunks, key=lambda c: c.index)
+    if [c.index for c in ordered] != list(range(len(ordered))):
+        raise ValueError("indexes must be exactly 0..N-1")
+    temp = output.with_name(f".{output.name}.tmp")
+    out_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    whole = hashlib.sha256()
+    feed: queue.Queue[mmap.mmap | None] = queue.Queue(maxsize=8)
+
+    def hash_whole() -> None:
+        while (view := feed.get()) is not None:
+            whole.update(view)
+
+    def hash_chunk(view: mmap.mmap) -> str:
+        return hashlib.sha256(view).hexdigest()
+
+    hasher = threading.Thread(target=hash_whole)
+    hasher.start()
+    pending: deque[tuple[merge_core.Chunk, Future[str]]] = deque()
+
+    def check(item: tuple[merge_core.Chunk, Future[str]]) -> None:
+        chunk, digest = item
+        if digest.result() != chunk.checksum:
+            raise ValueError(f"chunk {chunk.index} checksum mismatch")
+
+    written = 0
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for chunk in ordered:
+                fd = os.open(chunk.path, os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size != chunk.size:
+                        raise ValueError(f"chunk {chunk.index} size mismatch")
+                    if size:
+                        view = mmap.mmap(
+                            fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ
+                        )
+                        pending.append((chunk, pool.submit(hash_chunk, view)))
+                        feed.put(view)
+                    copied = 0
+                    while copied < size:
+                        copied += os.copy_file_range(
+                            fd, out_fd, size - copied, copied, written + copied
+                        )
+                finally:
+                    os.close(fd)
+                if durable:
+                    _libc.sync_file_range(
+                        out_fd, ctypes.c_int64(written), ctypes.c_int64(size), SYNC_FILE_RANGE_WRITE
+                    )
+                written += size
+                while len(pending) > 8:
+                    check(pending.popleft())
+            while pending:
+                check(pending.popleft())
+    finally:
+        feed.put(None)
+        hasher.join()
+    if durable:
+        os.fsync(out_fd)
+    os.close(out_fd)
+    os.rename(temp, output)
+    if durable:
+        dir_fd = os.open(output.parent, os.O_RDONLY)
+        os.fsync(dir_fd)
+        os.close(dir_fd)
+    return whole.hexdigest()
+
+
+def run_cat(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> None:
+    with open(output, "wb") as out:
+        subprocess.run(["cat", *[str(c.path) for c in chunks]], stdout=out, check=True)
+    if durable:
+        subprocess.run(["sync", str(output)], check=True)
+
+
+def run_openssl(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> None:
+    subprocess.run(
+        ["openssl", "dgst", "-sha256", *[str(c.path) for c in chunks]],
+        stdout=subprocess.DEVNULL,
+        check=True,
+    )
+
+
+def merge_core_with(algorithm: str) -> Callable[[list[merge_core.Chunk], Path, bool], None]:
+    def run(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> None:
+        if algorithm == "sha256":
+            merge_core.merge(chunks, output, fsync=durable)
+        else:  # same files, checksums of this algorithm (computed outside the timing)
+            merge_core.merge(_rehash(chunks, algorithm), output, algorithm=algorithm, fsync=durable)
+
+    return run
+
+
+_REHASHED: dict[tuple[str, int], list[merge_core.Chunk]] = {}
+
+
+def _rehash(chunks: list[merge_core.Chunk], algorithm: str) -> list[merge_core.Chunk]:
+    key = (algorithm, len(chunks))
+    if key not in _REHASHED:
+        _REHASHED[key] = [
+            merge_core.Chunk(c.index, c.path, c.size, merge_core.checksum_file(c.path, algorithm))
+            for c in chunks
+        ]
+    return _REHASHED[key]
+
+
+# -- measuring -------------------------------------------------------------------
+
+
+def measure(
+    run: Callable[[list[merge_core.Chunk], Path, bool], object],
+    chunks: list[merge_core.Chunk],
+    out_dir: Path,
+    durable: bool,
+    repeat: int,
+) -> float:
+    """Best wall time of `repeat` runs, each from a clean start."""
+    best = float("inf")
+    for _ in range(repeat):
+        output = out_dir / "merged.bin"
+        warm(chunks)
+        os.sync()  # start with no dirty data from an earlier run
+        started = time.perf_counter()
+        run(chunks, output, durable)
+        best = min(best, time.perf_counter() - started)
+        if output.exists():
+            output.unlink()
+    return best
+
+
+def verdict(rate: dict[str, float], durable: bool) -> str:
+    """The ratios the issue sets targets for, and whether they are met."""
+    mc = rate["merge_core sha256"]
+
+    def check(ratio: float, target: float) -> str:
+        return f"{ratio:.2f} (target >= {target}: {'met' if ratio >= target else 'MISSED'})"
+
+    parts = [f"merge_core/cat = {check(mc / rate['cat'], 0.95 if durable else 0.65)}"]
+    if not durable:
+        parts.append(f"merge_core/python = {check(mc / rate['python sha256'], 1.3)}")
+    parts.append(f"merge_core/openssl = {mc / rate['openssl dgst -sha256 (hash only)']:.2f}")
+    return "\n" + "; ".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="64 MiB and 256 MiB cases, one run each"
+    )
+    parser.add_argument("--repeat", type=int, default=None, help="runs per contender (best kept)")
+    parser.add_argument("--dir", type=Path, default=REPO / ".data" / "bench" / "merge_core")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--keep-inputs", action="store_true", help="keep chunk files for the next run"
+    )
+    args = parser.parse_args()
+    sizes = [16, 64] if args.quick else [256, 1024]
+    repeat = args.repeat or (1 if args.quick else 2)
+    inputs_dir, out_dir = args.dir / "inputs", args.dir / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    all_chunks = make_inputs(inputs_dir, max(sizes))
+
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    print(f"# merge_core benchmark: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(
+        f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"merge_core {merge_core.__version__}, "
+        f"buffer budget {merge_core.BUFFER_BUDGET // MIB} MiB, "
+        f"best of {repeat}"
+    )
+    contenders: list[tuple[str, Callable[[list[merge_core.Chunk], Path, bool], object]]] = [
+        ("merge_core sha256", merge_core_with("sha256")),
+        ("merge_core blake3", merge_core_with("blake3")),
+        ("merge_core crc32c", merge_core_with("crc32c")),
+        ("cat", run_cat),
+        ("python sha256", python_merge),
+        ("openssl dgst -sha256 (hash only)", run_openssl),
+    ]
+    results = []
+    for count in sizes:
+        chunks = all_chunks[:count]
+        total = count * CHUNK
+        for durable in (True, False):
+            mode = "durable (fsync)" if durable else "page cache"
+            case = f"{total // MIB} MiB in {count} chunks, {mode}"
+            seconds = {
+                name: measure(run, chunks, out_dir, durable, repeat) for name, run in contenders
+            }
+            rate = {name: total / s / 1e6 for name, s in seconds.items()}
+            mc = rate["merge_core sha256"]
+            print(f"\n## {case}")
+            print("| contender | seconds | MB/s | merge_core sha256 / it |")
+            print("| --- | ---: | ---: | ---: |")
+            for name in seconds:
+                print(
+                    f"| {name} | {seconds[name]:.3f} | {rate[name]:.0f} | {mc / rate[name]:.2f} |"
+                )
+            print(verdict(rate, durable))
+            results.append(
+                {
+                    "case": case,
+                    "bytes": total,
+                    "durable": durable,
+                    "seconds": seconds,
+                    "mb_per_s": rate,
+                }
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    if not args.keep_inputs:
+        shutil.rmtree(inputs_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
