@@ -65,10 +65,13 @@ def wait_serving(address: str, timeout: float = READY_TIMEOUT_S) -> None:
 
 @contextlib.contextmanager
 def service_process(
-    name: str, tmp_path: Path, env: dict[str, str] | None = None
+    name: str, tmp_path: Path, env: dict[str, str] | None = None, port: int | None = None
 ) -> Iterator[ServiceProcess]:
-    """Run `python -m services.<name>` on free ports with its data in `tmp_path`."""
-    port, metrics_port = free_port(), free_port()
+    """Run `python -m services.<name>` with its data in `tmp_path`, on `port` or a free one.
+
+    Passing the same `port` again restarts a service at the same address.
+    """
+    port, metrics_port = port or free_port(), free_port()
     full_env = {
         **os.environ,
         "SERENTAK_DATA_DIR": str(tmp_path / "data"),
