@@ -158,3 +158,40 @@ async def test_bad_input_is_invalid_argument_not_internal(channel: grpc.aio.Chan
     with pytest.raises(grpc.aio.AioRpcError) as anon:
         await sync.GetSyncStatus(sync_pb2.GetSyncStatusRequest(file_id="x"))
     assert anon.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_wire_sync_registers_jobs_and_serves_webhooks(world: SyncWorld, tmp_path) -> None:
+    import asyncio
+
+    import httpx
+    from support.ports import free_port
+
+    from services.common.jobs.registry import JobRegistry
+    from services.upload.sync.jobs import DELTA_JOB, ITEM_JOB, PURGE_JOB, RECONCILE_JOB
+    from services.upload.sync.wiring import wire_sync
+
+    port = free_port()
+    settings = world.engine.settings.model_copy(update={"webhook_port": port})
+    registry = JobRegistry()
+    auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
+    wiring = wire_sync(settings, world.sessions, registry, auth, tmp_path / "cache")
+    assert set(registry.names) == {DELTA_JOB, ITEM_JOB, PURGE_JOB, RECONCILE_JOB}
+    assert {s.job_type for s in wiring.schedules} == {RECONCILE_JOB, PURGE_JOB}
+    task = asyncio.create_task(wiring.webhook_server())
+    try:
+        url = f"http://127.0.0.1:{port}{settings.webhook_path}"
+        async with httpx.AsyncClient() as client:
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                try:
+                    r = await client.post(url, params={"validationToken": "hello"})
+                    break
+                except httpx.ConnectError:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise
+                    await asyncio.sleep(0.02)
+        assert r.status_code == 200 and r.text == "hello"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await wiring.close()

@@ -82,7 +82,7 @@ def item_message(row: RowMapping) -> sync_pb2.SyncedItem:
 
 async def drive_message(session: AsyncSession, row: RowMapping) -> sync_pb2.LinkedDrive:
     """A LinkedDrive message with its items counted by status."""
-    counts = dict(
+    counts: dict[str, int] = dict(
         (
             await session.execute(
                 select(synced_items.c.status, func.count())

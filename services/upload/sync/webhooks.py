@@ -86,9 +86,10 @@ class WebhookServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server  # aiohttp exposes the bound socket only here
-        if server is not None and getattr(server, "sockets", None):
-            self.port = server.sockets[0].getsockname()[1]
+        # aiohttp exposes the bound socket (needed with port 0) only on the private server.
+        sockets = getattr(site._server, "sockets", None)
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
         log.info("sync_webhook_listening", host=self.host, port=self.port)
 
     async def stop(self) -> None:
