@@ -1,0 +1,161 @@
+"""Job queue benchmark on PostgreSQL: jobs/s with 1 and 2 worker processes, and lag.
+
+    .venv/bin/python tests/benchmarks/bench_jobs.py [--quick] [--dsn postgresql://...]
+
+Baseline, measured in the same run: the same number of bare INSERT+DELETE round trips
+(one transaction each). Lag: enqueue commit -> handler start, p50/p99, with a producer
+enqueueing at a steady rate while one in-process worker runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "gen")]
+
+import psycopg  # noqa: E402
+from sqlalchemy import func, select, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from services.common.db import create_engine, session_factory  # noqa: E402
+from services.common.jobs import JobContext, JobRegistry, NewJob, Worker, enqueue  # noqa: E402
+from services.common.jobs.models import jobs, utcnow  # noqa: E402
+from services.common.logging import configure_logging  # noqa: E402
+from services.common.migrate import upgrade  # noqa: E402
+from services.common.runtime_migrations import migration_location  # noqa: E402
+
+DEFAULT_DSN = "postgresql://postgres:serentak@127.0.0.1:5432/postgres"
+
+
+def registry(lags: list[float] | None = None) -> JobRegistry:
+    async def noop(ctx: JobContext) -> None:
+        if lags is not None:
+            lags.append((utcnow() - ctx.job.enqueued_at).total_seconds())
+
+    reg = JobRegistry()
+    reg.register("noop", noop)
+    return reg
+
+
+async def worker_main(url: str, worker_id: str) -> None:
+    engine = create_engine(url)
+    worker = Worker(
+        session_factory(engine), registry(), worker_id=worker_id, poll_interval=0.02, concurrency=4
+    )
+    await worker.run()
+
+
+async def fill(sessions, n: int, keys: int) -> None:  # type: ignore[no-untyped-def]
+    async with sessions() as session, session.begin():
+        for i in range(n):
+            await enqueue(session, NewJob("noop", {"i": i}, f"k{i % keys}", uuid.uuid4().hex))
+
+
+async def remaining(sessions) -> int:  # type: ignore[no-untyped-def]
+    async with sessions() as session, session.begin():
+        return (await session.execute(select(func.count()).select_from(jobs))).scalar_one()
+
+
+async def throughput(url: str, sessions, n: int, processes: int) -> float:  # type: ignore[no-untyped-def]
+    await fill(sessions, n, keys=200)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'gen'}"}
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", url, f"b{i}"],
+            env=env,
+            stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        for i in range(processes)
+    ]
+    try:
+        while await remaining(sessions):
+            await asyncio.sleep(0.05)
+        elapsed = time.perf_counter() - started
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+    return n / elapsed
+
+
+async def baseline(sessions, n: int) -> float:  # type: ignore[no-untyped-def]
+    async with sessions() as session, session.begin():
+        await session.execute(
+            text("CREATE TABLE IF NOT EXISTS bench_rt (id serial PRIMARY KEY, v text)")
+        )
+    started = time.perf_counter()
+    for _ in range(n):
+        async with sessions() as session, session.begin():
+            rid = (
+                await session.execute(text("INSERT INTO bench_rt (v) VALUES ('x') RETURNING id"))
+            ).scalar_one()
+        async with sessions() as session, session.begin():
+            await session.execute(text("DELETE FROM bench_rt WHERE id = :id"), {"id": rid})
+    return n / (time.perf_counter() - started)
+
+
+async def lag(sessions, n: int, rate: float) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    lags: list[float] = []
+    worker = Worker(sessions, registry(lags), worker_id="lag", poll_interval=0.01, concurrency=4)
+    task = asyncio.create_task(worker.run())
+    for i in range(n):
+        async with sessions() as session, session.begin():
+            await enqueue(session, NewJob("noop", {"i": i}, f"k{i % 50}", uuid.uuid4().hex))
+        await asyncio.sleep(1 / rate)  # a steady producer rate, not synchronisation
+    while len(lags) < n:
+        await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    q = statistics.quantiles(lags, n=100)
+    return q[49], q[98]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dsn", default=os.environ.get("SERENTAK_TEST_PG_DSN", DEFAULT_DSN))
+    args = parser.parse_args()
+    n = 500 if args.quick else 3000
+    name = f"serentak_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(args.dsn).set(drivername="postgresql+psycopg", database=name)
+    url_s = url.render_as_string(hide_password=False)
+    try:
+        upgrade(url_s, [migration_location()])
+        engine = create_engine(url_s)
+        sessions = session_factory(engine)
+        base = await baseline(sessions, n)
+        one = await throughput(url_s, sessions, n, 1)
+        two = await throughput(url_s, sessions, n, 2)
+        p50, p99 = await lag(sessions, n // 5, rate=100)
+        await engine.dispose()
+        print(f"jobs: {n}, no-op handler, PostgreSQL, 200 partition keys")
+        print(f"baseline INSERT+DELETE round trips/s : {base:8.0f}")
+        print(f"jobs/s, 1 worker process             : {one:8.0f}  ({one / base:.2f}x baseline)")
+        print(f"jobs/s, 2 worker processes           : {two:8.0f}  ({two / base:.2f}x baseline)")
+        print(
+            f"lag enqueue commit -> handler start  : p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+        )
+    finally:
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    configure_logging("bench", "console", "WARNING")
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        asyncio.run(worker_main(sys.argv[2], sys.argv[3]))
+    else:
+        asyncio.run(main())
