@@ -1,3 +1,4 @@
+# ruff: noqa: ASYNC110, ASYNC220 - a benchmark polls the database and spawns its workers
 """Job queue benchmark on PostgreSQL: jobs/s with 1 and 2 worker processes, and lag.
 
     .venv/bin/python tests/benchmarks/bench_jobs.py [--quick] [--dsn postgresql://...]
@@ -146,7 +147,8 @@ async def main() -> None:
         print(f"jobs/s, 1 worker process             : {one:8.0f}  ({one / base:.2f}x baseline)")
         print(f"jobs/s, 2 worker processes           : {two:8.0f}  ({two / base:.2f}x baseline)")
         print(
-            f"lag enqueue commit -> handler start  : p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+            f"lag enqueue commit -> handler start  : "
+            f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
         )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
