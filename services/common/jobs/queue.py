@@ -68,7 +68,7 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
     stmt = dialect_insert(jobs).values(values)
     # The unique (job_type, dedupe_key) holds only for jobs not yet started (a claim clears
     # dedupe_key), so a conflict means "an open window exists": fold this job into it.
-    stmt = stmt.on_conflict_do_update(
+    upsert = stmt.on_conflict_do_update(
         index_elements=[jobs.c.job_type, jobs.c.dedupe_key],
         set_={
             "payload": stmt.excluded.payload,
@@ -77,7 +77,7 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
             "collapsed": jobs.c.collapsed + 1,
         },
     ).returning(jobs.c.job_id)
-    return str((await session.execute(stmt)).scalar_one())
+    return str((await session.execute(upsert)).scalar_one())
 
 
 async def claim_next_job(

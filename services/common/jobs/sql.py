@@ -12,7 +12,8 @@ Invariants they keep together:
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Integer, String, TextClause, bindparam, text
+from sqlalchemy import JSON, Integer, String, bindparam, text
+from sqlalchemy.sql.selectable import TextualSelect
 
 from services.common.jobs.models import UtcDateTime
 
@@ -55,7 +56,7 @@ WHERE id = (
 """
 
 
-def _typed(sql: str) -> TextClause:
+def _typed(sql: str) -> TextualSelect:
     return (
         text(sql)
         .bindparams(bindparam("job_types", expanding=True))

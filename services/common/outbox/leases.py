@@ -38,7 +38,7 @@ async def acquire(session: AsyncSession, key: str, holder: str, seconds: float) 
     )
     # Under a conflict PostgreSQL locks the existing row and re-checks WHERE on its latest
     # version, so two relays racing for an expired lease cannot both take it.
-    stmt = stmt.on_conflict_do_update(
+    upsert = stmt.on_conflict_do_update(
         index_elements=[relay_leases.c.aggregate_key],
         set_={
             "holder": stmt.excluded.holder,
@@ -47,7 +47,7 @@ async def acquire(session: AsyncSession, key: str, holder: str, seconds: float) 
         },
         where=relay_leases.c.expires_at < now,
     ).returning(relay_leases.c.lease_token)
-    row = (await session.execute(stmt)).first()
+    row = (await session.execute(upsert)).first()
     return row[0] if row is not None else None
 
 
