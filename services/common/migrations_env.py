@@ -22,7 +22,16 @@ def run(target_metadata: MetaData | None) -> None:
             target_metadata=target_metadata,
             version_table=version_table,
             render_as_batch=connection.dialect.name == "sqlite",
+            # Tables in the database but not in this service's metadata belong to another
+            # migration folder (the job runtime's): autogenerate must not propose drops.
+            include_object=_owned_by_target,
         )
         with context.begin_transaction():
             context.run_migrations()
     connectable.dispose()
+
+
+def _owned_by_target(
+    obj: object, name: str | None, type_: str, reflected: bool, compare_to: object | None
+) -> bool:
+    return not (type_ == "table" and reflected and compare_to is None)
