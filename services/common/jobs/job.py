@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +61,17 @@ class JobContext:
     commit together or not at all. Do not commit or roll back `session` yourself.
     Handlers that call other services must make those calls idempotent on their own
     (pass `idempotency_key` along): a crash after the call but before commit repeats it.
+
+    The job's transaction begins at the handler's first statement on `session`. Slow work
+    (a merge, a network call) belongs before that point: on SQLite a begun transaction
+    holds the database's write lock. `sessions` opens short transactions of its own for
+    reads that such work needs first.
     """
 
     job: ClaimedJob
     session: AsyncSession
     worker_id: str
+    sessions: async_sessionmaker[AsyncSession] | None = None
     # Optional small JSON summary of what the handler did, stored with the idempotency key.
     effect: dict[str, Any] | None = field(default=None)
 

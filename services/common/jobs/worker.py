@@ -167,12 +167,17 @@ class Worker:
             # Every earlier attempt lost its worker mid-job (crash loop): stop here.
             raise WorkerLost(f"lease expired {job.attempts - 1} times without an outcome")
         try:
+            # A short transaction of its own, so the handler's begins only at its first
+            # statement (see JobContext); the unique key still catches a concurrent apply.
             async with self.sessions() as session, session.begin():
                 if await is_applied(session, job.idempotency_key):
                     await complete(session, job)
                     metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
                     return "already_applied"
-                ctx = JobContext(job=job, session=session, worker_id=self.worker_id)
+            async with self.sessions() as session, session.begin():
+                ctx = JobContext(
+                    job=job, session=session, worker_id=self.worker_id, sessions=self.sessions
+                )
                 await job_type.handler(ctx)
                 await record_applied(session, job, ctx.effect)
                 await complete(session, job)
