@@ -1,20 +1,21 @@
 //! The ordered, verified merge (invariant 4).
 //!
-//! A two-stage pipeline over a fixed pool of aligned buffers, one stage per
-//! core:
+//! A pipeline over a fixed pool of aligned buffers:
 //!
 //! ```text
 //!   reader (calling thread): read block, chunk checksum, size checks
-//!        │  filled blocks (bounded)
-//!        v
-//!   writer thread:           whole-file checksum, write to temporary file
+//!        │ the same filled block (Arc), bounded by the pool
+//!        ├──> file hasher thread: whole-file checksum
+//!        └──> writer thread:      write to the temporary file, writeback
 //! ```
 //!
-//! The per-chunk and whole-file checksums are two separate streams over the
-//! same bytes, so they run on different threads, and reading overlaps writing.
-//! Each stage does all its work on a block while the block is hot in its own
-//! core's cache (measured: handing one block to three consumer threads made
-//! the cross-core copies dominate). The output is a temporary file beside
+//! The per-chunk and whole-file checksums are two separate sha256 streams
+//! over the same bytes, so they run on different threads (one per core), and
+//! reading, hashing and writing overlap. The writer is mostly kernel copies
+//! and waits; keeping it apart from the whole-file hash means a write blocked
+//! by dirty-page throttling or writeback does not stall hashing until the
+//! pool runs dry. The block is hashed by the reader right after `read()`,
+//! while hot in its core's cache. The output is a temporary file beside
 //! `output_path`, renamed into place only after every check passed.
 
 use std::fs::File;
@@ -64,9 +65,9 @@ impl Default for MergeOptions {
             expected_checksum: None,
             fsync: true,
             block_size: 256 << 10,
-            blocks: 16,
+            blocks: 32,
             write_size: 128 << 10,
-            writeback_every: 8 << 20,
+            writeback_every: 4 << 20,
             progress_interval: Duration::from_millis(250),
             preallocate: false,
         }
@@ -150,14 +151,18 @@ pub fn merge(
     let blocks = options.blocks.max(2);
     let pool = Pool::new(blocks, options.block_size);
     let (to_writer, writer_rx) = sync_channel::<Msg>(blocks + 1);
+    let (to_file_hasher, file_hasher_rx) = sync_channel::<Arc<Block>>(blocks + 1);
 
     let file_checksum = std::thread::scope(|scope| {
         let writer = {
             let (output, failure) = (&output, &failure);
             scope.spawn(move || write_output(writer_rx, output, options, failure))
         };
-        read_chunks(&chunks, &pool, to_writer, total, options, &failure, progress);
-        writer.join().expect("writer thread panicked")
+        let file_hasher = scope.spawn(move || hash_file(file_hasher_rx, algorithm));
+        let downstream = Downstream { writer: to_writer, file_hasher: to_file_hasher };
+        read_chunks(&chunks, &pool, downstream, total, options, &failure, progress);
+        writer.join().expect("writer thread panicked");
+        file_hasher.join().expect("file hasher thread panicked")
     });
 
     if let Some(err) = failure.take() {
@@ -185,7 +190,7 @@ pub fn merge(
 fn read_chunks(
     chunks: &[Chunk],
     pool: &Pool,
-    to_writer: SyncSender<Msg>,
+    downstream: Downstream,
     total: u64,
     options: &MergeOptions,
     failure: &Failure,
@@ -199,7 +204,7 @@ fn read_chunks(
         return;
     }
     for (position, chunk) in chunks.iter().enumerate() {
-        let result = read_chunk(chunk, pool, &to_writer, &mut hasher, failure, |n| {
+        let result = read_chunk(chunk, pool, &downstream, &mut hasher, failure, |n| {
             done += n;
             if last_report.elapsed() >= options.progress_interval {
                 last_report = Instant::now();
@@ -227,7 +232,7 @@ fn read_chunks(
             }
             Err(err) => return failure.record(position, err),
         }
-        if to_writer.send(Msg::ChunkEnd(position)).is_err() {
+        if downstream.writer.send(Msg::ChunkEnd(position)).is_err() {
             return; // the writer failed and said why
         }
     }
@@ -238,7 +243,7 @@ fn read_chunks(
 fn read_chunk(
     chunk: &Chunk,
     pool: &Pool,
-    to_writer: &SyncSender<Msg>,
+    downstream: &Downstream,
     hasher: &mut Hasher,
     failure: &Failure,
     mut on_bytes: impl FnMut(u64) -> bool,
@@ -271,7 +276,7 @@ fn read_chunk(
         }
         remaining -= got as u64;
         hasher.update(&buf.as_slice()[..got]);
-        if to_writer.send(Msg::Data(pool.share(buf, got))).is_err() || !on_bytes(got as u64) {
+        if !downstream.send(pool.share(buf, got)) || !on_bytes(got as u64) {
             return Ok(false);
         }
     }
@@ -297,13 +302,10 @@ fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// The writer: whole-file checksum, then the bytes to the temporary file, in
-/// pieces of at most `write_size` (each piece hashed then written while hot in
-/// cache); with `fsync`, starts writeback every `writeback_every` bytes.
-/// Returns the whole-file checksum. After a failure it keeps draining so the
-/// reader never waits on it.
-fn write_output(rx: Receiver<Msg>, output: &TempOutput, options: &MergeOptions, failure: &Failure) -> String {
-    let mut hasher = Hasher::new(options.algorithm);
+/// The writer: the bytes to the temporary file, in pieces of at most
+/// `write_size`; with `fsync`, starts writeback every `writeback_every` bytes.
+/// After a failure it keeps draining so the reader never waits on it.
+fn write_output(rx: Receiver<Msg>, output: &TempOutput, options: &MergeOptions, failure: &Failure) {
     let mut file = output.file();
     let fd = file.as_raw_fd();
     let (mut written, mut flushed) = (0u64, 0u64);
@@ -312,7 +314,6 @@ fn write_output(rx: Receiver<Msg>, output: &TempOutput, options: &MergeOptions, 
         match msg {
             Msg::Data(block) if !failure.aborted() => {
                 for piece in block.data().chunks(options.write_size.max(1)) {
-                    hasher.update(piece);
                     if let Err(e) = file.write_all(piece) {
                         failure.record(position, MergeError::io(None, output.temp_path(), "write", e));
                         break;
@@ -331,7 +332,29 @@ fn write_output(rx: Receiver<Msg>, output: &TempOutput, options: &MergeOptions, 
     if options.fsync && written > flushed {
         start_writeback(fd, flushed, written - flushed);
     }
+}
+
+/// The whole-file checksum, on its own thread so that neither a blocked
+/// write (dirty-page throttling, writeback) nor the chunk hashing holds it up.
+fn hash_file(rx: Receiver<Arc<Block>>, algorithm: Algorithm) -> String {
+    let mut hasher = Hasher::new(algorithm);
+    for block in rx {
+        hasher.update(block.data());
+    }
     hasher.finalize_hex()
+}
+
+/// Where the reader sends each block: the writer and the whole-file hasher.
+struct Downstream {
+    writer: SyncSender<Msg>,
+    file_hasher: SyncSender<Arc<Block>>,
+}
+
+impl Downstream {
+    /// False when the writer has stopped (after a failure it recorded).
+    fn send(&self, block: Arc<Block>) -> bool {
+        self.file_hasher.send(Arc::clone(&block)).is_ok() && self.writer.send(Msg::Data(block)).is_ok()
+    }
 }
 
 fn start_writeback(fd: libc::c_int, offset: u64, len: u64) {

@@ -78,8 +78,7 @@ def make_inputs(directory: Path, count: int) -> list[merge_core.Chunk]:
         path = directory / f"chunk-{index:05d}"
         start = (index * 65_537) % (64 * MIB)
         data = index.to_bytes(8, "little") + pool[start + 8 : start + CHUNK]
-        if not path.exists() or path.stat().st_size != CHUNK:
-            path.write_bytes(data)
+        path.write_bytes(data)
         entries.append(
             {
                 "index": index,
