@@ -11,5 +11,5 @@ if [ -z "${SERENTAK_TEST_PG_DSN:-}" ] && command -v pg_lsclusters >/dev/null 2>&
 fi
 echo "PostgreSQL for tests: ${SERENTAK_TEST_PG_DSN:-<none: PostgreSQL tests skip outside CI>}"
 
-(cd merge_core && cargo test -q --release)
+(cd merge_core && cargo test -q)
 exec .venv/bin/python -m pytest "$@"
