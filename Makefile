@@ -42,13 +42,16 @@ run: setup
 test: setup
 	bash deploy/local/test.sh
 
+# Every benchmark prints its ratio against a baseline measured in the same run.
+# `make bench QUICK=1` runs the small variants.
 bench: setup
-	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(if $(QUICK),--quick); done
 
 lint: setup
 	$(VENV)/bin/ruff check services tests deploy merge_core/python
 	$(VENV)/bin/mypy
 	cd merge_core && cargo clippy --all-targets -- -D warnings && cargo test -q
+	cd merge_core && ../$(PY) -m mypy.stubtest merge_core
 
 clean:
 	rm -rf $(GEN) $(VENV) merge_core/target .data
