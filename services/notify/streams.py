@@ -143,7 +143,13 @@ class StreamReader:
         sub = self._broker.open(tenant_id, user_id, device_id)
         try:
             # Registered first: whatever commits after the reads below is also queued.
-            last = await self._position(tenant_id, user_id) if after_seq is None else after_seq
+            if after_seq is None:
+                last = await self._position(tenant_id, user_id)
+                # A position marker (no notification): the client has a cursor to resume
+                # from even if it leaves before its first notification arrives.
+                yield notify_pb2.SubscribeResponse(cursor=cursors.encode(last))
+            else:
+                last = after_seq
             async for message in self._replay(tenant_id, user_id, last):
                 last = int(message.cursor)
                 yield notify_pb2.SubscribeResponse(notification=message, cursor=message.cursor)
