@@ -48,10 +48,18 @@ class ChunkOutcome:
     started_merge: bool
 
 
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """What is recorded for an index (plain values: they outlive the session)."""
+
+    checksum: str
+    size: int
+
+
 class _AlreadyStored(Exception):
     """The index had a row when our insert ran (internal control flow)."""
 
-    def __init__(self, existing: ChunkRow) -> None:
+    def __init__(self, existing: _Stored) -> None:
         self.existing = existing
 
 
@@ -135,7 +143,7 @@ class ChunkStore:
             ).scalar_one_or_none()
 
     async def _answer_existing(
-        self, upload: UploadRow, existing: ChunkRow, index: int, size: int, checksum: str
+        self, upload: UploadRow, existing: _Stored, index: int, size: int, checksum: str
     ) -> ChunkOutcome:
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
@@ -170,15 +178,12 @@ class ChunkStore:
                     created_at=now,
                 )
                 .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
+                # RETURNING, not rowcount: psycopg reports -1 for ON CONFLICT inserts.
+                .returning(ChunkRow.id)
             )
-            if not inserted.rowcount:  # type: ignore[attr-defined]
-                existing = (
-                    await session.execute(
-                        select(ChunkRow).where(
-                            ChunkRow.upload_id == upload.id, ChunkRow.chunk_index == index
-                        )
-                    )
-                ).scalar_one()
+            if inserted.first() is None:
+                existing = await _stored(session, upload.id, index)
+                assert existing is not None, "ON CONFLICT found a row"
                 raise _AlreadyStored(existing)
             # Our row: we are the only writer of this key (see the module docstring).
             self._blobs.publish(staged, key)
@@ -213,3 +218,14 @@ class ChunkStore:
         if started:
             log.info("upload_merge_started", upload_id=upload.id, file_id=upload.file_id)
         return ChunkOutcome(fresh, index, duplicate=False, started_merge=started)
+
+
+async def _stored(session: AsyncSession, upload_id: str, index: int) -> _Stored | None:
+    row = (
+        await session.execute(
+            select(ChunkRow.checksum, ChunkRow.size).where(
+                ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index
+            )
+        )
+    ).first()
+    return None if row is None else _Stored(row.checksum, row.size)

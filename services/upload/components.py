@@ -48,7 +48,9 @@ def build_components(
     """Build and wire the parts (the database must already be migrated)."""
     engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     sessions = session_factory(engine)
-    options = runtime_options or RuntimeOptions()
+    options = runtime_options or RuntimeOptions(
+        lease_seconds=settings.worker_lease_seconds, poll_interval=settings.worker_poll_seconds
+    )
     blobs = LocalBlobStore(settings.blob_root)
     locks = LockClient(settings.locks_address, owner=f"upload-merge:{options.node_id}")
     uploads = Uploads(sessions, settings)

@@ -35,6 +35,12 @@ class UploadSettings(CommonSettings):
     merge_lock_wait_ms: int = Field(30_000, ge=0, description="How long a merge waits for it.")
     listing_cache_entries: int = Field(10_000, ge=0, description="Folder pages kept in memory.")
     expiry_interval_seconds: float = Field(60.0, gt=0, description="Cleanup sweep period.")
+    worker_lease_seconds: float = Field(
+        30.0, gt=0, description="A job whose worker died is re-run after this long."
+    )
+    worker_poll_seconds: float = Field(
+        0.5, gt=0, description="Idle workers look for jobs this often."
+    )
     audit_sample_size: int = Field(20, ge=0, description="Completed files re-hashed per audit.")
 
     @property
