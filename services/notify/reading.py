@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
@@ -33,7 +33,7 @@ class Page:
     next_before: int | None
 
 
-def _own(identity: Identity) -> tuple[object, object]:
+def _own(identity: Identity) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
     return (Notification.tenant_id == identity.tenant_id, Notification.user_id == identity.user_id)
 
 
