@@ -51,7 +51,7 @@ def build_components(
     options = runtime_options or RuntimeOptions(
         lease_seconds=settings.worker_lease_seconds, poll_interval=settings.worker_poll_seconds
     )
-    blobs = LocalBlobStore(settings.blob_root)
+    blobs = LocalBlobStore(settings.blob_root, fsync=settings.blob_fsync)
     locks = LockClient(settings.locks_address, owner=f"upload-merge:{options.node_id}")
     uploads = Uploads(sessions, settings)
     chunks = ChunkStore(
@@ -65,6 +65,7 @@ def build_components(
             locks,
             lock_ttl_seconds=settings.merge_lock_ttl_seconds,
             lock_wait_seconds=settings.merge_lock_wait_ms / 1000,
+            fsync=settings.blob_fsync,
         ),
         retry=RetryPolicy(max_attempts=8, base_seconds=0.5, cap_seconds=30),
     )

@@ -21,6 +21,9 @@ class UploadSettings(CommonSettings):
     blob_dir: Path | None = Field(
         None, description="Chunks and merged files; default data_dir/blobs."
     )
+    blob_fsync: bool = Field(
+        True, description="fsync chunk and merged files (off only for throwaway test data)."
+    )
     upload_ttl_seconds: float = Field(
         24 * 3600, gt=0, description="An upload idle this long becomes expired."
     )

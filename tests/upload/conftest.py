@@ -85,11 +85,21 @@ def runtime_options() -> RuntimeOptions:
 
 
 @pytest.fixture
+def settings_overrides() -> dict[str, Any]:
+    """Per-module setting overrides (a module redefines this fixture)."""
+    return {}
+
+
+@pytest.fixture
 async def cluster(
-    database_url: str, tmp_path: Path, locks_address: str, runtime_options: RuntimeOptions
+    database_url: str,
+    tmp_path: Path,
+    locks_address: str,
+    runtime_options: RuntimeOptions,
+    settings_overrides: dict[str, Any],
 ) -> AsyncIterator[UploadCluster]:
     """The upload service in-process on a fresh database (SQLite and PostgreSQL)."""
-    settings = upload_settings(database_url, tmp_path, locks_address)
+    settings = upload_settings(database_url, tmp_path, locks_address, **settings_overrides)
     async with running_app(build_upload_app(settings, runtime_options)) as service:
         address = f"127.0.0.1:{service.app.bound_port}"
         channel = grpc.aio.insecure_channel(

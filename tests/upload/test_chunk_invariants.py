@@ -70,10 +70,10 @@ async def test_racing_first_stores_of_one_index_have_one_winner(cluster) -> None
         candidates = [os.urandom(CHUNK) for _ in range(4)]
         sends = [random.choice(candidates) for _ in range(12)]
 
-        async def send(payload: bytes) -> tuple[str, bytes]:
+        async def send(payload: bytes, upload_id: str = upload.upload_id) -> tuple[str, bytes]:
             try:
                 r = await alice.uploads.PutChunk(
-                    chunk_request(upload.upload_id, 0, payload), metadata=alice.metadata
+                    chunk_request(upload_id, 0, payload), metadata=alice.metadata
                 )
                 return ("dup" if r.duplicate else "new", payload)
             except grpc.aio.AioRpcError as exc:
