@@ -13,9 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from services.common.auth import Authenticator
 from services.common.db import create_engine, session_factory
 from services.common.jobs import JobRegistry, JobRuntime, RetryPolicy, RuntimeOptions
-from services.locks.client import LockClient
 from services.upload.blob_store import LocalBlobStore
 from services.upload.chunks import ChunkStore
+from services.upload.file_locks import FileLocks
 from services.upload.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
 from services.upload.settings import UploadSettings
 from services.upload.uploads import Uploads
@@ -30,7 +30,7 @@ class UploadComponents:
     sessions: async_sessionmaker[AsyncSession]
     auth: Authenticator
     blobs: LocalBlobStore
-    locks: LockClient
+    locks: FileLocks
     uploads: Uploads
     chunks: ChunkStore
     registry: JobRegistry
@@ -52,7 +52,7 @@ def build_components(
         lease_seconds=settings.worker_lease_seconds, poll_interval=settings.worker_poll_seconds
     )
     blobs = LocalBlobStore(settings.blob_root, fsync=settings.blob_fsync)
-    locks = LockClient(settings.locks_address, owner=f"upload-merge:{options.node_id}")
+    locks = FileLocks(settings.locks_address, owner=f"upload-merge:{options.node_id}")
     uploads = Uploads(sessions, settings)
     chunks = ChunkStore(
         sessions, uploads, blobs, enqueue_merge, upload_ttl_seconds=settings.upload_ttl_seconds

@@ -32,11 +32,11 @@ import merge_core
 from services.common.errors import SerentakError
 from services.common.jobs import ConflictError, JobContext, NewJob, TransientError, enqueue
 from services.common.logging import get_logger
-from services.locks.client import LockClient
 from services.upload import metrics
 from services.upload.blob_store import BlobStore, content_key
 from services.upload.errors import StaleFencingToken
 from services.upload.events import record_file_event
+from services.upload.file_locks import FileLocks
 from services.upload.models import (
     COMPLETED,
     FAILED,
@@ -80,7 +80,7 @@ class MergeHandler:
     def __init__(
         self,
         blobs: BlobStore,
-        locks: LockClient,
+        locks: FileLocks,
         *,
         lock_ttl_seconds: int,
         lock_wait_seconds: float,

@@ -8,13 +8,13 @@ import uuid
 
 import pytest
 from serentak.upload.v1 import upload_pb2
+from upload.upload_helpers import chunk_request, create_request, split, wait_status
 
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
 from services.upload.errors import StaleFencingToken
 from services.upload.models import FileRow
 from services.upload.versions import commit_fenced
-from upload.upload_helpers import chunk_request, create_request, split, wait_status
 
 CHUNK = 1024
 
@@ -25,11 +25,15 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
     chunks = split(data, CHUNK)
     upload = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
     for i in (0, 1):
-        await alice.uploads.PutChunk(chunk_request(upload.upload_id, i, chunks[i]), metadata=alice.metadata)
+        await alice.uploads.PutChunk(
+            chunk_request(upload.upload_id, i, chunks[i]), metadata=alice.metadata
+        )
     # Bit rot on disk after the chunk was accepted.
     stored = cluster.settings.blob_root / "uploads" / upload.upload_id / "1"
     stored.write_bytes(bytes([chunks[1][0] ^ 0xFF]) + chunks[1][1:])
-    await alice.uploads.PutChunk(chunk_request(upload.upload_id, 2, chunks[2]), metadata=alice.metadata)
+    await alice.uploads.PutChunk(
+        chunk_request(upload.upload_id, 2, chunks[2]), metadata=alice.metadata
+    )
     failed = await wait_status(
         alice, upload.upload_id, upload_pb2.UPLOAD_STATUS_FAILED, upload_pb2.UPLOAD_STATUS_COMPLETED
     )
