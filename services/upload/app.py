@@ -34,7 +34,7 @@ def build_app(
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(),
+                FileServicer(parts.auth, parts.files),
                 _SERVICES["FileService"].full_name,
             ),
             # Queue stats and dead letters of the job runtime (service credential only).

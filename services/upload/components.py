@@ -16,6 +16,8 @@ from services.common.jobs import JobRegistry, JobRuntime, RetryPolicy, RuntimeOp
 from services.upload.blob_store import LocalBlobStore
 from services.upload.chunks import ChunkStore
 from services.upload.file_locks import FileLocks
+from services.upload.files import Files
+from services.upload.listing_cache import ListingCache
 from services.upload.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
 from services.upload.settings import UploadSettings
 from services.upload.uploads import Uploads
@@ -33,6 +35,7 @@ class UploadComponents:
     locks: FileLocks
     uploads: Uploads
     chunks: ChunkStore
+    files: Files
     registry: JobRegistry
     runtime: JobRuntime
 
@@ -79,6 +82,7 @@ def build_components(
         locks=locks,
         uploads=uploads,
         chunks=chunks,
+        files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries)),
         registry=registry,
         runtime=runtime,
     )

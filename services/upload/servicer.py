@@ -14,6 +14,7 @@ from services.common.auth import Authenticator
 from services.common.errors import InvalidArgument
 from services.upload import convert
 from services.upload.chunks import ChunkOutcome, ChunkStore
+from services.upload.files import Files
 from services.upload.uploads import Uploads
 
 
@@ -104,4 +105,82 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
 
 
 class FileServicer(upload_pb2_grpc.FileServiceServicer):
-    """Every RPC answers UNIMPLEMENTED until the file tree is built."""
+    """The versioned file tree."""
+
+    def __init__(self, auth: Authenticator, files: Files) -> None:
+        self._auth = auth
+        self._files = files
+
+    async def CreateFolder(
+        self, request: upload_pb2.CreateFolderRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.create_folder(self._auth.require_user(context), request)
+        return convert.file_message(row, role)
+
+    async def GetFile(
+        self, request: upload_pb2.GetFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.get(self._auth.require_user(context), request.file_id)
+        return convert.file_message(row, role)
+
+    async def ListFolder(
+        self, request: upload_pb2.ListFolderRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ListFolderResponse:
+        return await self._files.list_folder(self._auth.require_user(context), request)
+
+    async def RenameFile(
+        self, request: upload_pb2.RenameFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.rename(self._auth.require_user(context), request)
+        return convert.file_message(row, role)
+
+    async def MoveFile(
+        self, request: upload_pb2.MoveFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.move(self._auth.require_user(context), request)
+        return convert.file_message(row, role)
+
+    async def DeleteFile(
+        self, request: upload_pb2.DeleteFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.delete(self._auth.require_user(context), request)
+        return convert.file_message(row, role)
+
+    async def RestoreFile(
+        self, request: upload_pb2.RestoreFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.restore(self._auth.require_user(context), request)
+        return convert.file_message(row, role)
+
+    async def ShareFile(
+        self, request: upload_pb2.ShareFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.share(self._auth.require_user(context), request)
+        return convert.file_message(row, role)
+
+    async def UnshareFile(
+        self, request: upload_pb2.UnshareFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.File:
+        row, role = await self._files.unshare(self._auth.require_user(context), request)
+        return convert.file_message(row, role)
+
+    async def ListCollaborators(
+        self, request: upload_pb2.ListCollaboratorsRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ListCollaboratorsResponse:
+        rows = await self._files.collaborators(self._auth.require_user(context), request.file_id)
+        return upload_pb2.ListCollaboratorsResponse(
+            collaborators=[convert.collaborator_message(r) for r in rows]
+        )
+
+    async def Download(
+        self, request: upload_pb2.DownloadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[upload_pb2.DownloadChunk]:
+        identity = self._auth.require_user(context)
+        file, blocks = await self._files.open_download(identity, request)
+        offset = request.offset
+        for block in blocks:
+            yield upload_pb2.DownloadChunk(offset=offset, data=block)
+            offset += len(block)
+        context.set_trailing_metadata(
+            (("x-checksum", file.checksum), ("x-checksum-algorithm", file.checksum_algorithm))
+        )

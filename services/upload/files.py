@@ -1,0 +1,363 @@
+"""The file tree's use cases: folders, metadata changes, sharing, listing, download.
+
+Every change bumps the file's version (`versions.bump`) and records its outbox event in
+the same transaction (invariant 6); the parent folder's listing version moves with it and
+the listing cache is invalidated only after the commit (invariant 11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from serentak.upload.v1 import upload_pb2
+from sqlalchemy import and_, delete, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.auth import Identity
+from services.common.errors import InvalidArgument
+from services.upload import convert, pagination
+from services.upload.blob_store import LocalBlobStore
+from services.upload.errors import FileDeleted, FileNotFound, WrongKind
+from services.upload.events import record_file_event
+from services.upload.listing_cache import ListingCache, listing_key
+from services.upload.models import FILE, FOLDER, FileRow, ShareRow, utcnow
+from services.upload.permissions import owned, readable, role_of, writable
+from services.upload.tree import ensure_root, new_id, validate_name
+from services.upload.versions import bump, touch_folder
+
+DOWNLOAD_BLOCK = 1024 * 1024
+
+
+class Files:
+    """FileService use cases, scoped to the caller's tenant and role."""
+
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], blobs: LocalBlobStore, cache: ListingCache
+    ) -> None:
+        self._sessions = sessions
+        self._blobs = blobs
+        self._cache = cache
+
+    async def create_folder(
+        self, identity: Identity, request: upload_pb2.CreateFolderRequest
+    ) -> tuple[FileRow, str]:
+        """A new folder (idempotent per client_request_id)."""
+        name = validate_name(request.name)
+        parent_id = request.parent_id or await ensure_root(self._sessions, identity)
+        key = (
+            f"{identity.tenant_id}:{identity.user_id}:{request.client_request_id}"
+            if request.client_request_id
+            else None
+        )
+        now = utcnow()
+        try:
+            async with self._sessions.begin() as session:
+                if key is not None:
+                    found = (
+                        await session.execute(
+                            select(FileRow).where(FileRow.create_request_key == key)
+                        )
+                    ).scalar_one_or_none()
+                    if found is not None:
+                        return found, await role_of(session, identity, found) or ""
+                parent, _ = await writable(session, identity, parent_id)
+                _require_live_folder(parent, "parent_id")
+                folder = FileRow(
+                    id=new_id(),
+                    tenant_id=identity.tenant_id,
+                    parent_id=parent.id,
+                    name=name,
+                    kind=FOLDER,
+                    owner_user_id=parent.owner_user_id,
+                    version=1,
+                    children_version=0,
+                    size=0,
+                    checksum="",
+                    checksum_algorithm="",
+                    last_lock_token=0,
+                    create_request_key=key,
+                    created_at=now,
+                    updated_at=now,
+                )
+                session.add(folder)
+                await session.flush()
+                await touch_folder(session, parent.id)
+                await record_file_event(
+                    session,
+                    "folder.created",
+                    folder,
+                    identity.user_id,
+                    folder_id=folder.id,
+                    parent_id=parent.id,
+                    name=name,
+                )
+                role = await role_of(session, identity, folder) or ""
+        except IntegrityError:
+            return await self.create_folder(identity, request)
+        self._cache.invalidate_folder(parent_id)
+        return folder, role
+
+    async def get(self, identity: Identity, file_id: str) -> tuple[FileRow, str]:
+        """The file and the caller's role."""
+        async with self._sessions() as session:
+            return await readable(session, identity, _required(file_id))
+
+    async def list_folder(
+        self, identity: Identity, request: upload_pb2.ListFolderRequest
+    ) -> upload_pb2.ListFolderResponse:
+        """One page of a folder's children, served from the versioned cache when possible."""
+        size = pagination.page_size(request.page_size)
+        position = pagination.decode(request.page_token, 2)
+        folder_id = request.folder_id or await ensure_root(self._sessions, identity)
+        async with self._sessions() as session:
+            folder, role = await readable(session, identity, folder_id)
+            if folder.kind != FOLDER:
+                raise WrongKind("folder_id is not a folder", file_id=folder_id)
+            key = listing_key(
+                folder.id,
+                folder.children_version,
+                f"{request.page_token}:{size}:{int(request.include_deleted)}",
+            )
+            cached = self._cache.get(key)
+            if cached is not None:
+                resp = upload_pb2.ListFolderResponse()
+                resp.CopyFrom(cached)
+                return resp
+            query = select(FileRow).where(
+                FileRow.tenant_id == identity.tenant_id, FileRow.parent_id == folder.id
+            )
+            if not request.include_deleted:
+                query = query.where(FileRow.deleted_at.is_(None))
+            if position is not None:
+                name, last_id = str(position[0]), str(position[1])
+                query = query.where(
+                    or_(FileRow.name > name, and_(FileRow.name == name, FileRow.id > last_id))
+                )
+            rows = list(
+                (
+                    await session.execute(query.order_by(FileRow.name, FileRow.id).limit(size + 1))
+                ).scalars()
+            )
+            resp = upload_pb2.ListFolderResponse(folder_version=folder.children_version)
+            for row in rows[:size]:
+                # Children inherit the folder's role unless shared more widely.
+                resp.files.append(
+                    convert.file_message(row, await role_of(session, identity, row) or role)
+                )
+            if len(rows) > size:
+                resp.next_page_token = pagination.encode([rows[size - 1].name, rows[size - 1].id])
+        self._cache.put(key, resp)
+        return resp
+
+    async def _change(
+        self,
+        identity: Identity,
+        file_id: str,
+        expected_version: int,
+        event_type: str,
+        *,
+        owner_only: bool = False,
+        **values: object,
+    ) -> tuple[FileRow, str, set[str | None]]:
+        """Apply a metadata change with its event; returns the file, role and touched folders."""
+        async with self._sessions.begin() as session:
+            if owner_only:
+                file, role = await owned(session, identity, _required(file_id)), "owner"
+            else:
+                file, role = await writable(session, identity, _required(file_id))
+            old = (file.name, file.parent_id)
+            file = await bump(session, file, expected_version, **values)
+            touched = {old[1], file.parent_id}
+            for folder in touched:
+                await touch_folder(session, folder)
+            payload: dict[str, object] = {"file_id": file.id}
+            if event_type == "file.renamed":
+                payload.update(old_name=old[0], new_name=file.name)
+            elif event_type == "file.moved":
+                payload.update(
+                    old_parent_id=old[1] or "", new_parent_id=file.parent_id or "", name=file.name
+                )
+            else:
+                payload["name"] = file.name
+            await record_file_event(session, event_type, file, identity.user_id, **payload)
+        for folder in touched:
+            self._cache.invalidate_folder(folder)
+        return file, role, touched
+
+    async def rename(
+        self, identity: Identity, request: upload_pb2.RenameFileRequest
+    ) -> tuple[FileRow, str]:
+        """Rename a file or folder."""
+        name = validate_name(request.new_name, "new_name")
+        file, role, _ = await self._change(
+            identity, request.file_id, request.expected_version, "file.renamed", name=name
+        )
+        return file, role
+
+    async def move(
+        self, identity: Identity, request: upload_pb2.MoveFileRequest
+    ) -> tuple[FileRow, str]:
+        """Move into another folder the caller can write (never into itself or a descendant)."""
+        if not request.new_parent_id:
+            raise InvalidArgument("new_parent_id", "must not be empty")
+        async with self._sessions() as session:
+            target, _ = await writable(session, identity, request.new_parent_id)
+            _require_live_folder(target, "new_parent_id")
+            current: FileRow | None = target
+            while current is not None:
+                if current.id == request.file_id:
+                    raise InvalidArgument(
+                        "new_parent_id", "is the file itself or inside it", reason="MOVE_CYCLE"
+                    )
+                current = (
+                    await session.get(FileRow, current.parent_id) if current.parent_id else None
+                )
+        file, role, _ = await self._change(
+            identity, request.file_id, request.expected_version, "file.moved", parent_id=target.id
+        )
+        return file, role
+
+    async def delete(
+        self, identity: Identity, request: upload_pb2.DeleteFileRequest
+    ) -> tuple[FileRow, str]:
+        """Soft delete (restorable)."""
+        file, _ = await self.get(identity, request.file_id)
+        if file.deleted_at is not None:
+            raise FileDeleted("the file is already deleted", file_id=file.id)
+        if file.parent_id is None:
+            raise InvalidArgument(
+                "file_id", "a root folder cannot be deleted", reason="ROOT_FOLDER"
+            )
+        file, role, _ = await self._change(
+            identity, request.file_id, request.expected_version, "file.deleted", deleted_at=utcnow()
+        )
+        return file, role
+
+    async def restore(
+        self, identity: Identity, request: upload_pb2.RestoreFileRequest
+    ) -> tuple[FileRow, str]:
+        """Undo a soft delete."""
+        file, _ = await self.get(identity, request.file_id)
+        if file.deleted_at is None:
+            raise FileDeleted("the file is not deleted", file_id=file.id, reason="FILE_NOT_DELETED")
+        file, role, _ = await self._change(
+            identity, request.file_id, request.expected_version, "file.restored", deleted_at=None
+        )
+        return file, role
+
+    async def share(
+        self, identity: Identity, request: upload_pb2.ShareFileRequest
+    ) -> tuple[FileRow, str]:
+        """Grant `user_id` viewer or editor (owner only)."""
+        role_name = convert.ROLE_NAME.get(request.role)
+        if role_name is None:
+            raise InvalidArgument("role", "must be ROLE_VIEWER or ROLE_EDITOR")
+        if not request.user_id:
+            raise InvalidArgument("user_id", "must not be empty")
+        if request.user_id == identity.user_id:
+            raise InvalidArgument("user_id", "the owner cannot share with themselves")
+        async with self._sessions.begin() as session:
+            file = await owned(session, identity, _required(request.file_id))
+            share = await session.get(ShareRow, (file.id, request.user_id))
+            if share is None:
+                session.add(
+                    ShareRow(
+                        file_id=file.id,
+                        user_id=request.user_id,
+                        role=role_name,
+                        granted_by=identity.user_id,
+                        granted_at=utcnow(),
+                    )
+                )
+            else:
+                share.role = role_name
+            await session.flush()
+            file = await bump(session, file, request.expected_version)
+            await touch_folder(session, file.parent_id)
+            await record_file_event(
+                session,
+                "file.shared",
+                file,
+                identity.user_id,
+                file_id=file.id,
+                name=file.name,
+                user_id=request.user_id,
+                role=role_name,
+            )
+        self._cache.invalidate_folder(file.parent_id)
+        return file, "owner"
+
+    async def unshare(
+        self, identity: Identity, request: upload_pb2.UnshareFileRequest
+    ) -> tuple[FileRow, str]:
+        """Revoke a collaborator (owner only); the revoked user is still told (audience)."""
+        async with self._sessions.begin() as session:
+            file = await owned(session, identity, _required(request.file_id))
+            result = await session.execute(
+                delete(ShareRow).where(
+                    ShareRow.file_id == file.id, ShareRow.user_id == request.user_id
+                )
+            )
+            if not result.rowcount:  # type: ignore[attr-defined]
+                raise FileNotFound(
+                    "no such collaborator",
+                    reason="COLLABORATOR_NOT_FOUND",
+                    file_id=file.id,
+                    user_id=request.user_id,
+                )
+            file = await bump(session, file, request.expected_version)
+            await touch_folder(session, file.parent_id)
+            event = await record_file_event(
+                session,
+                "file.unshared",
+                file,
+                identity.user_id,
+                file_id=file.id,
+                name=file.name,
+                user_id=request.user_id,
+            )
+            _ = event
+        self._cache.invalidate_folder(file.parent_id)
+        return file, "owner"
+
+    async def collaborators(self, identity: Identity, file_id: str) -> list[ShareRow]:
+        """Direct shares of a file the caller can read."""
+        async with self._sessions() as session:
+            file, _ = await readable(session, identity, _required(file_id))
+            return list(
+                (
+                    await session.execute(
+                        select(ShareRow)
+                        .where(ShareRow.file_id == file.id)
+                        .order_by(ShareRow.user_id)
+                    )
+                ).scalars()
+            )
+
+    async def open_download(
+        self, identity: Identity, request: upload_pb2.DownloadRequest
+    ) -> tuple[FileRow, Iterator[bytes]]:
+        """The file row and an iterator over its content from `offset`."""
+        file, _ = await self.get(identity, request.file_id)
+        if file.kind != FILE:
+            raise WrongKind("cannot download a folder", file_id=file.id)
+        if file.deleted_at is not None:
+            raise FileDeleted("the file is deleted", file_id=file.id)
+        if not 0 <= request.offset <= file.size:
+            raise InvalidArgument("offset", f"must be 0..{file.size}")
+        assert file.blob_key is not None
+        return file, self._blobs.iter_read(file.blob_key, request.offset, DOWNLOAD_BLOCK)
+
+
+def _required(file_id: str) -> str:
+    if not file_id:
+        raise InvalidArgument("file_id", "must not be empty")
+    return file_id
+
+
+def _require_live_folder(row: FileRow, field: str) -> None:
+    if row.kind != FOLDER:
+        raise WrongKind(f"{field} is not a folder", file_id=row.id)
+    if row.deleted_at is not None:
+        raise FileDeleted("the folder is deleted", file_id=row.id)
