@@ -23,8 +23,8 @@ from services.locks.client import LockClient
 CHUNK = 4096
 
 
-async def _wait_for_log(proc, needle: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
+async def _wait_for_log(proc, needle: str, limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
     while needle not in proc.log_text():
         assert time.monotonic() < deadline, f"never logged {needle!r}: {proc.log_text()[-2000:]}"
         await asyncio.sleep(0.05)
