@@ -2,18 +2,18 @@
 
 The record is written in the same transaction as the handler's effects and the job's
 completion. Two workers racing on one key (a redelivery, a replay) both may run the
-handler, but only one transaction can insert the key: the other fails on the constraint
-and rolls back its effects with it.
+handler, but only one transaction can insert the key: the other finds it taken and
+rolls back its effects with it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common.jobs import sql
 from services.common.jobs.job import ClaimedJob
 from services.common.jobs.models import applied_jobs, utcnow
 
@@ -33,19 +33,19 @@ async def record_applied(
 ) -> None:
     """Record `job`'s effect; raises AlreadyApplied if its key is taken.
 
-    Run in a savepoint so the constraint violation is reported as AlreadyApplied
-    (the caller then rolls the whole transaction back) rather than as a handler bug.
+    The caller then rolls the whole transaction back. The insert does nothing on a
+    conflict (see `sql.RECORD_APPLIED`), so the transaction stays usable and no
+    savepoint is needed to tell a taken key from a handler bug.
     """
-    try:
-        async with session.begin_nested():
-            await session.execute(
-                insert(applied_jobs).values(
-                    idempotency_key=job.idempotency_key,
-                    job_type=job.job_type,
-                    job_id=job.job_id,
-                    effect=effect,
-                    applied_at=utcnow(),
-                )
-            )
-    except IntegrityError as exc:
-        raise AlreadyApplied(job.idempotency_key) from exc
+    recorded = await session.execute(
+        sql.RECORD_APPLIED,
+        {
+            "idempotency_key": job.idempotency_key,
+            "job_type": job.job_type,
+            "job_id": job.job_id,
+            "effect": effect,
+            "applied_at": utcnow(),
+        },
+    )
+    if recorded.first() is None:
+        raise AlreadyApplied(job.idempotency_key)

@@ -50,6 +50,8 @@ class ClaimedJob:
     first_attempt_at: datetime | None
     lease_token: str
     claimed_by: str
+    # Its idempotency key was applied when it was claimed: acknowledge without running.
+    already_applied: bool = False
 
 
 @dataclass(slots=True)

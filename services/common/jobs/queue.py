@@ -9,14 +9,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import insert
+from sqlalchemy import RowMapping, insert
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.correlation import current_correlation_id
 from services.common.jobs import sql
 from services.common.jobs.errors import LeaseLost
+from services.common.jobs.idempotency import AlreadyApplied, record_applied
 from services.common.jobs.job import ClaimedJob, NewJob
 from services.common.jobs.models import jobs, utcnow
 
@@ -80,6 +82,42 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
     return str((await session.execute(upsert)).scalar_one())
 
 
+async def claim_jobs(
+    session: AsyncSession,
+    worker_id: str,
+    job_types: Iterable[str],
+    lease_seconds: float,
+    limit: int = 1,
+) -> list[ClaimedJob]:
+    """Lease up to `limit` of the oldest claimable jobs of `job_types`, oldest first.
+
+    Each returned job heads its partition, so they are in distinct partitions. Runs in
+    the caller's (short) transaction; commit it to make the leases visible. A job whose
+    idempotency key is already applied comes back with `already_applied` set.
+    """
+    types = list(job_types)
+    if not types or limit < 1:
+        return []
+    now = utcnow()
+    stmt = sql.CLAIM_POSTGRESQL if _is_postgresql(session) else sql.CLAIM_SQLITE
+    rows = (
+        await session.execute(
+            stmt,
+            {
+                "worker_id": worker_id,
+                # One token for the batch: each lease is still checked by (id, token).
+                "lease_token": uuid.uuid4().hex,
+                "lease_until": now + timedelta(seconds=lease_seconds),
+                "now": now,
+                "job_types": types,
+                "limit": limit,
+            },
+        )
+    ).all()
+    # RETURNING order is unspecified; handlers start oldest first.
+    return sorted((_claimed(row._mapping) for row in rows), key=lambda job: job.id)
+
+
 async def claim_next_job(
     session: AsyncSession,
     worker_id: str,
@@ -90,26 +128,11 @@ async def claim_next_job(
 
     Runs in the caller's (short) transaction; commit it to make the lease visible.
     """
-    types = list(job_types)
-    if not types:
-        return None
-    now = utcnow()
-    stmt = sql.CLAIM_POSTGRESQL if _is_postgresql(session) else sql.CLAIM_SQLITE
-    row = (
-        await session.execute(
-            stmt,
-            {
-                "worker_id": worker_id,
-                "lease_token": uuid.uuid4().hex,
-                "lease_until": now + timedelta(seconds=lease_seconds),
-                "now": now,
-                "job_types": types,
-            },
-        )
-    ).first()
-    if row is None:
-        return None
-    m = row._mapping
+    claimed = await claim_jobs(session, worker_id, job_types, lease_seconds, limit=1)
+    return claimed[0] if claimed else None
+
+
+def _claimed(m: RowMapping) -> ClaimedJob:
     return ClaimedJob(
         id=m["id"],
         job_id=m["job_id"],
@@ -124,6 +147,7 @@ async def claim_next_job(
         first_attempt_at=m["first_attempt_at"],
         lease_token=m["lease_token"],
         claimed_by=m["claimed_by"],
+        already_applied=bool(m["already_applied"]),
     )
 
 
@@ -145,6 +169,39 @@ async def complete(session: AsyncSession, job: ClaimedJob) -> None:
     result = await session.execute(sql.COMPLETE, _lease(job))
     if not result.rowcount:  # type: ignore[attr-defined]
         raise LeaseLost(job.job_id)
+
+
+async def complete_applied(
+    session: AsyncSession, job: ClaimedJob, effect: dict[str, Any] | None
+) -> None:
+    """Record `job`'s effect under its idempotency key and delete the job, atomically.
+
+    Raises LeaseLost if the lease is gone, AlreadyApplied if the key was taken; either
+    way the caller must roll back (the handler's effects go with it). One round trip on
+    PostgreSQL, two on SQLite (in-process, no network).
+    """
+    if _is_postgresql(session):
+        done = (
+            await session.execute(sql.COMPLETE_AND_RECORD_POSTGRESQL, _applied(job, effect))
+        ).one()
+        if not done.completed:
+            raise LeaseLost(job.job_id)
+        if not done.recorded:
+            raise AlreadyApplied(job.idempotency_key)
+        return
+    await complete(session, job)
+    await record_applied(session, job, effect)
+
+
+def _applied(job: ClaimedJob, effect: dict[str, Any] | None) -> dict[str, object]:
+    return {
+        **_lease(job),
+        "idempotency_key": job.idempotency_key,
+        "job_type": job.job_type,
+        "job_id": job.job_id,
+        "effect": effect,
+        "applied_at": utcnow(),
+    }
 
 
 async def reschedule(

@@ -12,35 +12,35 @@ Invariants they keep together:
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Integer, String, bindparam, text
+from sqlalchemy import JSON, Boolean, Integer, String, bindparam, text
 from sqlalchemy.sql.selectable import TextualSelect
 
 from services.common.jobs.models import UtcDateTime
 
 _RETURNING = """
 RETURNING id, job_id, job_type, partition_key, idempotency_key, payload, correlation_id,
-          attempts, enqueued_at, run_after, first_attempt_at, lease_token, claimed_by
+          attempts, enqueued_at, run_after, first_attempt_at, lease_token, claimed_by,
+          EXISTS (SELECT 1 FROM applied_jobs AS a
+                  WHERE a.idempotency_key = jobs.idempotency_key) AS already_applied
 """
 
-# Pick the oldest claimable job and lease it, in one statement.
+# Pick up to :limit of the oldest claimable jobs and lease them, in one statement.
 # Claimable: queued and due, or running with an expired lease (its worker died: the job
-# runs again, nothing stays "running" forever). Only the head of a partition qualifies.
+# runs again, nothing stays "running" forever). Only the head of a partition qualifies,
+# so the picked jobs are in distinct partitions and per-partition order holds whatever
+# the batch size.
 # PostgreSQL: FOR UPDATE SKIP LOCKED lets concurrent workers pass over a row another
 # worker is claiming instead of queueing behind it; under READ COMMITTED the locked row
 # is re-checked against the WHERE clause after the lock, so a row claimed meanwhile is
-# dropped. SQLite: the transaction is BEGIN IMMEDIATE (one writer), so the statement
-# alone is atomic. dedupe_key is cleared so later enqueues start a new collapse window.
+# dropped. MATERIALIZED makes the locking pick run exactly once (an inlined sub-select
+# could be re-evaluated by the planner and lock more rows than it returns).
+# SQLite: the transaction is BEGIN IMMEDIATE (one writer), so the statement alone is
+# atomic. dedupe_key is cleared so later enqueues start a new collapse window.
+# `already_applied` folds the idempotency probe into the claim's round trip: such a job
+# is acknowledged without running its handler. The probe is an optimisation only; the
+# unique key on applied_jobs is what keeps effects exactly-once.
 _CLAIM = """
-UPDATE jobs
-SET status = 'running',
-    claimed_by = :worker_id,
-    lease_token = :lease_token,
-    lease_expires_at = :lease_until,
-    attempts = attempts + 1,
-    first_attempt_at = COALESCE(first_attempt_at, :now),
-    last_attempt_at = :now,
-    dedupe_key = NULL
-WHERE id = (
+WITH picked AS MATERIALIZED (
     SELECT j.id FROM jobs AS j
     WHERE j.job_type IN :job_types
       AND ((j.status = 'queued' AND j.run_after <= :now)
@@ -50,9 +50,19 @@ WHERE id = (
           WHERE earlier.partition_key = j.partition_key AND earlier.id < j.id
       )
     ORDER BY j.id
-    LIMIT 1
+    LIMIT :limit
     {lock}
 )
+UPDATE jobs
+SET status = 'running',
+    claimed_by = :worker_id,
+    lease_token = :lease_token,
+    lease_expires_at = :lease_until,
+    attempts = attempts + 1,
+    first_attempt_at = COALESCE(first_attempt_at, :now),
+    last_attempt_at = :now,
+    dedupe_key = NULL
+WHERE id IN (SELECT id FROM picked)
 """
 
 
@@ -67,6 +77,7 @@ def _typed(sql: str) -> TextualSelect:
             first_attempt_at=UtcDateTime,
             attempts=Integer,
             lease_token=String,
+            already_applied=Boolean,
         )
     )
 
@@ -85,6 +96,40 @@ WHERE id = :id AND lease_token = :lease_token
 # Finish the job, in the handler's transaction. 0 rows: the lease was lost and someone
 # else owns the job; the caller rolls back so the handler's effects vanish with it.
 COMPLETE = text("DELETE FROM jobs WHERE id = :id AND lease_token = :lease_token")
+
+# Record the job's effect under its idempotency key, in the handler's transaction.
+# No row back: a job with the same key committed first; the caller rolls back (its
+# effects with it). ON CONFLICT instead of catching the unique violation: a failed
+# statement would abort a PostgreSQL transaction, and a savepoint costs two round trips.
+# A concurrent uncommitted insert of the same key makes this wait for that transaction,
+# then either conflict (it committed) or insert (it rolled back): exactly one wins.
+RECORD_APPLIED = text(
+    """
+INSERT INTO applied_jobs (idempotency_key, job_type, job_id, effect, applied_at)
+VALUES (:idempotency_key, :job_type, :job_id, :effect, :applied_at)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id
+"""
+).bindparams(bindparam("effect", type_=JSON), bindparam("applied_at", type_=UtcDateTime))
+
+# COMPLETE and RECORD_APPLIED in one round trip (PostgreSQL's data-modifying CTEs): the
+# effect is recorded only if the lease was still ours. completed = 0: lease lost;
+# completed = 1 and recorded = 0: already applied. Either way the caller rolls back.
+COMPLETE_AND_RECORD_POSTGRESQL = text(
+    """
+WITH done AS (
+    DELETE FROM jobs WHERE id = :id AND lease_token = :lease_token RETURNING id
+), recorded AS (
+    INSERT INTO applied_jobs (idempotency_key, job_type, job_id, effect, applied_at)
+    SELECT :idempotency_key, :job_type, :job_id, CAST(:effect AS json),
+           CAST(:applied_at AS timestamptz)
+    FROM done
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM recorded) AS recorded
+"""
+).bindparams(bindparam("effect", type_=JSON), bindparam("applied_at", type_=UtcDateTime))
 
 # Put a failed job back in the queue for a later attempt; it keeps its id, so it keeps
 # its place at the head of its partition.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import structlog
@@ -24,10 +25,17 @@ from services.common.jobs.errors import (
     error_class_of,
     retry_after_of,
 )
-from services.common.jobs.idempotency import AlreadyApplied, is_applied, record_applied
+from services.common.jobs.idempotency import AlreadyApplied
 from services.common.jobs.job import ClaimedJob, JobContext
 from services.common.jobs.models import utcnow
-from services.common.jobs.queue import claim_next_job, complete, heartbeat, release, reschedule
+from services.common.jobs.queue import (
+    claim_jobs,
+    complete,
+    complete_applied,
+    heartbeat,
+    release,
+    reschedule,
+)
 from services.common.jobs.registry import JobRegistry, JobType
 from services.common.logging import get_logger
 
@@ -73,57 +81,76 @@ class Worker:
         self.poll_interval = poll_interval
         self.concurrency = concurrency
         self._wake = asyncio.Event()
+        # Claim statements issued so far (tests wait on it; cheap to keep).
+        self.claim_rounds = 0
 
     def wake(self) -> None:
         """Claim again now instead of at the next poll (e.g. after an in-process enqueue)."""
         self._wake.set()
 
     async def run(self) -> None:
-        """Claim and run jobs until cancelled; in-flight jobs are handed back on cancel."""
-        slots = asyncio.Semaphore(self.concurrency)
+        """Claim and run jobs until cancelled; in-flight jobs are handed back on cancel.
+
+        One claim leases as many jobs as there are free slots (distinct partitions, see
+        `sql.py`), so a busy worker pays one claim round trip for several jobs.
+        """
         running: set[asyncio.Task[None]] = set()
         log.info("worker_started", worker_id=self.worker_id, job_types=self.registry.names)
         try:
             while True:
-                await slots.acquire()
-                job = await self._claim()
-                if job is None:
-                    slots.release()
+                free = self.concurrency - len(running)
+                if free == 0:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                # Cleared before the claim: a wake-up arriving while it runs (an enqueue,
+                # a finished job unblocking its partition) makes the next idle a no-op.
+                self._wake.clear()
+                claimed = await self._claim(free)
+                if not claimed:
                     await self._idle()
                     continue
-                task = asyncio.create_task(self.execute(job))
-                running.add(task)
-                task.add_done_callback(running.discard)
-                task.add_done_callback(lambda _t: slots.release())
+                for job in claimed:
+                    task = asyncio.create_task(self.execute(job))
+                    running.add(task)
+                    task.add_done_callback(self._job_done(running))
         finally:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
             log.info("worker_stopped", worker_id=self.worker_id)
 
+    def _job_done(self, running: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            # The next job of its partition may be claimable now: look without waiting
+            # for the poll.
+            self._wake.set()
+
+        return done
+
     async def run_once(self) -> bool:
         """Claim and run at most one job; True if one ran (tests and tools use this)."""
-        job = await self._claim()
-        if job is None:
+        claimed = await self._claim(1)
+        if not claimed:
             return False
-        await self.execute(job)
+        await self.execute(claimed[0])
         return True
 
     async def _idle(self) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-        self._wake.clear()
 
-    async def _claim(self) -> ClaimedJob | None:
+    async def _claim(self, limit: int) -> list[ClaimedJob]:
+        self.claim_rounds += 1
         try:
             async with self.sessions() as session, session.begin():
-                return await claim_next_job(
-                    session, self.worker_id, self.registry.names, self.lease_seconds
+                return await claim_jobs(
+                    session, self.worker_id, self.registry.names, self.lease_seconds, limit
                 )
         except Exception:
             # The database is unreachable or busy: not a reason to stop the worker.
             log.exception("job_claim_failed", worker_id=self.worker_id)
-            return None
+            return []
 
     async def execute(self, job: ClaimedJob) -> None:
         """Run one claimed job to its outcome: completed, retried, dead-lettered or lost."""
@@ -142,7 +169,7 @@ class Worker:
             lag = (utcnow() - max(job.run_after, job.enqueued_at)).total_seconds()
             metrics.JOB_START_LAG.labels(job.job_type).observe(max(lag, 0.0))
             log.info("job_started", lag_seconds=round(lag, 4))
-            beat = asyncio.create_task(self._heartbeat(job))
+            beat = _LazyHeartbeat(self, job)
             started = time.monotonic()
             outcome = "failed"
             try:
@@ -157,7 +184,7 @@ class Worker:
             except Exception as exc:
                 outcome = await self._fail(job_type, job, exc)
             finally:
-                beat.cancel()
+                beat.stop()
                 elapsed = time.monotonic() - started
                 metrics.JOB_DURATION.labels(job.job_type, outcome).observe(elapsed)
             log.info("job_finished", outcome=outcome, duration_seconds=round(elapsed, 4))
@@ -167,20 +194,20 @@ class Worker:
             # Every earlier attempt lost its worker mid-job (crash loop): stop here.
             raise WorkerLost(f"lease expired {job.attempts - 1} times without an outcome")
         try:
-            # A short transaction of its own, so the handler's begins only at its first
-            # statement (see JobContext); the unique key still catches a concurrent apply.
-            async with self.sessions() as session, session.begin():
-                if await is_applied(session, job.idempotency_key):
+            if job.already_applied:
+                # Seen by the claim: no handler run, no second effect.
+                async with self.sessions() as session, session.begin():
                     await complete(session, job)
-                    metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
-                    return "already_applied"
+                metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
+                return "already_applied"
+            # The handler's transaction begins at its first statement (see JobContext);
+            # the unique key still catches a key applied since the claim.
             async with self.sessions() as session, session.begin():
                 ctx = JobContext(
                     job=job, session=session, worker_id=self.worker_id, sessions=self.sessions
                 )
                 await job_type.handler(ctx)
-                await record_applied(session, job, ctx.effect)
-                await complete(session, job)
+                await complete_applied(session, job, ctx.effect)
                 return "completed"
         except AlreadyApplied:
             # A concurrent job with the same key won; ours rolled back. Acknowledge it.
@@ -236,19 +263,20 @@ class Worker:
             return "unrecorded"
 
     async def _heartbeat(self, job: ClaimedJob) -> None:
+        """Renew the lease now and then every `heartbeat_interval` (see _LazyHeartbeat)."""
         while True:
-            await asyncio.sleep(self.heartbeat_interval)
             try:
                 async with self.sessions() as session, session.begin():
                     alive = await heartbeat(session, job, self.lease_seconds)
             except Exception:
                 log.exception("job_heartbeat_failed")
-                continue
-            if not alive:
-                # The completion is conditional on the lease, so nothing is applied twice;
-                # the handler is left to finish and will be rolled back.
-                log.warning("job_heartbeat_lease_lost")
-                return
+            else:
+                if not alive:
+                    # The completion is conditional on the lease, so nothing is applied
+                    # twice; the handler is left to finish and will be rolled back.
+                    log.warning("job_heartbeat_lease_lost")
+                    return
+            await asyncio.sleep(self.heartbeat_interval)
 
     async def _release(self, job: ClaimedJob) -> None:
         try:
@@ -257,3 +285,26 @@ class Worker:
             log.info("job_released")
         except Exception:
             log.exception("job_release_failed")
+
+
+class _LazyHeartbeat:
+    """Renews a job's lease, starting only after one `heartbeat_interval` has passed.
+
+    A timer instead of a task per job: most jobs finish well within the first interval
+    and then cost nothing here.
+    """
+
+    def __init__(self, worker: Worker, job: ClaimedJob) -> None:
+        self._worker = worker
+        self._job = job
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(worker.heartbeat_interval, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.create_task(self._worker._heartbeat(self._job))
+
+    def stop(self) -> None:
+        """Cancel the timer or the running heartbeat."""
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
