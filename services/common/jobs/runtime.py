@@ -9,7 +9,9 @@
 
 `background()` returns the coroutine functions `ServiceApp` runs and cancels at
 shutdown: the workers, the outbox relay (when there are subscribers), the periodic
-scheduler (when there are schedules) and the metrics sampler.
+scheduler (when there are schedules), the commit listener (PostgreSQL: wakes idle
+workers and the relay when another process commits a job or an event) and the metrics
+sampler.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from services.common.jobs import metrics
+from services.common.jobs.listener import JOBS_CHANNEL, OUTBOX_CHANNEL, CommitListener
 from services.common.jobs.periodic import PeriodicSchedule, PeriodicScheduler
 from services.common.jobs.registry import JobRegistry
 from services.common.jobs.stats import queue_stats
@@ -51,6 +54,8 @@ class RuntimeOptions:
     relay_lease_seconds: float = 30.0
     relay_poll_interval: float = 0.5
     stats_interval: float = 15.0
+    # PostgreSQL: LISTEN for other processes' enqueues and outbox events (see listener.py).
+    listen: bool = True
 
 
 class JobRuntime:
@@ -99,11 +104,27 @@ class JobRuntime:
             if schedules
             else None
         )
+        self.listener = self._commit_listener() if o.listen else None
+
+    def _commit_listener(self) -> CommitListener | None:
+        engine = self.sessions.kw.get("bind")
+        if not isinstance(engine, AsyncEngine) or engine.dialect.name != "postgresql":
+            return None
+        wakeups: dict[str, Callable[[], None]] = {}
+        if self.registry.names:
+            wakeups[JOBS_CHANNEL] = self.wake_workers
+        if self.relay is not None:
+            wakeups[OUTBOX_CHANNEL] = self.relay.wake
+        return CommitListener(engine.url, wakeups) if wakeups else None
+
+    def wake_workers(self) -> None:
+        """Tell in-process workers that a job may be claimable now."""
+        for worker in self.workers:
+            worker.wake()
 
     def wake(self) -> None:
         """Tell in-process workers and the relay that something was just committed."""
-        for worker in self.workers:
-            worker.wake()
+        self.wake_workers()
         if self.relay is not None:
             self.relay.wake()
 
@@ -116,6 +137,8 @@ class JobRuntime:
             tasks.append(self.relay.run)
         if self.scheduler is not None:
             tasks.append(self.scheduler.run)
+        if self.listener is not None:
+            tasks.append(self.listener.run)
         tasks.append(self.sample_metrics)
         return tasks
 

@@ -81,8 +81,10 @@ class Worker:
         self.poll_interval = poll_interval
         self.concurrency = concurrency
         self._wake = asyncio.Event()
-        # Claim statements issued so far (tests wait on it; cheap to keep).
+        # Claim statements issued so far, and "waiting for a wake-up or the next poll"
+        # (observable state for tests and tools).
         self.claim_rounds = 0
+        self.idling = asyncio.Event()
 
     def wake(self) -> None:
         """Claim again now instead of at the next poll (e.g. after an in-process enqueue)."""
@@ -137,8 +139,12 @@ class Worker:
         return True
 
     async def _idle(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+        self.idling.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+        finally:
+            self.idling.clear()
 
     async def _claim(self, limit: int) -> list[ClaimedJob]:
         self.claim_rounds += 1
