@@ -1,0 +1,431 @@
+# ruff: noqa: E402 - the script puts the repository on sys.path before importing it
+"""Upload benchmark: one client sends a file in 4 MiB chunks; MB/s end to end, with merge.
+
+    .venv/bin/python tests/benchmarks/bench_upload.py [--quick] [--size-mib N] [--rounds N]
+        [--postgres postgresql://...]
+
+Servers are processes of their own (the client and the servers use different cores): a
+private etcd, `python -m services.locks`, `python -m services.upload` (SQLite in a temp
+folder, or a fresh PostgreSQL database with `--postgres`), fsync on. Each case is timed
+from CreateUpload to GetUpload answering COMPLETED: A. one UploadChunks stream; B. 4
+parallel PutChunk senders. "ack->done" is last chunk acknowledged -> COMPLETED seen.
+
+Baseline, in the same run: a bare grpc.aio server (below, its own process) with one
+client-streaming RPC that writes each message's bytes to a file and fsyncs at the end,
+sent the very same PutChunkRequests by the same client code, so the ratio is what the
+upload service adds on the server (checksums, per-chunk temp + fsync + rename, chunk rows,
+merge, lock, commit). Rounds interleave bare, A, B (plus a last bare run); the best run
+of each case counts. Each merged blob's sha256 must equal the source's or the run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests")]
+
+import grpc
+import psycopg
+from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+from sqlalchemy.engine import make_url
+from support.etcd import EtcdServer
+from support.ports import free_port
+from support.services import service_process
+
+from services.upload.blob_store import content_key
+
+MIB = 1024 * 1024
+CHUNK = 4 * MIB
+SENDERS = 4
+POLL_S = 0.01  # resolution of "ack -> completed"
+READ_AHEAD = 2  # chunks read and hashed ahead of the stream
+DEADLINE_S = 600.0
+BARE_METHOD = "/serentak.bench.v1.BareSink/Write"
+MD = (("authorization", "Bearer dev-alice"),)
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * MIB),
+    ("grpc.max_receive_message_length", 64 * MIB),
+]
+
+
+# --- the bare baseline server (runs as `bench_upload.py --bare-server PORT DIR`) ---
+
+
+async def serve_bare(port: int, out_dir: Path) -> None:
+    """A grpc.aio server whose one RPC writes every message's `data` to a file, then fsyncs."""
+
+    async def write(requests: AsyncIterator[upload_pb2.PutChunkRequest], _ctx: object) -> bytes:
+        path = out_dir / f"{uuid.uuid4().hex}.bin"
+        written = 0
+        with open(path, "wb") as f:  # noqa: ASYNC230 - the baseline is the simplest server
+            async for request in requests:
+                f.write(request.data)
+                written += len(request.data)
+            f.flush()
+            os.fsync(f.fileno())
+        return f"{path}\n{written}".encode()
+
+    handler = grpc.stream_unary_rpc_method_handler(
+        write, request_deserializer=upload_pb2.PutChunkRequest.FromString
+    )
+    service, method = BARE_METHOD.strip("/").split("/")
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler(service, {method: handler})]
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+
+def start_bare(out_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    """Start the bare server process; returns it and its address once it is listening."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--bare-server", str(port), str(out_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        process.kill()
+        raise RuntimeError("the bare server did not start")
+    return process, f"127.0.0.1:{port}"
+
+
+# --- the client side, shared by every case ---
+
+
+@dataclass(frozen=True)
+class Source:
+    """The file to upload, its size and sha256."""
+
+    path: Path
+    size: int
+    sha256: str
+
+    @property
+    def chunks(self) -> int:
+        """How many 4 MiB chunks it makes."""
+        return max(1, -(-self.size // CHUNK))
+
+
+def make_source(path: Path, size: int) -> Source:
+    """Write `size` random bytes to `path` (hashing them on the way)."""
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for offset in range(0, size, CHUNK):
+            block = os.urandom(min(CHUNK, size - offset))
+            digest.update(block)
+            f.write(block)
+    return Source(path, size, digest.hexdigest())
+
+
+def read_chunk(fd: int, upload_id: str, index: int) -> upload_pb2.PutChunkRequest:
+    """Chunk `index` of the source as a request carrying its sha256 (what any client does)."""
+    data = os.pread(fd, CHUNK, index * CHUNK)
+    return upload_pb2.PutChunkRequest(
+        upload_id=upload_id,
+        chunk_index=index,
+        data=data,
+        checksum=hashlib.sha256(data).hexdigest(),
+    )
+
+
+async def read_ahead(
+    fd: int, upload_id: str, count: int
+) -> AsyncIterator[upload_pb2.PutChunkRequest]:
+    """Chunks 0..count-1 in order; reading and hashing (off the loop) run ahead of sending."""
+    queue: asyncio.Queue[upload_pb2.PutChunkRequest] = asyncio.Queue(maxsize=READ_AHEAD)
+
+    async def produce() -> None:
+        for index in range(count):
+            await queue.put(await asyncio.to_thread(read_chunk, fd, upload_id, index))
+
+    producer = asyncio.create_task(produce())
+    try:
+        for _ in range(count):
+            yield await queue.get()
+        await producer
+    finally:
+        producer.cancel()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class Result:
+    """One measured run."""
+
+    seconds: float
+    size: int
+    ack_to_completed: float | None = None
+    merge_seconds: float | None = None
+
+    @property
+    def mb_per_s(self) -> float:
+        """Throughput in MB/s (10^6 bytes)."""
+        return self.size / self.seconds / 1e6
+
+
+def check_bare_output(answer: bytes, source: Source) -> None:
+    """The bare server's file must hold the source's bytes; it is removed afterwards."""
+    path, written = answer.decode().split("\n")
+    try:
+        if int(written) != source.size or file_sha256(Path(path)) != source.sha256:
+            raise RuntimeError("the bare server wrote other bytes than the source")
+    finally:
+        Path(path).unlink()
+
+
+async def run_bare(address: str, source: Source) -> Result:
+    """Stream the source to the bare server; time to its answer (all bytes fsynced)."""
+    fd = os.open(source.path, os.O_RDONLY)
+    try:
+        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
+            write = ch.stream_unary(
+                BARE_METHOD,
+                request_serializer=upload_pb2.PutChunkRequest.SerializeToString,
+            )
+            await ch.channel_ready()
+            started = time.perf_counter()
+            answer = await write(read_ahead(fd, "bare", source.chunks))
+            seconds = time.perf_counter() - started
+    finally:
+        os.close(fd)
+    await asyncio.to_thread(check_bare_output, answer, source)
+    return Result(seconds, source.size)
+
+
+async def send_stream(
+    stub: upload_pb2_grpc.UploadServiceStub, fd: int, upload_id: str, count: int
+) -> None:
+    """Case A: every chunk over one UploadChunks stream."""
+    await stub.UploadChunks(read_ahead(fd, upload_id, count), metadata=MD)
+
+
+async def send_parallel(
+    stub: upload_pb2_grpc.UploadServiceStub, fd: int, upload_id: str, count: int
+) -> None:
+    """Case B: SENDERS concurrent PutChunk loops taking indexes from a shared queue."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(count):
+        queue.put_nowait(index)
+
+    async def sender() -> None:
+        while not queue.empty():
+            index = queue.get_nowait()
+            request = await asyncio.to_thread(read_chunk, fd, upload_id, index)
+            await stub.PutChunk(request, metadata=MD)
+
+    await asyncio.gather(*(sender() for _ in range(SENDERS)))
+
+
+Sender = Callable[[upload_pb2_grpc.UploadServiceStub, int, str, int], Awaitable[None]]
+
+
+async def run_serentak(
+    address: str, blob_root: Path, source: Source, case: str, send: Sender
+) -> Result:
+    """CreateUpload, send every chunk with `send`, wait for COMPLETED; verify the blob."""
+    fd = os.open(source.path, os.O_RDONLY)
+    try:
+        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
+            stub = upload_pb2_grpc.UploadServiceStub(ch)
+            await ch.channel_ready()
+            started = time.perf_counter()
+            created = await stub.CreateUpload(
+                upload_pb2.CreateUploadRequest(
+                    client_request_id=uuid.uuid4().hex,
+                    new_file=upload_pb2.NewFileTarget(name=f"bench-{uuid.uuid4().hex[:8]}.bin"),
+                    total_chunks=source.chunks,
+                    total_size=source.size,
+                    chunk_size=CHUNK,
+                ),
+                metadata=MD,
+            )
+            await send(stub, fd, created.upload_id, source.chunks)
+            acked = time.perf_counter()
+            upload = await wait_done(stub, created.upload_id)
+            done = time.perf_counter()
+    finally:
+        os.close(fd)
+    if upload.status != upload_pb2.UPLOAD_STATUS_COMPLETED:
+        raise RuntimeError(f"{case}: upload ended {upload.status}: {upload.failure_reason}")
+    blob = blob_root / content_key(upload.file_id, upload.upload_id)
+    stored = await asyncio.to_thread(file_sha256, blob)
+    if upload.final_checksum != source.sha256 or stored != source.sha256:
+        raise RuntimeError(f"{case}: the merged file differs from the source")
+    merging = upload.merge_finished_at.ToDatetime() - upload.merge_started_at.ToDatetime()
+    return Result(done - started, source.size, done - acked, merging.total_seconds())
+
+
+async def wait_done(stub: upload_pb2_grpc.UploadServiceStub, upload_id: str) -> upload_pb2.Upload:
+    """Poll GetUpload until the upload is COMPLETED or FAILED (there is no watch RPC)."""
+    deadline = time.monotonic() + DEADLINE_S
+    final = (upload_pb2.UPLOAD_STATUS_COMPLETED, upload_pb2.UPLOAD_STATUS_FAILED)
+    while True:
+        upload = await stub.GetUpload(upload_pb2.GetUploadRequest(upload_id=upload_id), metadata=MD)
+        if upload.status in final:
+            return upload
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"upload {upload_id} stuck in {upload.status}")
+        await asyncio.sleep(POLL_S)  # polling an observable state with a deadline
+
+
+# --- orchestration ---
+
+
+def postgres_database(stack: ExitStack, admin_dsn: str) -> str:
+    """A fresh database on `admin_dsn`'s server, dropped when `stack` closes; its URL."""
+    name = f"serentak_bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    stack.callback(drop)
+    url = make_url(admin_dsn).set(drivername="postgresql+psycopg", database=name)
+    return url.render_as_string(hide_password=False)
+
+
+@dataclass
+class Servers:
+    """Addresses of the running servers and where the upload service keeps its blobs."""
+
+    upload: str
+    bare: str
+    blob_root: Path
+    database: str
+
+
+def start_servers(stack: ExitStack, tmp: Path, postgres: str | None, chunks: int) -> Servers:
+    """etcd, `python -m services.locks`, `python -m services.upload` and the bare server."""
+    etcd = EtcdServer(tmp / "etcd")
+    etcd.start()
+    stack.callback(etcd.stop)
+    for folder in ("locks", "upload", "bare"):
+        (tmp / folder).mkdir()
+    quiet = {"SERENTAK_LOG_LEVEL": "WARNING"}
+    locks_env = {**quiet, "SERENTAK_ETCD_ENDPOINT": etcd.endpoint}
+    locks = stack.enter_context(service_process("locks", tmp / "locks", locks_env))
+    upload_env = {
+        **quiet,
+        "SERENTAK_LOCKS_ADDRESS": locks.address,
+        # Nothing listens there: the upload service must not reach anyone else's notify.
+        "SERENTAK_NOTIFY_ADDRESS": f"127.0.0.1:{free_port()}",
+        "SERENTAK_MAX_TOTAL_CHUNKS": str(max(10_000, chunks)),
+    }
+    database = "SQLite (WAL, synchronous FULL)"
+    if postgres:
+        upload_env["SERENTAK_UPLOAD_DATABASE_URL"] = postgres_database(stack, postgres)
+        database = "PostgreSQL"
+    upload = stack.enter_context(service_process("upload", tmp / "upload", upload_env))
+    bare, bare_address = start_bare(tmp / "bare")
+    stack.callback(bare.wait)
+    stack.callback(bare.terminate)
+    return Servers(upload.address, bare_address, tmp / "upload" / "data" / "blobs", database)
+
+
+STREAM_CASE = "Serentak UploadChunks (1 stream)"
+PARALLEL_CASE = f"Serentak PutChunk x{SENDERS}"
+BARE_CASE = "bare grpc.aio -> disk"
+
+
+async def measure(servers: Servers, source: Source, rounds: int) -> dict[str, list[Result]]:
+    """Interleaved rounds (bare, stream, parallel), then one more bare run; every result."""
+    results: dict[str, list[Result]] = {BARE_CASE: [], STREAM_CASE: [], PARALLEL_CASE: []}
+    for n in range(rounds):
+        results[BARE_CASE].append(await run_bare(servers.bare, source))
+        for case, send in ((STREAM_CASE, send_stream), (PARALLEL_CASE, send_parallel)):
+            results[case].append(
+                await run_serentak(servers.upload, servers.blob_root, source, case, send)
+            )
+        line = ", ".join(f"{case} {r[-1].mb_per_s:.1f}" for case, r in results.items())
+        print(f"  round {n + 1}: MB/s {line}", flush=True)
+    results[BARE_CASE].append(await run_bare(servers.bare, source))
+    print(f"  last bare run: {results[BARE_CASE][-1].mb_per_s:.1f} MB/s", flush=True)
+    return results
+
+
+def print_table(results: dict[str, list[Result]], size: int, database: str) -> None:
+    """The best run of each case, with the Serentak cases' ratio against the best bare run."""
+    best = {case: min(runs, key=lambda r: r.seconds) for case, runs in results.items()}
+    baseline = best[BARE_CASE]
+    print(f"\nupload benchmark: {size / MIB:.0f} MiB in {CHUNK // MIB} MiB chunks, {database}")
+    head = (
+        f"{'case (best run)':<34} {'wall s':>7} {'MB/s':>7} {'vs bare':>8} "
+        f"{'ack->done s':>11} {'merging s':>9}  MB/s of every run"
+    )
+    print(head)
+    print("-" * len(head))
+    for case, r in best.items():
+        ack = f"{r.ack_to_completed:>11.3f}" if r.ack_to_completed is not None else " " * 11
+        merge = f"{r.merge_seconds:>9.3f}" if r.merge_seconds is not None else " " * 9
+        runs = " ".join(f"{x.mb_per_s:.1f}" for x in results[case])
+        ratio = r.mb_per_s / baseline.mb_per_s
+        print(
+            f"{case:<34} {r.seconds:>7.2f} {r.mb_per_s:>7.1f} {ratio:>8.2f} {ack} {merge}  {runs}"
+        )
+    print(
+        f"ack->done: last chunk acknowledged -> GetUpload COMPLETED (polled every "
+        f"{POLL_S * 1000:.0f} ms); merging: the server's merge_started_at..merge_finished_at"
+    )
+    print("every merged file verified: final checksum and stored blob sha256 equal the source")
+
+
+async def bench(args: argparse.Namespace, tmp: Path) -> None:
+    """Make the source, start the servers, run every case, print the table."""
+    with ExitStack() as stack:
+        source = make_source(tmp / "source.bin", args.size_mib * MIB)
+        stack.callback(source.path.unlink)
+        servers = start_servers(stack, tmp, args.postgres, source.chunks)
+        print(f"source: {args.size_mib} MiB, sha256 {source.sha256[:16]}...", flush=True)
+        results = await measure(servers, source, args.rounds)
+        print_table(results, source.size, servers.database)
+
+
+def main() -> None:
+    """Parse arguments; run the benchmark (or, internally, the bare server)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="128 MiB instead of 1 GiB")
+    parser.add_argument("--size-mib", type=int, default=None, help="source size in MiB")
+    parser.add_argument("--postgres", metavar="DSN", help="upload database on this server")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds (best kept)")
+    parser.add_argument("--bare-server", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare_server:
+        asyncio.run(serve_bare(int(args.bare_server[0]), Path(args.bare_server[1])))
+        return
+    if args.size_mib is None:
+        args.size_mib = 128 if args.quick else 1024
+    # Servers and baseline write under one temporary folder, so they share one file system.
+    with tempfile.TemporaryDirectory(prefix="bench_upload_") as tmp:
+        asyncio.run(bench(args, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()
