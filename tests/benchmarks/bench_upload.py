@@ -188,6 +188,11 @@ class Result:
         """Throughput in MB/s (10^6 bytes)."""
         return self.size / self.seconds / 1e6
 
+    @property
+    def send_mb_per_s(self) -> float:
+        """Throughput until the last chunk's acknowledgement (the merge not included)."""
+        return self.size / (self.seconds - (self.ack_to_completed or 0.0)) / 1e6
+
 
 def check_bare_output(answer: bytes, source: Source) -> None:
     """The bare server's file must hold the source's bytes; it is removed afterwards."""
@@ -299,7 +304,7 @@ async def wait_done(stub: upload_pb2_grpc.UploadServiceStub, upload_id: str) -> 
 
 def postgres_database(stack: ExitStack, admin_dsn: str) -> str:
     """A fresh database on `admin_dsn`'s server, dropped when `stack` closes; its URL."""
-    name = f"serentak_bench_{uuid.uuid4().hex[:12]}"
+    name = f"serentak_bench_upload_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
 
@@ -377,7 +382,7 @@ def print_table(results: dict[str, list[Result]], size: int, database: str) -> N
     baseline = best[BARE_CASE]
     print(f"\nupload benchmark: {size / MIB:.0f} MiB in {CHUNK // MIB} MiB chunks, {database}")
     head = (
-        f"{'case (best run)':<34} {'wall s':>7} {'MB/s':>7} {'vs bare':>8} "
+        f"{'case (best run)':<34} {'wall s':>7} {'MB/s':>7} {'vs bare':>8} {'send MB/s':>9} "
         f"{'ack->done s':>11} {'merging s':>9}  MB/s of every run"
     )
     print(head)
@@ -388,11 +393,13 @@ def print_table(results: dict[str, list[Result]], size: int, database: str) -> N
         runs = " ".join(f"{x.mb_per_s:.1f}" for x in results[case])
         ratio = r.mb_per_s / baseline.mb_per_s
         print(
-            f"{case:<34} {r.seconds:>7.2f} {r.mb_per_s:>7.1f} {ratio:>8.2f} {ack} {merge}  {runs}"
+            f"{case:<34} {r.seconds:>7.2f} {r.mb_per_s:>7.1f} {ratio:>8.2f} "
+            f"{r.send_mb_per_s:>9.1f} {ack} {merge}  {runs}"
         )
     print(
-        f"ack->done: last chunk acknowledged -> GetUpload COMPLETED (polled every "
-        f"{POLL_S * 1000:.0f} ms); merging: the server's merge_started_at..merge_finished_at"
+        f"send: CreateUpload -> last chunk acknowledged; ack->done: -> GetUpload COMPLETED "
+        f"(polled every {POLL_S * 1000:.0f} ms)\nmerging: the server's "
+        "merge_started_at..merge_finished_at (starts when the last chunk is stored)"
     )
     print("every merged file verified: final checksum and stored blob sha256 equal the source")
 
