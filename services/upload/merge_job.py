@@ -1,18 +1,21 @@
 """The merge job: turn a complete set of chunks into the file's next version, exactly once.
 
 Enqueued (idempotency key `merge:{upload_id}`) by the chunk store in the transaction that
-won `uploading -> merging`. The handler runs inside the job runtime's transaction, so the
-file commit, the outbox event, `merging -> completed` and the job's completion commit
-together or not at all:
+won `uploading -> merging`. The slow parts run before the job's own transaction begins
+(on SQLite a begun transaction holds the database's write lock, so chunk uploads to other
+uploads would wait behind a merge):
 
-1. Load the upload; anything but `merging` means the merge already happened (or the job
-   is a redelivery): do nothing (invariant 3).
-2. Check the chunk rows are exactly indexes 0..N-1.
-3. `merge_core.merge` streams the chunks in index order into `files/{file_id}/{upload_id}`,
-   verifying every chunk's size and checksum and the whole file's, via temp + rename
-   (invariant 4). A corrupt chunk ends the upload `failed` with the reason.
-4. Take `file:{file_id}` from the lock service and commit with the fencing check
-   (invariant 7), bumping the version and writing `file.content.updated` (invariant 6).
+1. In a short read transaction of its own, load the upload and its chunk rows; anything
+   but `merging` means the merge already happened (or the job is a redelivery): do
+   nothing (invariant 3). The rows must be exactly indexes 0..N-1.
+2. `merge_core.merge` (in a thread; it releases the GIL) streams the chunks in index
+   order into `files/{file_id}/{upload_id}`, verifying every chunk's size and checksum
+   and the whole file's, via temp + rename (invariant 4).
+3. Take `file:{file_id}` from the lock service.
+4. Only now touch the job's transaction (`ctx.session`): re-check the upload is still
+   `merging`, then commit with the fencing check (invariant 7), bumping the version,
+   writing `file.content.updated` (invariant 6) and `merging -> completed`; the job's
+   completion commits with them. A corrupt chunk ends the upload `failed` instead.
 
 A worker killed mid-merge leaves the upload `merging` and the job leased; the lease ends,
 another worker runs the job again from step 1, and the deterministic output key means the
@@ -95,8 +98,14 @@ class MergeHandler:
     async def __call__(self, ctx: JobContext) -> None:
         """Run one merge job (see the module docstring)."""
         upload_id = str(ctx.payload["upload_id"])
-        session = ctx.session
-        upload = await session.get(UploadRow, upload_id, populate_existing=True)
+        # Step 1 reads in a transaction of its own; without a factory (an old runtime)
+        # the job's transaction is the only one there is.
+        reads = ctx.sessions
+        if reads is not None:
+            async with reads() as session:
+                upload, rows = await _load(session, upload_id)
+        else:
+            upload, rows = await _load(ctx.session, upload_id)
         if upload is None or upload.status != MERGING:
             metrics.DUPLICATE_MERGES_REFUSED.inc()
             log.info("merge_skipped", upload_id=upload_id, status=upload.status if upload else None)
@@ -104,18 +113,23 @@ class MergeHandler:
             return
         started = time.monotonic()
         try:
-            result = await self._merge(session, upload)
+            result = await self._merge(upload, rows)
         except MergeFailed as failure:
-            await self._fail(session, upload, str(failure))
+            await self._fail(ctx.session, upload, str(failure))
             ctx.effect = {"failed": str(failure)[:500]}
             return
         except merge_core.MergeIOError as exc:
             # A disk or file-system hiccup may pass; the last attempt gives up for good.
             if ctx.attempt < 5:
                 raise TransientError(f"merge I/O error: {exc}") from exc
-            await self._fail(session, upload, f"merge I/O error: {exc}")
+            await self._fail(ctx.session, upload, f"merge I/O error: {exc}")
             return
-        file = await self._commit(session, upload, result)
+        file = await self._commit(ctx.session, upload, result)
+        if file is None:
+            metrics.DUPLICATE_MERGES_REFUSED.inc()
+            log.info("merge_skipped_after_merge", upload_id=upload.id)
+            ctx.effect = {"skipped": "left merging"}
+            return
         metrics.MERGES.labels("completed").inc()
         metrics.MERGE_DURATION.observe(time.monotonic() - started)
         log.info(
@@ -127,16 +141,7 @@ class MergeHandler:
         )
         ctx.effect = {"file_id": file.id, "version": file.version}
 
-    async def _merge(self, session: AsyncSession, upload: UploadRow) -> merge_core.MergeResult:
-        rows = list(
-            (
-                await session.execute(
-                    select(ChunkRow)
-                    .where(ChunkRow.upload_id == upload.id)
-                    .order_by(ChunkRow.chunk_index)
-                )
-            ).scalars()
-        )
+    async def _merge(self, upload: UploadRow, rows: list[ChunkRow]) -> merge_core.MergeResult:
         indexes = [r.chunk_index for r in rows]
         if indexes != list(range(upload.total_chunks)):
             missing = sorted(set(range(upload.total_chunks)) - set(indexes))
@@ -169,7 +174,7 @@ class MergeHandler:
             raise MergeFailed(f"{type(exc).__name__}: {exc}") from exc
 
     async def _fail(self, session: AsyncSession, upload: UploadRow, reason: str) -> None:
-        await transition(
+        moved = await transition(
             session,
             upload.id,
             MERGING,
@@ -177,16 +182,26 @@ class MergeHandler:
             failure_reason=reason[:2000],
             merge_finished_at=utcnow(),
         )
+        if not moved:
+            log.info("merge_failure_not_recorded", upload_id=upload.id, reason=reason)
+            return
         metrics.MERGES.labels("failed").inc()
         log.warning("merge_failed", upload_id=upload.id, file_id=upload.file_id, reason=reason)
 
     async def _commit(
         self, session: AsyncSession, upload: UploadRow, result: merge_core.MergeResult
-    ) -> FileRow:
+    ) -> FileRow | None:
+        """Commit under the file lock; None if the upload left `merging` meanwhile."""
         try:
             async with self._locks.hold(
                 f"file:{upload.file_id}", ttl=self._lock_ttl, wait_timeout=self._lock_wait
             ) as lock:
+                # The job's transaction begins here, after the merge and the lock wait.
+                status = await session.scalar(
+                    select(UploadRow.status).where(UploadRow.id == upload.id)
+                )
+                if status != MERGING:
+                    return None
                 file = await commit_content(session, upload, result, lock.token)
         except StaleFencingToken as exc:
             # A newer holder committed first (ours was lost): retry under a fresh lock.
@@ -195,6 +210,23 @@ class MergeHandler:
             # LOCK_HELD past the wait, lock service or etcd unavailable: try again later.
             raise TransientError(f"file lock: {exc}") from exc
         return file
+
+
+async def _load(session: AsyncSession, upload_id: str) -> tuple[UploadRow | None, list[ChunkRow]]:
+    """The upload and its chunk rows in index order (no rows unless it is merging)."""
+    upload = await session.get(UploadRow, upload_id, populate_existing=True)
+    if upload is None or upload.status != MERGING:
+        return upload, []
+    rows = list(
+        (
+            await session.execute(
+                select(ChunkRow)
+                .where(ChunkRow.upload_id == upload.id)
+                .order_by(ChunkRow.chunk_index)
+            )
+        ).scalars()
+    )
+    return upload, rows
 
 
 async def commit_content(
