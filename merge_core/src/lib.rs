@@ -11,6 +11,7 @@ pub mod errors;
 pub mod merge;
 pub mod output;
 pub mod pool;
+pub mod sha256x2;
 
 #[cfg(feature = "python")]
 mod bindings;

@@ -228,3 +228,53 @@ fn replaces_an_existing_output_atomically() {
     run(chunks, &out, &small_options(Algorithm::Sha256)).unwrap();
     assert_eq!(fs::read(&out).unwrap(), all);
 }
+
+#[test]
+fn read_mode_and_mmap_mode_agree() {
+    for alg in Algorithm::ALL {
+        for mmap in [true, false] {
+            let dir = TempDir::new();
+            // Sizes spanning several windows, multiples of 64 and not.
+            let (mut chunks, all) = make_chunks(&dir.0, &[4096 * 5, 0, 4096 * 3 + 7, 64, 1, 12_345], alg);
+            chunks.reverse();
+            let out = dir.0.join("out.bin");
+            let options = MergeOptions { mmap, ..small_options(alg) };
+            let outcome = run(chunks, &out, &options).unwrap();
+            assert_eq!(fs::read(&out).unwrap(), all, "{alg:?} mmap={mmap}");
+            assert_eq!(outcome.checksum, hex(alg, &all));
+            assert_eq!(dir.entries(), vec!["chunks", "out.bin"]);
+        }
+    }
+}
+
+#[test]
+fn lowest_bad_chunk_is_reported_in_both_modes() {
+    for mmap in [true, false] {
+        let dir = TempDir::new();
+        let (mut chunks, _) = make_chunks(&dir.0, &[40_000, 40_000, 40_000, 40_000], Algorithm::Sha256);
+        chunks[1].checksum = hex(Algorithm::Sha256, b"other"); // found by the hasher
+        fs::remove_file(&chunks[3].path).unwrap(); // found earlier, by the feeder
+        let out = dir.0.join("out.bin");
+        let options = MergeOptions { mmap, ..small_options(Algorithm::Sha256) };
+        assert!(
+            matches!(run(chunks, &out, &options), Err(MergeError::ChunkChecksumMismatch { index: 1, .. })),
+            "mmap={mmap}"
+        );
+        assert_eq!(dir.entries(), vec!["chunks"]);
+    }
+}
+
+#[test]
+fn a_chunk_longer_than_listed_is_a_size_mismatch() {
+    for mmap in [true, false] {
+        let dir = TempDir::new();
+        let (mut chunks, _) = make_chunks(&dir.0, &[5000, 5000], Algorithm::Sha256);
+        chunks[0].size = 4999;
+        let out = dir.0.join("out.bin");
+        let options = MergeOptions { mmap, ..small_options(Algorithm::Sha256) };
+        assert!(matches!(
+            run(chunks, &out, &options),
+            Err(MergeError::ChunkSizeMismatch { index: 0, expected: 4999, actual: 5000, .. })
+        ));
+    }
+}

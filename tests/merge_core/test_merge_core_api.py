@@ -51,6 +51,36 @@ def test_merge_result_and_content(tmp_path: Path, make_chunks: MakeChunks) -> No
     assert result.to_dict()["checksum"] == result.checksum
 
 
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_mmap_and_read_modes_agree_across_windows(
+    tmp_path: Path, make_chunks: MakeChunks, use_mmap: bool
+) -> None:
+    # Chunks spanning several 1 MiB windows, sizes not multiples of 64 (so
+    # the fused sha256 path and its fallback both run).
+    chunks, data = make_chunks([(3 << 20) + 5, 64, 1 << 20, 100_001, (2 << 20) - 1])
+    out = tmp_path / "out.bin"
+    result = merge(chunks, out, fsync=False, mmap=use_mmap)
+    assert out.read_bytes() == data
+    assert result.checksum == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_lowest_failure_wins_although_the_feeder_runs_ahead(
+    tmp_path: Path, make_chunks: MakeChunks, use_mmap: bool
+) -> None:
+    # Chunk 1's checksum is wrong (found by the hasher, late); chunk 3 is
+    # missing (found by the feeder, early): chunk 1 must be reported.
+    chunks, _ = make_chunks([1 << 20, 2 << 20, 1000, 1000])
+    bad = [chunks[0], Chunk(1, chunks[1].path, chunks[1].size, "0" * 64), chunks[2]]
+    bad.append(Chunk(3, str(tmp_path / "gone"), 1000, chunks[3].checksum))
+    out = tmp_path / "out" / "o.bin"
+    out.parent.mkdir()
+    with pytest.raises(ChunkChecksumMismatch) as caught:
+        merge(bad, out, fsync=False, mmap=use_mmap)
+    assert caught.value.index == 1
+    assert os.listdir(out.parent) == []
+
+
 def test_accepts_dicts_tuples_and_pathlike(tmp_path: Path, make_chunks: MakeChunks) -> None:
     chunks, data = make_chunks([10, 20, 30])
     mixed = [

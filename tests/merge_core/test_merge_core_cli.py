@@ -60,6 +60,16 @@ def test_success_prints_result(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert result["size"] == len(whole) and result["chunk_count"] == 3
 
 
+def test_no_mmap_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    entries, whole = make_parts(tmp_path, [1000, 70_000])
+    manifest = write_manifest(tmp_path, entries)
+    output = tmp_path / "out.bin"
+    code, result = run_cli(capsys, str(manifest), str(output), "--no-mmap", "--no-fsync")
+    assert code == EXIT_OK
+    assert output.read_bytes() == whole
+    assert result["checksum"] == hashlib.sha256(whole).hexdigest()
+
+
 def test_manifest_object_with_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     entries, whole = make_parts(tmp_path, [10, 20])
     manifest = write_manifest(

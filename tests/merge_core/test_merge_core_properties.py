@@ -41,16 +41,17 @@ sizes_strategy = st.lists(
     algorithm=st.sampled_from(merge_core.ALGORITHMS),
     seed=st.integers(0, 2**32 - 1),
     fsync=st.booleans(),
+    use_mmap=st.booleans(),
 )
 def test_output_is_concatenation_in_index_order(
-    chunk_writer, sizes: list[int], algorithm: str, seed: int, fsync: bool
+    chunk_writer, sizes: list[int], algorithm: str, seed: int, fsync: bool, use_mmap: bool
 ) -> None:  # type: ignore[no-untyped-def]
     with tempfile.TemporaryDirectory() as tmp:
         chunks, data = chunk_writer(Path(tmp) / "chunks", sizes, algorithm, seed)
         shuffled = list(chunks)
         random.Random(seed).shuffle(shuffled)
         out = Path(tmp) / "out.bin"
-        result = merge(shuffled, out, algorithm=algorithm, fsync=fsync)
+        result = merge(shuffled, out, algorithm=algorithm, fsync=fsync, mmap=use_mmap)
         assert out.read_bytes() == data
         assert result.size == len(data) and result.chunk_count == len(sizes)
         if algorithm == "sha256":
@@ -66,8 +67,9 @@ def test_output_is_concatenation_in_index_order(
     sizes=st.lists(st.integers(1, 300_000), min_size=1, max_size=6),
     algorithm=st.sampled_from(merge_core.ALGORITHMS),
     data=st.data(),
+    use_mmap=st.booleans(),
 )
-def test_any_corrupted_byte_is_caught(chunk_writer, sizes: list[int], algorithm: str, data) -> None:  # type: ignore[no-untyped-def]
+def test_any_corrupted_byte_is_caught(chunk_writer, sizes: list[int], algorithm: str, data, use_mmap: bool) -> None:  # type: ignore[no-untyped-def]
     victim = data.draw(st.integers(0, len(sizes) - 1), label="chunk")
     offset = data.draw(st.integers(0, sizes[victim] - 1), label="offset")
     flip = data.draw(st.integers(1, 255), label="xor")
@@ -80,7 +82,9 @@ def test_any_corrupted_byte_is_caught(chunk_writer, sizes: list[int], algorithm:
         out_dir = Path(tmp) / "out"
         out_dir.mkdir()
         with pytest.raises(ChunkChecksumMismatch) as caught:
-            merge(chunks[::-1], out_dir / "out.bin", algorithm=algorithm, fsync=False)
+            merge(
+                chunks[::-1], out_dir / "out.bin", algorithm=algorithm, fsync=False, mmap=use_mmap
+            )
         assert caught.value.index == victim
         assert caught.value.expected == chunks[victim].checksum
         assert os.listdir(out_dir) == []

@@ -77,6 +77,7 @@ def merge(
     fsync: bool = True,
     *,
     progress: Callable[[int, int], object] | None = None,
+    mmap: bool = True,
 ) -> MergeResult:
     """Concatenate chunk files in index order into `output_path`, verified.
 
@@ -99,9 +100,20 @@ def merge(
       file is removed: no partial output is ever visible at `output_path`
       (a SIGKILL can leave the temporary file, never a partial output).
       With `fsync=False` the rename is still atomic but nothing is fsynced.
-    * Memory is bounded by `BUFFER_BUDGET` bytes of buffers, whatever the size.
-    * The GIL is released for the whole merge; reading, both hashes and
-      writing run on separate threads at once.
+    * Memory is bounded by `BUFFER_BUDGET` bytes of buffers (or of mapped
+      chunk pages, which count toward RSS while mapped), whatever the size.
+    * The GIL is released for the whole merge. A second thread maps (or
+      reads) the chunks and writes them; the calling thread computes both
+      checksums (for sha256, fused on one core with SHA-NI).
+    * `mmap=True` (default) maps chunk files and writes the output from the
+      same mapped pages that are hashed. This assumes chunk files are not
+      modified in place or truncated while the merge runs (Serentak's are
+      immutable: written to a temporary name, then renamed): a chunk file
+      rewritten in place during the merge could make the output differ from
+      what was verified, and one truncated while mapped raises SIGBUS, which
+      kills the process. `mmap=False` read()s chunks into private buffers
+      instead (slower): what is written is then exactly what was hashed,
+      whatever happens to the files. Chunks that cannot be mapped are read.
     * `progress(bytes_done, bytes_total)`, if given, is called from the
       calling thread at most ~4 times a second (and at start and end),
       briefly re-taking the GIL; pending signals are checked then too, so
@@ -117,6 +129,7 @@ def merge(
         expected_checksum,
         fsync,
         progress,
+        mmap,
     )
     return MergeResult(
         output_path=path,

@@ -89,4 +89,5 @@ def merge(
     expected_checksum: str | None = None,
     fsync: bool = True,
     progress: Callable[[int, int], object] | None = None,
+    mmap: bool = True,
 ) -> tuple[str, int, str, str, int]: ...

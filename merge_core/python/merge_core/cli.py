@@ -4,6 +4,7 @@ Usage::
 
     python -m merge_core MANIFEST OUTPUT [--algorithm sha256|blake3|crc32c]
                          [--expected-checksum HEX] [--no-fsync] [--no-progress]
+                         [--no-mmap]
 
 MANIFEST is a JSON file (``-`` for stdin): either a list of chunks, or an
 object ``{"chunks": [...], "algorithm": ..., "expected_checksum": ...}``
@@ -79,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--expected-checksum", default=None, help="whole-file checksum (hex)")
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync (not durable)")
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    parser.add_argument(
+        "--no-mmap",
+        action="store_true",
+        help="read() chunks into private buffers instead of mapping them "
+        "(for chunk files that may change during the merge)",
+    )
     return parser
 
 
@@ -192,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 expected_checksum=expected,
                 fsync=not args.no_fsync,
                 progress=progress,
+                mmap=not args.no_mmap,
             )
     except BadInput as e:
         _fail(EXIT_BAD_INPUT, {"error": "bad_input", "message": str(e), "index": None})

@@ -25,7 +25,8 @@ pub struct PyChunk {
 /// Low-level merge; `merge_core.merge` is the public wrapper. Returns
 /// `(output_path, size, checksum, algorithm, chunk_count)`.
 #[pyfunction]
-#[pyo3(signature = (chunks, output_path, algorithm = "sha256", expected_checksum = None, fsync = true, progress = None))]
+#[allow(clippy::too_many_arguments)] // the Python signature's keywords
+#[pyo3(signature = (chunks, output_path, algorithm = "sha256", expected_checksum = None, fsync = true, progress = None, mmap = true))]
 pub fn merge(
     py: Python<'_>,
     chunks: Vec<PyChunk>,
@@ -34,11 +35,13 @@ pub fn merge(
     expected_checksum: Option<String>,
     fsync: bool,
     progress: Option<Py<PyAny>>,
+    mmap: bool,
 ) -> PyResult<(String, u64, String, &'static str, u64)> {
     let options = MergeOptions {
         algorithm: parse_algorithm(py, algorithm)?,
         expected_checksum,
         fsync,
+        mmap,
         ..MergeOptions::default()
     };
     let chunks: Vec<Chunk> = chunks
