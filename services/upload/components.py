@@ -11,15 +11,19 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from services.common.auth import Authenticator
+from services.common.config import load
 from services.common.db import create_engine, session_factory
 from services.common.jobs import JobRegistry, JobRuntime, RetryPolicy, RuntimeOptions
 from services.upload.blob_store import LocalBlobStore
 from services.upload.chunks import ChunkStore
+from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
 from services.upload.file_locks import FileLocks
 from services.upload.files import Files
 from services.upload.listing_cache import ListingCache
 from services.upload.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
 from services.upload.settings import UploadSettings
+from services.upload.sync.settings import SyncSettings
+from services.upload.sync.wiring import SyncWiring, wire_sync
 from services.upload.uploads import Uploads
 
 
@@ -38,17 +42,24 @@ class UploadComponents:
     files: Files
     registry: JobRegistry
     runtime: JobRuntime
+    sync: SyncWiring
 
     async def close(self) -> None:
-        """Release connections (lock service channel, database pool)."""
+        """Release connections (provider, lock service channel, database pool)."""
+        await self.sync.close()
         await self.locks.close()
         await self.engine.dispose()
 
 
 def build_components(
-    settings: UploadSettings, runtime_options: RuntimeOptions | None = None
+    settings: UploadSettings,
+    runtime_options: RuntimeOptions | None = None,
+    sync_settings: SyncSettings | None = None,
 ) -> UploadComponents:
-    """Build and wire the parts (the database must already be migrated)."""
+    """Build and wire the parts (the database must already be migrated).
+
+    `sync_settings` defaults to `SyncSettings` read from the environment (`SERENTAK_SYNC_*`).
+    """
     engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     sessions = session_factory(engine)
     options = runtime_options or RuntimeOptions(
@@ -72,12 +83,23 @@ def build_components(
         ),
         retry=RetryPolicy(max_attempts=8, base_seconds=0.5, cap_seconds=30),
     )
-    runtime = JobRuntime(sessions, registry, options)
+    registry.register(
+        EXPIRE_JOB,
+        expiry_handler(blobs, settings.upload_ttl_seconds),
+        retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
+    )
+    auth = Authenticator(settings.auth_tokens, settings.service_token)
+    sync_config = sync_settings or load(SyncSettings)
+    sync = wire_sync(sync_config, sessions, registry, auth, settings.data_dir / "sync-cache")
+    schedules = [expiry_schedule(settings.expiry_interval_seconds)]
+    if sync_config.enabled:
+        schedules.extend(sync.schedules)
+    runtime = JobRuntime(sessions, registry, options, schedules=schedules)
     return UploadComponents(
         settings=settings,
         engine=engine,
         sessions=sessions,
-        auth=Authenticator(settings.auth_tokens, settings.service_token),
+        auth=auth,
         blobs=blobs,
         locks=locks,
         uploads=uploads,
@@ -85,4 +107,5 @@ def build_components(
         files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries)),
         registry=registry,
         runtime=runtime,
+        sync=sync,
     )
