@@ -11,16 +11,22 @@ from services.upload.components import build_components
 from services.upload.database import migrate
 from services.upload.servicer import FileServicer, UploadServicer
 from services.upload.settings import UploadSettings
+from services.upload.sync.settings import SyncSettings
 
 _SERVICES = upload_pb2.DESCRIPTOR.services_by_name
 
 
 def build_app(
-    settings: UploadSettings, runtime_options: RuntimeOptions | None = None
+    settings: UploadSettings,
+    runtime_options: RuntimeOptions | None = None,
+    sync_settings: SyncSettings | None = None,
 ) -> ServiceApp:
     """The upload service as a `ServiceApp`; migrates its database first."""
     migrate(settings.database_url)
-    parts = build_components(settings, runtime_options)
+    parts = build_components(settings, runtime_options, sync_settings)
+    background = parts.runtime.background()
+    if parts.sync.engine.settings.enabled:
+        background.append(parts.sync.webhook_server)
     return ServiceApp(
         name="upload",
         host=settings.bind_host,
@@ -39,8 +45,10 @@ def build_app(
             ),
             # Queue stats and dead letters of the job runtime (service credential only).
             admin_servicer(parts.sessions, parts.auth),
+            # Upstream sync (issue 8): linked drives, synced items, tombstones.
+            parts.sync.servicer,
         ],
-        background=parts.runtime.background(),
+        background=background,
         on_shutdown=[parts.close],
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from services.common.migrate import upgrade
 from services.common.runtime_migrations import migration_location as runtime_migrations
+from services.upload.sync.database import migration_location as sync_location
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "alembic_version_upload"
@@ -14,9 +15,10 @@ VERSION_TABLE = "alembic_version_upload"
 def migration_locations() -> list[tuple[Path, str]]:
     """Migration folders applied for this service, in order, with their version tables.
 
-    The job runtime's tables (jobs, outbox, dead letters) come first.
+    The job runtime's tables (jobs, outbox, dead letters) come first, the sync engine's
+    (which reference none of ours) last.
     """
-    return [runtime_migrations(), (MIGRATIONS, VERSION_TABLE)]
+    return [runtime_migrations(), (MIGRATIONS, VERSION_TABLE), sync_location()]
 
 
 def migrate(url: str) -> None:

@@ -23,6 +23,7 @@ from services.upload.events import record_file_event
 from services.upload.listing_cache import ListingCache, listing_key
 from services.upload.models import FILE, FOLDER, FileRow, ShareRow, utcnow
 from services.upload.permissions import owned, readable, role_of, writable
+from services.upload.sync.tombstones import hidden_file_ids, not_tombstoned, raise_if_tombstoned
 from services.upload.tree import ensure_root, new_id, validate_name
 from services.upload.versions import bump, touch_folder
 
@@ -99,9 +100,12 @@ class Files:
         return folder, role
 
     async def get(self, identity: Identity, file_id: str) -> tuple[FileRow, str]:
-        """The file and the caller's role."""
+        """The file and the caller's role (FILE_RETENTION_EXPIRED once tombstoned upstream)."""
         async with self._sessions() as session:
-            return await readable(session, identity, _required(file_id))
+            # Permission first: another tenant learns nothing about the file.
+            found = await readable(session, identity, _required(file_id))
+            await raise_if_tombstoned(session, file_id)
+            return found
 
     async def list_folder(
         self, identity: Identity, request: upload_pb2.ListFolderRequest
@@ -120,12 +124,21 @@ class Files:
                 f"{request.page_token}:{size}:{int(request.include_deleted)}",
             )
             cached = self._cache.get(key)
+            # A tombstone does not move the folder's version: a cached page that shows a
+            # file tombstoned since is dropped and read again.
+            if cached is not None and await hidden_file_ids(
+                session, identity.tenant_id, [f.file_id for f in cached.files]
+            ):
+                cached = None
             if cached is not None:
                 resp = upload_pb2.ListFolderResponse()
                 resp.CopyFrom(cached)
                 return resp
             query = select(FileRow).where(
-                FileRow.tenant_id == identity.tenant_id, FileRow.parent_id == folder.id
+                FileRow.tenant_id == identity.tenant_id,
+                FileRow.parent_id == folder.id,
+                # Tombstoned synced files stay in the database but leave every listing.
+                not_tombstoned(FileRow.id),
             )
             if not request.include_deleted:
                 query = query.where(FileRow.deleted_at.is_(None))

@@ -19,6 +19,7 @@ from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.upload.app import build_app as build_upload_app
 from services.upload.settings import UploadSettings
+from services.upload.sync.settings import SyncSettings
 
 TOKENS = {"alice": "dev-alice", "bob": "dev-bob", "carol": "dev-carol", "mallory": "dev-mallory"}
 
@@ -91,16 +92,24 @@ def settings_overrides() -> dict[str, Any]:
 
 
 @pytest.fixture
+def sync_settings() -> SyncSettings:
+    """Sync engine settings: webhook endpoint on any free port (a module may override)."""
+    return SyncSettings(webhook_port=0)
+
+
+@pytest.fixture
 async def cluster(
     database_url: str,
     tmp_path: Path,
     locks_address: str,
     runtime_options: RuntimeOptions,
     settings_overrides: dict[str, Any],
+    sync_settings: SyncSettings,
 ) -> AsyncIterator[UploadCluster]:
     """The upload service in-process on a fresh database (SQLite and PostgreSQL)."""
     settings = upload_settings(database_url, tmp_path, locks_address, **settings_overrides)
-    async with running_app(build_upload_app(settings, runtime_options)) as service:
+    app = build_upload_app(settings, runtime_options, sync_settings)
+    async with running_app(app) as service:
         address = f"127.0.0.1:{service.app.bound_port}"
         channel = grpc.aio.insecure_channel(
             address,

@@ -40,6 +40,8 @@ async def test_killed_merge_worker_still_completes_once(
         "SERENTAK_WORKER_LEASE_SECONDS": "2",
         "SERENTAK_WORKER_POLL_SECONDS": "0.1",
         "SERENTAK_LOG_FORMAT": "json",
+        # Any free port: the default 8181 may be taken by another service on the host.
+        "SERENTAK_SYNC_WEBHOOK_PORT": "0",
     }
     md = (("authorization", "Bearer dev-alice"),)
     data = os.urandom(CHUNK * 6 + 10)
