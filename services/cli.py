@@ -1,4 +1,4 @@
-"""`serentak`: upload (resumable, parallel, with a progress bar), download, ls, status.
+"""`serentak`: upload (resumable, parallel, with a progress bar), download, ls, status, audit.
 
 Resuming: `upload` derives its client_request_id from the file's path, size and mtime, so
 re-running it after a kill gets the same upload back from CreateUpload and sends only the
@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 
 import grpc
+from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -179,6 +181,44 @@ async def download(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) ->
     return 0
 
 
+async def audit(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> int:
+    """Run AuditUploads (service token) and print its findings; 1 when unhealthy."""
+    async with _channel(args.address) as channel:
+        report = await upload_pb2_grpc.UploadAdminServiceStub(channel).AuditUploads(
+            upload_pb2.AuditUploadsRequest(sample_size=args.sample), metadata=md
+        )
+    table = Table(title="upload audit")
+    for column in ("check", "upload / file", "detail", "result"):
+        table.add_column(column)
+    for d in report.duplicate_chunks:
+        table.add_row(
+            "duplicate chunk rows", d.upload_id, f"index {d.chunk_index}: {d.rows} rows", "FAIL"
+        )
+    for m in report.count_mismatches:
+        status = upload_pb2.UploadStatus.Name(m.status).removeprefix("UPLOAD_STATUS_").lower()
+        detail = (
+            f"{status}: {m.distinct_stored_chunks} stored, "
+            f"{m.received_chunk_count} counted, {m.total_chunks} expected"
+        )
+        table.add_row("chunk count", m.upload_id, detail, "FAIL")
+    for u in report.missing_chunks:
+        ranges = ", ".join(
+            str(r.start) if r.end == r.start + 1 else f"{r.start}-{r.end - 1}"
+            for r in u.missing_ranges
+        )
+        detail = f"{u.received_chunk_count}/{u.total_chunks}; missing {ranges or 'none'}"
+        table.add_row("uploading", u.upload_id, detail, "info")
+    for c in report.checksum_checks:
+        detail = c.error or f"{c.algorithm} {c.recorded_checksum[:16]}"
+        if not c.ok and not c.error:
+            detail += f" != {c.actual_checksum[:16]}"
+        table.add_row("re-hash", c.file_id, detail, "ok" if c.ok else "FAIL")
+    console = Console()
+    console.print(table)
+    console.print("healthy" if report.healthy else "UNHEALTHY")
+    return 0 if report.healthy else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `serentak` console script."""
     p = argparse.ArgumentParser(prog="serentak")
@@ -197,9 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     dl = sub.add_parser("download")
     dl.add_argument("file_id")
     dl.add_argument("output")
+    au = sub.add_parser("audit", help="store audit (needs the service token as --token)")
+    au.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
     args = p.parse_args(argv)
     md = (("authorization", f"Bearer {args.token}"),)
-    command = {"upload": upload, "status": status, "ls": ls, "download": download}[args.command]
+    commands = {"upload": upload, "status": status, "ls": ls, "download": download, "audit": audit}
+    command = commands[args.command]
     try:
         return asyncio.run(command(args, md))
     except grpc.aio.AioRpcError as exc:

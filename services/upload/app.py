@@ -6,10 +6,11 @@ from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 from services.common.admin import admin_servicer
 from services.common.grpc_server import ServiceApp, Servicer
-from services.common.jobs import RuntimeOptions
+from services.common.jobs.runtime import RuntimeOptions
+from services.upload.audit import UploadAudit
 from services.upload.components import build_components
 from services.upload.database import migrate
-from services.upload.servicer import FileServicer, UploadServicer
+from services.upload.servicer import FileServicer, UploadAdminServicer, UploadServicer
 from services.upload.settings import UploadSettings
 from services.upload.sync.settings import SyncSettings
 
@@ -42,6 +43,16 @@ def build_app(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
                 FileServicer(parts.auth, parts.files),
                 _SERVICES["FileService"].full_name,
+            ),
+            Servicer(
+                upload_pb2_grpc.add_UploadAdminServiceServicer_to_server,
+                UploadAdminServicer(
+                    parts.auth,
+                    UploadAudit(
+                        parts.sessions, parts.blobs, default_sample=settings.audit_sample_size
+                    ),
+                ),
+                _SERVICES["UploadAdminService"].full_name,
             ),
             # Queue stats and dead letters of the job runtime (service credential only).
             admin_servicer(parts.sessions, parts.auth),

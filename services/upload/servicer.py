@@ -1,4 +1,4 @@
-"""gRPC surface of `serentak.upload.v1.UploadService` and `FileService`: thin mappings.
+"""gRPC surface of `serentak.upload.v1` UploadService, FileService, UploadAdminService.
 
 Each handler identifies the caller, calls one domain use case and converts the result.
 """
@@ -13,6 +13,7 @@ from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from services.common.auth import Authenticator
 from services.common.errors import InvalidArgument
 from services.upload import convert
+from services.upload.audit import UploadAudit
 from services.upload.chunks import ChunkOutcome, ChunkStore
 from services.upload.files import Files
 from services.upload.uploads import Uploads
@@ -184,3 +185,21 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         context.set_trailing_metadata(
             (("x-checksum", file.checksum), ("x-checksum-algorithm", file.checksum_algorithm))
         )
+
+
+class UploadAdminServicer(upload_pb2_grpc.UploadAdminServiceServicer):
+    """Operator checks (service credential only)."""
+
+    def __init__(self, auth: Authenticator, audit: UploadAudit) -> None:
+        self._auth = auth
+        self._audit = audit
+
+    async def AuditUploads(
+        self, request: upload_pb2.AuditUploadsRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.AuditUploadsResponse:
+        self._auth.require_service(context)
+        if request.sample_size < 0:
+            raise InvalidArgument("sample_size", "must not be negative")
+        if request.limit < 0:
+            raise InvalidArgument("limit", "must not be negative")
+        return await self._audit.run(request.sample_size, request.limit)
