@@ -9,7 +9,8 @@ from serentak.upload.v1 import upload_pb2
 import merge_core
 from services.common.errors import InvalidArgument
 
-_BY_ENUM = {
+# Keyed by plain int: request fields arrive as ints.
+_BY_ENUM: dict[int, str] = {
     upload_pb2.CHECKSUM_ALGORITHM_UNSPECIFIED: "sha256",
     upload_pb2.CHECKSUM_ALGORITHM_SHA256: "sha256",
     upload_pb2.CHECKSUM_ALGORITHM_CRC32C: "crc32c",
@@ -34,7 +35,7 @@ def algorithm_name(value: int, field: str = "checksum_algorithm") -> str:
         raise InvalidArgument(field, f"unknown checksum algorithm {value}") from None
 
 
-def algorithm_enum(name: str) -> int:
+def algorithm_enum(name: str) -> upload_pb2.ChecksumAlgorithm:
     """The proto enum value for a merge_core algorithm name."""
     return _BY_NAME.get(name, upload_pb2.CHECKSUM_ALGORITHM_UNSPECIFIED)
 

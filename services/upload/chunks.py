@@ -114,7 +114,9 @@ class ChunkStore:
         # Fast path for retries: an existing row answers without touching the disk.
         existing = await self._existing(upload.id, index)
         if existing is not None:
-            return await self._answer_existing(upload, existing, index, len(data), actual)
+            return await self._answer_existing(
+                upload, _Stored(existing.checksum, existing.size), index, len(data), actual
+            )
         upload = await self._uploads.expire_if_due(upload)
         if upload.status != UPLOADING:
             raise UploadNotActive(

@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from services.common.auth import Authenticator
 from services.common.config import load
 from services.common.db import create_engine, session_factory
-from services.common.jobs import JobRegistry, JobRuntime, RetryPolicy, RuntimeOptions
+from services.common.jobs import JobRegistry, RetryPolicy
+from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.upload.blob_store import LocalBlobStore
 from services.upload.chunks import ChunkStore
 from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule

@@ -8,6 +8,7 @@ the listing cache is invalidated only after the commit (invariant 11).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import and_, delete, or_, select
@@ -138,7 +139,7 @@ class Files:
                 FileRow.tenant_id == identity.tenant_id,
                 FileRow.parent_id == folder.id,
                 # Tombstoned synced files stay in the database but leave every listing.
-                not_tombstoned(FileRow.id),
+                not_tombstoned(FileRow.__table__.c.id),
             )
             if not request.include_deleted:
                 query = query.where(FileRow.deleted_at.is_(None))
@@ -184,7 +185,7 @@ class Files:
             touched = {old[1], file.parent_id}
             for folder in touched:
                 await touch_folder(session, folder)
-            payload: dict[str, object] = {"file_id": file.id}
+            payload: dict[str, Any] = {"file_id": file.id}
             if event_type == "file.renamed":
                 payload.update(old_name=old[0], new_name=file.name)
             elif event_type == "file.moved":
