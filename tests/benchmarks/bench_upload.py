@@ -52,7 +52,8 @@ CHUNK = 4 * MIB
 SENDERS = 4
 POLL_S = 0.01  # resolution of "ack -> completed"
 READ_AHEAD = 2  # chunks read and hashed ahead of the stream
-DEADLINE_S = 600.0
+# A 1 GiB merge takes seconds; far longer means it failed for good (e.g. dead-lettered).
+MERGE_DEADLINE_S = 120.0
 BARE_METHOD = "/serentak.bench.v1.BareSink/Write"
 MD = (("authorization", "Bearer dev-alice"),)
 CHANNEL_OPTIONS = [
@@ -288,7 +289,7 @@ async def run_serentak(
 
 async def wait_done(stub: upload_pb2_grpc.UploadServiceStub, upload_id: str) -> upload_pb2.Upload:
     """Poll GetUpload until the upload is COMPLETED or FAILED (there is no watch RPC)."""
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = time.monotonic() + MERGE_DEADLINE_S
     final = (upload_pb2.UPLOAD_STATUS_COMPLETED, upload_pb2.UPLOAD_STATUS_FAILED)
     while True:
         upload = await stub.GetUpload(upload_pb2.GetUploadRequest(upload_id=upload_id), metadata=MD)
@@ -325,6 +326,7 @@ class Servers:
     bare: str
     blob_root: Path
     database: str
+    upload_log: Path
 
 
 def start_servers(stack: ExitStack, tmp: Path, postgres: str | None, chunks: int) -> Servers:
@@ -352,7 +354,8 @@ def start_servers(stack: ExitStack, tmp: Path, postgres: str | None, chunks: int
     bare, bare_address = start_bare(tmp / "bare")
     stack.callback(bare.wait)
     stack.callback(bare.terminate)
-    return Servers(upload.address, bare_address, tmp / "upload" / "data" / "blobs", database)
+    blobs = tmp / "upload" / "data" / "blobs"
+    return Servers(upload.address, bare_address, blobs, database, upload.log_path)
 
 
 STREAM_CASE = "Serentak UploadChunks (1 stream)"
@@ -411,7 +414,12 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
         stack.callback(source.path.unlink)
         servers = start_servers(stack, tmp, args.postgres, source.chunks)
         print(f"source: {args.size_mib} MiB, sha256 {source.sha256[:16]}...", flush=True)
-        results = await measure(servers, source, args.rounds)
+        try:
+            results = await measure(servers, source, args.rounds)
+        except RuntimeError:
+            log = servers.upload_log.read_text(errors="replace")
+            print(f"upload service log (last lines):\n{log[-4000:]}", file=sys.stderr)
+            raise
         print_table(results, source.size, servers.database)
 
 
