@@ -11,8 +11,8 @@ Cases: 1 GiB in 256 chunks and 4 GiB in 1024 chunks of 4 MiB (``--quick``:
 
 Contenders:
 
-* ``merge_core`` -- per-chunk and whole-file sha256 (plus blake3 and crc32c
-  rows for reference).
+* ``merge_core`` -- per-chunk and whole-file sha256 (plus ``mmap=False``,
+  blake3 and crc32c rows for reference).
 * ``cat`` -- the copy limit (no hashing at all).
 * ``python`` -- the best plain-Python merge we could write: mmap'd chunks,
   chunk digests on a thread pool and the whole-file digest on another thread
@@ -21,9 +21,18 @@ Contenders:
 * ``openssl`` -- ``openssl dgst -sha256`` over the chunks: one sha256 stream,
   no writing (a hash-only baseline; coreutils sha256sum is no limit).
 
-Each contender runs ``--repeat`` times (best kept). Outputs go to a temporary
-directory under ``.data/bench`` (or ``--dir``) and are deleted after each run.
-Results are MB/s (10^6 bytes per second) and ratios of merge_core to the others.
+* ``merge_core baseline`` (only with ``--baseline DIR``) -- another build of
+  the package (``DIR/merge_core``), timed inside a subprocess, for before/after.
+
+Fairness: every repeat runs all contenders round-robin (so load from other
+work on the machine drifts over all of them alike), each from the same state:
+inputs pre-warmed with ``cat``, ``sync`` so no dirty data is left from an
+earlier run, the output deleted afterwards. Each contender runs ``--repeat``
+times (default 3) and the median is reported, with the CPU time it used
+(user + system, this process and its children; kernel writeback threads are
+not counted for anyone) per GB. Outputs go to a temporary directory under
+``.data/bench`` (or ``--dir``). Results are MB/s (10^6 bytes per second) and
+ratios of merge_core to the others.
 """
 
 from __future__ import annotations
@@ -36,7 +45,9 @@ import mmap
 import os
 import platform
 import queue
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -72,6 +83,9 @@ def make_inputs(directory: Path, count: int) -> list[merge_core.Chunk]:
         entries = json.loads(manifest.read_text())
         if all(Path(e["path"]).exists() for e in entries):
             return [merge_core.Chunk(**e) for e in entries]
+    # New chunk files invalidate every other count's manifest (same names).
+    for stale in directory.glob("manifest-*.json"):
+        stale.unlink()
     pool = os.urandom(64 * MIB + CHUNK)
     entries = []
     for index in range(count):
@@ -188,12 +202,57 @@ def run_openssl(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> 
     )
 
 
-def merge_core_with(algorithm: str) -> Callable[[list[merge_core.Chunk], Path, bool], None]:
+def merge_core_with(
+    algorithm: str, mmap: bool = True
+) -> Callable[[list[merge_core.Chunk], Path, bool], None]:
     def run(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> None:
         if algorithm == "sha256":
-            merge_core.merge(chunks, output, fsync=durable)
+            merge_core.merge(chunks, output, fsync=durable, mmap=mmap)
         else:  # same files, checksums of this algorithm (computed outside the timing)
             merge_core.merge(_rehash(chunks, algorithm), output, algorithm=algorithm, fsync=durable)
+
+    return run
+
+
+BASELINE_SCRIPT = """
+import json, sys, time
+import merge_core
+chunks = [merge_core.Chunk(**c) for c in json.load(open(sys.argv[1]))]
+started = time.perf_counter()
+merge_core.merge(chunks, sys.argv[2], fsync=sys.argv[3] == "1")
+print(time.perf_counter() - started)
+"""
+
+
+def merge_core_baseline(directory: Path) -> Callable[[list[merge_core.Chunk], Path, bool], float]:
+    """Another build of merge_core (`directory/merge_core`), timed in a subprocess."""
+
+    def run(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> float:
+        manifest = output.with_name("baseline-manifest.json")
+        manifest.write_text(
+            json.dumps(
+                [
+                    {"index": c.index, "path": str(c.path), "size": c.size, "checksum": c.checksum}
+                    for c in chunks
+                ]
+            )
+        )
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                BASELINE_SCRIPT,
+                str(manifest),
+                str(output),
+                "1" if durable else "0",
+            ],
+            env={**os.environ, "PYTHONPATH": str(directory)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        manifest.unlink()
+        return float(done.stdout)
 
     return run
 
@@ -214,25 +273,35 @@ def _rehash(chunks: list[merge_core.Chunk], algorithm: str) -> list[merge_core.C
 # -- measuring -------------------------------------------------------------------
 
 
-def measure(
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its waited-for children."""
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def measure_once(
     run: Callable[[list[merge_core.Chunk], Path, bool], object],
     chunks: list[merge_core.Chunk],
     out_dir: Path,
     durable: bool,
-    repeat: int,
-) -> float:
-    """Best wall time of `repeat` runs, each from a clean start."""
-    best = float("inf")
-    for _ in range(repeat):
-        output = out_dir / "merged.bin"
-        warm(chunks)
-        os.sync()  # start with no dirty data from an earlier run
-        started = time.perf_counter()
-        run(chunks, output, durable)
-        best = min(best, time.perf_counter() - started)
-        if output.exists():
-            output.unlink()
-    return best
+) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run from a clean start."""
+    output = out_dir / "merged.bin"
+    warm(chunks)
+    os.sync()  # start with no dirty data from an earlier run
+    cpu = cpu_seconds()
+    started = time.perf_counter()
+    inner = run(chunks, output, durable)
+    wall = time.perf_counter() - started
+    cpu = cpu_seconds() - cpu
+    if isinstance(inner, float):  # timed inside a subprocess
+        wall = inner
+    if output.exists():
+        output.unlink()
+    return wall, cpu
 
 
 def verdict(rate: dict[str, float], durable: bool) -> str:
@@ -254,7 +323,12 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="64 MiB and 256 MiB cases, one run each"
     )
-    parser.add_argument("--repeat", type=int, default=None, help="runs per contender (best kept)")
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="runs per contender (median kept; default 3)"
+    )
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="also time the merge_core package in DIR"
+    )
     parser.add_argument("--dir", type=Path, default=REPO / ".data" / "bench" / "merge_core")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
@@ -262,7 +336,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     sizes = [16, 64] if args.quick else [256, 1024]
-    repeat = args.repeat or (1 if args.quick else 2)
+    repeat = args.repeat or (1 if args.quick else 3)
     inputs_dir, out_dir = args.dir / "inputs", args.dir / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     all_chunks = make_inputs(inputs_dir, max(sizes))
@@ -273,16 +347,19 @@ def main() -> int:
         f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
         f"merge_core {merge_core.__version__}, "
         f"buffer budget {merge_core.BUFFER_BUDGET // MIB} MiB, "
-        f"best of {repeat}"
+        f"median of {repeat}, contenders round-robin"
     )
     contenders: list[tuple[str, Callable[[list[merge_core.Chunk], Path, bool], object]]] = [
         ("merge_core sha256", merge_core_with("sha256")),
+        ("merge_core sha256 mmap=False", merge_core_with("sha256", mmap=False)),
         ("merge_core blake3", merge_core_with("blake3")),
         ("merge_core crc32c", merge_core_with("crc32c")),
         ("cat", run_cat),
         ("python sha256", python_merge),
         ("openssl dgst -sha256 (hash only)", run_openssl),
     ]
+    if args.baseline:
+        contenders.insert(1, ("merge_core baseline", merge_core_baseline(args.baseline)))
     results = []
     for count in sizes:
         chunks = all_chunks[:count]
@@ -290,17 +367,22 @@ def main() -> int:
         for durable in (True, False):
             mode = "durable (fsync)" if durable else "page cache"
             case = f"{total // MIB} MiB in {count} chunks, {mode}"
-            seconds = {
-                name: measure(run, chunks, out_dir, durable, repeat) for name, run in contenders
-            }
+            runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in contenders}
+            for _ in range(repeat):
+                for name, run in contenders:
+                    runs[name].append(measure_once(run, chunks, out_dir, durable))
+            seconds = {name: statistics.median(w for w, _ in r) for name, r in runs.items()}
+            cpu = {name: statistics.median(c for _, c in r) for name, r in runs.items()}
             rate = {name: total / s / 1e6 for name, s in seconds.items()}
             mc = rate["merge_core sha256"]
             print(f"\n## {case}")
-            print("| contender | seconds | MB/s | merge_core sha256 / it |")
-            print("| --- | ---: | ---: | ---: |")
+            print("| contender | seconds | MB/s | runs MB/s | CPU s/GB | merge_core sha256 / it |")
+            print("| --- | ---: | ---: | --- | ---: | ---: |")
             for name in seconds:
+                each = " ".join(f"{total / w / 1e6:.0f}" for w, _ in runs[name])
                 print(
-                    f"| {name} | {seconds[name]:.3f} | {rate[name]:.0f} | {mc / rate[name]:.2f} |"
+                    f"| {name} | {seconds[name]:.3f} | {rate[name]:.0f} | {each} "
+                    f"| {cpu[name] / (total / 1e9):.2f} | {mc / rate[name]:.2f} |"
                 )
             print(verdict(rate, durable))
             results.append(
@@ -309,6 +391,7 @@ def main() -> int:
                     "bytes": total,
                     "durable": durable,
                     "seconds": seconds,
+                    "cpu_seconds": cpu,
                     "mb_per_s": rate,
                 }
             )
