@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import RowMapping, insert
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from services.common.correlation import current_correlation_id
 from services.common.jobs import sql
@@ -23,8 +23,10 @@ from services.common.jobs.job import ClaimedJob, NewJob
 from services.common.jobs.models import jobs, utcnow
 
 
-def _is_postgresql(session: AsyncSession) -> bool:
-    return session.get_bind().dialect.name == "postgresql"
+def _is_postgresql(executor: AsyncSession | AsyncConnection) -> bool:
+    if isinstance(executor, AsyncConnection):
+        return executor.dialect.name == "postgresql"
+    return executor.get_bind().dialect.name == "postgresql"
 
 
 def _validate(job: NewJob) -> None:
@@ -83,7 +85,7 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
 
 
 async def claim_jobs(
-    session: AsyncSession,
+    session: AsyncSession | AsyncConnection,
     worker_id: str,
     job_types: Iterable[str],
     lease_seconds: float,
@@ -92,7 +94,8 @@ async def claim_jobs(
     """Lease up to `limit` of the oldest claimable jobs of `job_types`, oldest first.
 
     Each returned job heads its partition, so they are in distinct partitions. Runs in
-    the caller's (short) transaction; commit it to make the leases visible. A job whose
+    the caller's (short) transaction, on a session or a bare connection; commit it to
+    make the leases visible. A job whose
     idempotency key is already applied comes back with `already_applied` set.
     """
     types = list(job_types)

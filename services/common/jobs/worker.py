@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from services.common.correlation import bound_correlation_id
 from services.common.jobs import metrics
@@ -85,6 +85,7 @@ class Worker:
         # (observable state for tests and tools).
         self.claim_rounds = 0
         self.idling = asyncio.Event()
+        self._claim_connection: AsyncConnection | None = None
 
     def wake(self) -> None:
         """Claim again now instead of at the next poll (e.g. after an in-process enqueue)."""
@@ -97,17 +98,25 @@ class Worker:
         `sql.py`), so a busy worker pays one claim round trip for several jobs.
         """
         running: set[asyncio.Task[None]] = set()
+        # While the queue has more than we can take, claim only once half the slots are
+        # free: a round trip per batch rather than per finished job. Once a claim comes
+        # back short (the queue is drained), claim for any free slot, for latency.
+        batch = max(1, self.concurrency // 2)
+        backlog = False
         log.info("worker_started", worker_id=self.worker_id, job_types=self.registry.names)
         try:
             while True:
+                if self._claim_connection is None:
+                    await self._open_claim_connection()
                 free = self.concurrency - len(running)
-                if free == 0:
+                if free == 0 or (backlog and free < batch):
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 # Cleared before the claim: a wake-up arriving while it runs (an enqueue,
                 # a finished job unblocking its partition) makes the next idle a no-op.
                 self._wake.clear()
                 claimed = await self._claim(free)
+                backlog = len(claimed) == free
                 if not claimed:
                     await self._idle()
                     continue
@@ -119,6 +128,7 @@ class Worker:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.shield(self._close_claim_connection())
             log.info("worker_stopped", worker_id=self.worker_id)
 
     def _job_done(self, running: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
@@ -149,14 +159,38 @@ class Worker:
     async def _claim(self, limit: int) -> list[ClaimedJob]:
         self.claim_rounds += 1
         try:
-            async with self.sessions() as session, session.begin():
+            if self._claim_connection is None:
+                async with self.sessions() as session, session.begin():
+                    return await claim_jobs(
+                        session, self.worker_id, self.registry.names, self.lease_seconds, limit
+                    )
+            async with self._claim_connection.begin():
                 return await claim_jobs(
-                    session, self.worker_id, self.registry.names, self.lease_seconds, limit
+                    self._claim_connection,
+                    self.worker_id,
+                    self.registry.names,
+                    self.lease_seconds,
+                    limit,
                 )
         except Exception:
             # The database is unreachable or busy: not a reason to stop the worker.
             log.exception("job_claim_failed", worker_id=self.worker_id)
+            await self._close_claim_connection()
             return []
+
+    async def _open_claim_connection(self) -> None:
+        # The claim loop keeps one connection: no pool checkout, pre-ping or ORM session
+        # per claim. Without an engine behind `sessions`, claims use sessions instead.
+        engine = self.sessions.kw.get("bind")
+        if isinstance(engine, AsyncEngine):
+            with contextlib.suppress(Exception):
+                self._claim_connection = await engine.connect()
+
+    async def _close_claim_connection(self) -> None:
+        connection, self._claim_connection = self._claim_connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
 
     async def execute(self, job: ClaimedJob) -> None:
         """Run one claimed job to its outcome: completed, retried, dead-lettered or lost."""
