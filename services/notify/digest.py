@@ -21,18 +21,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from serentak.events.v1 import events_pb2
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
+from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased
 
 from services.notify.models import Notification
 from services.notify.sql import batches
 
+NOTIFICATIONS: Table = Notification.__table__  # type: ignore[assignment]
+
 
 def mergeable(
-    latest: Notification, event: events_pb2.Event, occurred_at: datetime, window: timedelta
+    latest: Row[Any], event: events_pb2.Event, occurred_at: datetime, window: timedelta
 ) -> bool:
     """Whether `event` folds into `latest` (the user's latest notification for the file)."""
     return (
@@ -47,31 +50,43 @@ def mergeable(
 
 async def latest_for_file(
     session: AsyncSession, tenant_id: str, file_id: str, user_ids: Sequence[str]
-) -> dict[str, Notification]:
-    """Each user's latest notification about `file_id`, locked until commit (PostgreSQL) so a
-    concurrent MarkRead cannot slip between the unread check and the fold."""
-    found: dict[str, Notification] = {}
-    newer = aliased(Notification)
+) -> dict[str, Any]:
+    """Each user's latest notification about `file_id` (the columns `mergeable` and a fold
+    need), locked until commit (PostgreSQL) so a concurrent MarkRead cannot slip between
+    the unread check and the fold. One statement per batch of users, plain rows."""
+    found: dict[str, Any] = {}
+    n = NOTIFICATIONS.c
+    newer = NOTIFICATIONS.alias("newer")
     for chunk in batches(user_ids):
         latest_seq = (
-            select(func.max(newer.seq))
+            select(func.max(newer.c.seq))
             .where(
-                newer.tenant_id == Notification.tenant_id,
-                newer.user_id == Notification.user_id,
-                newer.file_id == Notification.file_id,
+                newer.c.tenant_id == n.tenant_id,
+                newer.c.user_id == n.user_id,
+                newer.c.file_id == n.file_id,
             )
             .scalar_subquery()
         )
-        rows = await session.scalars(
-            select(Notification)
-            .where(
-                Notification.tenant_id == tenant_id,
-                Notification.file_id == file_id,
-                Notification.user_id.in_(chunk),
-                Notification.seq == latest_seq,
+        rows = await session.execute(
+            select(
+                n.user_id,
+                n.notification_id,
+                n.dedupe_key,
+                n.event_type,
+                n.read_at,
+                n.version,
+                n.window_started_at,
+                n.created_at,
+                n.digest_count,
             )
-            .order_by(Notification.user_id)
-            .with_for_update(of=Notification)
+            .where(
+                n.tenant_id == tenant_id,
+                n.file_id == file_id,
+                n.user_id.in_(chunk),
+                n.seq == latest_seq,
+            )
+            .order_by(n.user_id)
+            .with_for_update(of=NOTIFICATIONS)
         )
         found.update((row.user_id, row) for row in rows)
     return found

@@ -7,25 +7,22 @@ Order (invariant 10). Versions of one aggregate (a file or folder) are contiguou
 change bumps the version by exactly one, starting at 1. With `applied` the last version
 applied for the aggregate (row-locked for the transaction):
 - `version <= applied`: skipped as old (counted);
-- `version == applied + 1`: applied now, and so are the parked successors that follow it
+- `version == applied + 1`: accepted now, and so are the parked successors that follow it
   without a hole (`applied + 2`, ...);
 - `version > applied + 1`: parked in the inbox. It "retries later" without any resend:
-  the transaction that applies its predecessor applies it too.
+  the transaction that accepts its predecessor accepts it too.
 
-Everything — inbox row, version check, fan-out, notifications — commits in one
-transaction, so a crash leaves either the whole effect or none of it (a redelivery then
-does the work). Subscribers hear about notifications only after that commit.
-
-Job runtime. The fan-out runs inline in this transaction rather than as queued jobs: the
-inbox already parks out-of-order events, the aggregate row serialises one file's events,
-and each user's stream row serialises that user's notifications. A queue hop would add
-latency and a second idempotency record without adding a guarantee.
+Accepting an event enqueues its fan-out job (`fanout_job.py`) in the same transaction,
+under the aggregate's row lock, so a file's jobs are enqueued — and, being partitioned
+by file, run — in version order. Ingest returns once that transaction commits: the
+per-user work runs on the job runtime, and a crash at any point leaves either the
+accepted event with its queued job or nothing (a redelivery then does the work).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import timedelta
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2
@@ -33,15 +30,15 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.correlation import current_correlation_id
+from services.common.jobs import enqueue
 from services.common.logging import get_logger
 from services.notify import metrics
-from services.notify.clock import to_naive_utc, utcnow
+from services.notify.clock import utcnow
 from services.notify.errors import InvalidEvent
-from services.notify.fanout import Written, audience, fan_out, lock_streams
+from services.notify.fanout import audience
+from services.notify.fanout_job import fanout_job
 from services.notify.models import ID_LEN, AggregateVersion, InboxEvent, InboxStatus
 from services.notify.sql import insert_ignore, retrying
-from services.notify.streams import Broker
-from services.notify.summaries import describe
 
 log = get_logger(__name__)
 Outcome = notify_pb2.IngestOutcome
@@ -52,10 +49,10 @@ class IngestResult:
     """What one Ingest call did."""
 
     outcome: int
-    written: list[Written] = field(default_factory=list)
+    # Notifications the accepted events' fan-out jobs write (one per audience user).
+    scheduled: int = 0
     applied: int = 0
     skipped_old: int = 0
-    duplicates: int = 0
 
 
 def validate(event: events_pb2.Event, max_audience: int) -> None:
@@ -75,36 +72,37 @@ def validate(event: events_pb2.Event, max_audience: int) -> None:
 
 
 class Inbox:
-    """Ingests events: deduplicates, orders per aggregate, fans out, then publishes."""
+    """Ingests events: deduplicates, orders per aggregate, queues their fan-out."""
 
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        broker: Broker,
         *,
-        digest_window: timedelta,
         max_audience: int,
+        on_accepted: Callable[[], None] = lambda: None,
     ) -> None:
         self._sessions = sessions
-        self._broker = broker
-        self._window = digest_window
         self._max_audience = max_audience
+        # Called after a commit that queued fan-out jobs: wakes the in-process workers.
+        self._on_accepted = on_accepted
 
     async def ingest(self, event: events_pb2.Event) -> IngestResult:
-        """Store and (when its turn has come) apply `event`; publish what it wrote."""
+        """Store `event` and, when its turn has come, accept it (queue its fan-out)."""
         validate(event, self._max_audience)
         if not event.correlation_id:
             event.correlation_id = current_correlation_id()
         result = await retrying(lambda: self._ingest_once(event))
+        if result.applied:
+            self._on_accepted()
         self._count(result)
-        self._broker.publish(result.written)
         log.info(
             "event_ingested",
             event_id=event.event_id,
             file_id=event.aggregate_id,
             version=event.version,
             outcome=Outcome.Name(result.outcome),
-            notifications=len(result.written),
+            accepted=result.applied,
+            notifications_scheduled=result.scheduled,
         )
         return result
 
@@ -125,7 +123,7 @@ class Inbox:
                 .returning(InboxEvent.event_id)
             )
             if stored is None:
-                return IngestResult(Outcome.INGEST_OUTCOME_DUPLICATE, duplicates=1)
+                return IngestResult(Outcome.INGEST_OUTCOME_DUPLICATE)
             applied = await self._lock_aggregate(session, event.aggregate_id)
             if event.version <= applied:
                 await self._finish(session, [event.event_id], InboxStatus.SKIPPED_OLD)
@@ -133,7 +131,7 @@ class Inbox:
             if event.version > applied + 1:
                 return IngestResult(Outcome.INGEST_OUTCOME_PARKED)
             result = IngestResult(Outcome.INGEST_OUTCOME_APPLIED)
-            await self._apply_in_order(session, event, result)
+            await self._accept_in_order(session, event, result)
             return result
 
     async def _lock_aggregate(self, session: AsyncSession, aggregate_id: str) -> int:
@@ -150,33 +148,16 @@ class Inbox:
         )
         return int(version or 0)
 
-    async def _apply_in_order(
+    async def _accept_in_order(
         self, session: AsyncSession, first: events_pb2.Event, result: IngestResult
     ) -> None:
-        """Apply `first` and the parked successors that follow it without a hole."""
+        """Accept `first` and the parked successors that follow it without a hole: queue
+        one fan-out job each, in version order."""
         aggregate_id = first.aggregate_id
         chain = [first, *await self._parked_successors(session, aggregate_id, first.version)]
-        audiences: dict[str, set[str]] = {}
         for ev in chain:
-            audiences.setdefault(ev.tenant_id, set()).update(audience(ev))
-        for tenant_id, users in sorted(audiences.items()):
-            await lock_streams(session, tenant_id, sorted(users))
-        for ev in chain:
-            occurred_at = (
-                to_naive_utc(ev.occurred_at.ToDatetime())
-                if ev.HasField("occurred_at")
-                else utcnow()
-            )
-            fanned = await fan_out(
-                session,
-                ev,
-                describe(ev),
-                occurred_at=occurred_at,
-                now=utcnow(),
-                window=self._window,
-            )
-            result.written.extend(fanned.written)
-            result.duplicates += fanned.duplicates
+            await enqueue(session, fanout_job(ev))
+            result.scheduled += len(audience(ev))
             result.applied += 1
         await self._finish(session, [ev.event_id for ev in chain], InboxStatus.APPLIED)
         applied = chain[-1].version
@@ -237,9 +218,5 @@ class Inbox:
             metrics.DUPLICATES_PREVENTED.labels("inbox").inc()
         if result.outcome == Outcome.INGEST_OUTCOME_PARKED:
             metrics.EVENTS_PARKED.inc()
-        if result.duplicates and result.outcome != Outcome.INGEST_OUTCOME_DUPLICATE:
-            metrics.DUPLICATES_PREVENTED.labels("notification").inc(result.duplicates)
         metrics.EVENTS_SKIPPED_OLD.inc(result.skipped_old)
         metrics.EVENTS_APPLIED.inc(result.applied)
-        metrics.NOTIFICATIONS_WRITTEN.inc(len(result.written))
-        metrics.DIGESTS_MERGED.inc(sum(1 for w in result.written if w.merged))

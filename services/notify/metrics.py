@@ -23,7 +23,23 @@ EVENTS_PARKED = Counter(
 )
 EVENTS_APPLIED = Counter(
     "serentak_notify_events_applied_total",
-    "Events applied (fanned out) in version order.",
+    "Events accepted in version order (their fan-out job is queued).",
+)
+FANOUT_EVENTS = Counter(
+    "serentak_notify_fanout_events_total",
+    "Accepted events whose notifications a fan-out job wrote.",
+)
+PARKED_EVENTS = Gauge(
+    "serentak_notify_parked_events",
+    "Events waiting in the inbox for a missing earlier version of their file.",
+)
+PARKED_OLDEST_AGE = Gauge(
+    "serentak_notify_parked_oldest_age_seconds",
+    "How long the oldest parked event has waited (a stuck version gap keeps growing).",
+)
+PARKED_FILES = Gauge(
+    "serentak_notify_parked_files",
+    "Files with at least one parked event (each has a version gap).",
 )
 NOTIFICATIONS_WRITTEN = Counter(
     "serentak_notify_notifications_written_total",

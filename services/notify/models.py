@@ -42,7 +42,8 @@ class InboxStatus:
     """Values of `InboxEvent.status`."""
 
     PARKED = "parked"  # ahead of the next expected version: waits for its predecessors
-    APPLIED = "applied"
+    APPLIED = "applied"  # its turn came: accepted in version order, fan-out job queued
+    NOTIFIED = "notified"  # the fan-out job wrote its notifications
     SKIPPED_OLD = "skipped_old"
 
 

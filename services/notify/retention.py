@@ -1,4 +1,8 @@
-"""Retention: a periodic sweep purges read notifications and finished inbox rows.
+"""Retention: a periodic job purges read notifications and finished inbox rows.
+
+The job runtime's periodic scheduler enqueues `notify_retention` once per
+`retention_interval_seconds` across all replicas (`PeriodicSchedule`); the sweep runs in
+the job's transaction like any other job, with its retries and dead letters.
 
 Unread notifications are never purged (the badge counts them). A purged inbox row only
 means a very late redelivery of that event is no longer recognised by `event_id`; the
@@ -7,19 +11,21 @@ version order still skips it as old, so it has no effect either way.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common.jobs import JobContext, PeriodicSchedule
 from services.common.logging import get_logger
 from services.notify import metrics
 from services.notify.clock import utcnow
 from services.notify.models import InboxEvent, InboxStatus, Notification
 
 log = get_logger(__name__)
+
+RETENTION_JOB = "notify_retention"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,21 +43,35 @@ async def purge(
     inbox_older_than: timedelta,
     now: datetime | None = None,
 ) -> Purged:
-    """Delete notifications read before `now - read_older_than` and inbox rows finished
-    before `now - inbox_older_than`, in one transaction."""
-    now = now or utcnow()
+    """`purge_in` in a transaction of its own."""
     async with sessions() as session, session.begin():
-        notes = await session.execute(
-            delete(Notification).where(
-                Notification.read_at.is_not(None), Notification.read_at < now - read_older_than
-            )
+        return await purge_in(
+            session, read_older_than=read_older_than, inbox_older_than=inbox_older_than, now=now
         )
-        inbox = await session.execute(
-            delete(InboxEvent).where(
-                InboxEvent.status != InboxStatus.PARKED,
-                InboxEvent.finished_at < now - inbox_older_than,
-            )
+
+
+async def purge_in(
+    session: AsyncSession,
+    *,
+    read_older_than: timedelta,
+    inbox_older_than: timedelta,
+    now: datetime | None = None,
+) -> Purged:
+    """Delete notifications read before `now - read_older_than` and inbox rows finished
+    before `now - inbox_older_than`, in the caller's transaction. Parked events stay, and
+    so do accepted ones whose fan-out has not run yet."""
+    now = now or utcnow()
+    notes = await session.execute(
+        delete(Notification).where(
+            Notification.read_at.is_not(None), Notification.read_at < now - read_older_than
         )
+    )
+    inbox = await session.execute(
+        delete(InboxEvent).where(
+            InboxEvent.status.in_([InboxStatus.NOTIFIED, InboxStatus.SKIPPED_OLD]),
+            InboxEvent.finished_at < now - inbox_older_than,
+        )
+    )
     purged = Purged(notes.rowcount or 0, inbox.rowcount or 0)  # type: ignore[attr-defined]
     metrics.PURGED.labels("notifications").inc(purged.notifications)
     metrics.PURGED.labels("notify_inbox").inc(purged.inbox_events)
@@ -59,31 +79,23 @@ async def purge(
     return purged
 
 
-class RetentionSweeper:
-    """The background loop: one sweep every `interval`, forever (cancelled at shutdown)."""
+class RetentionJob:
+    """Job handler of `notify_retention`: one sweep in the job's transaction."""
 
-    def __init__(
-        self,
-        sessions: async_sessionmaker[AsyncSession],
-        *,
-        interval: timedelta,
-        read_older_than: timedelta,
-        inbox_older_than: timedelta,
-    ) -> None:
-        self._sessions = sessions
-        self._interval = interval
+    def __init__(self, *, read_older_than: timedelta, inbox_older_than: timedelta) -> None:
         self._read_older_than = read_older_than
         self._inbox_older_than = inbox_older_than
 
-    async def run(self) -> None:
-        """Sweep, wait, repeat; a failed sweep is logged and retried next time."""
-        while True:
-            try:
-                await purge(
-                    self._sessions,
-                    read_older_than=self._read_older_than,
-                    inbox_older_than=self._inbox_older_than,
-                )
-            except Exception:
-                log.exception("retention_sweep_failed")
-            await asyncio.sleep(self._interval.total_seconds())
+    async def __call__(self, ctx: JobContext) -> None:
+        """Purge what has aged out; the counts are stored with the job's idempotency key."""
+        purged = await purge_in(
+            ctx.session,
+            read_older_than=self._read_older_than,
+            inbox_older_than=self._inbox_older_than,
+        )
+        ctx.effect = {"notifications": purged.notifications, "inbox_events": purged.inbox_events}
+
+
+def retention_schedule(interval_seconds: float) -> PeriodicSchedule:
+    """Run the sweep once every `interval_seconds`, on one replica per tick."""
+    return PeriodicSchedule(RETENTION_JOB, interval_seconds)

@@ -53,7 +53,7 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
         return notify_pb2.IngestResponse(
             duplicate=result.outcome == notify_pb2.INGEST_OUTCOME_DUPLICATE,
             outcome=result.outcome,  # type: ignore[arg-type]
-            notifications_written=len(result.written),
+            notifications_written=result.scheduled,
         )
 
     async def ListNotifications(

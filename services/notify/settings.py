@@ -34,7 +34,20 @@ class NotifySettings(CommonSettings):
         "skips a very late duplicate as old).",
     )
     retention_interval_seconds: float = Field(
-        3600.0, gt=0, description="How often the retention sweep runs."
+        3600.0, gt=0, description="How often the retention job runs (periodic schedule)."
+    )
+    fanout_batch_max: int = Field(
+        50, ge=1, description="Most accepted events of one file a fan-out job writes at once."
+    )
+    worker_concurrency: int = Field(8, ge=1, description="Jobs one worker runs at a time.")
+    worker_lease_seconds: float = Field(
+        30.0, gt=0, description="Job lease; a dead worker's job runs again after it."
+    )
+    worker_poll_seconds: float = Field(
+        0.5, gt=0, description="Idle workers poll this often (in-process enqueues wake them)."
+    )
+    parked_sample_seconds: float = Field(
+        15.0, gt=0, description="How often the parked-event gauges are refreshed."
     )
 
     @property

@@ -29,7 +29,9 @@ def insert_ignore(session: AsyncSession, model: Any) -> Any:
     return sqlite.insert(model).on_conflict_do_nothing()
 
 
-def _retryable(exc: DBAPIError) -> bool:
+def retryable(exc: DBAPIError) -> bool:
+    """True when the database rolled the transaction back to break a deadlock or a
+    serialization conflict: nothing happened, running it again is safe."""
     return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
 
 
@@ -40,7 +42,7 @@ async def retrying(transaction: Callable[[], Awaitable[T]]) -> T:
         try:
             return await transaction()
         except DBAPIError as exc:
-            if not _retryable(exc) or attempt == TRANSACTION_ATTEMPTS:
+            if not retryable(exc) or attempt == TRANSACTION_ATTEMPTS:
                 raise
             log.info("transaction_retried", attempt=attempt, sqlstate=exc.orig.sqlstate)  # type: ignore[union-attr]
     raise AssertionError("unreachable")

@@ -16,6 +16,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from support.services import running_app
@@ -23,9 +24,12 @@ from support.services import running_app
 from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
 from services.common.grpc_server import RunningService
 from services.notify.app import build_app
+from services.notify.components import NotifyComponents, build_components
+from services.notify.fanout_job import FANOUT_JOB
 from services.notify.settings import NotifySettings
 
 SERVICE = (("authorization", f"Bearer {DEFAULT_SERVICE_TOKEN}"),)
+SETTLE_DEADLINE_S = 60.0
 _versions = itertools.count(1)
 
 
@@ -91,7 +95,37 @@ class NotifyHarness:
 
     service: RunningService
     stub: notify_pb2_grpc.NotifyServiceStub
+    admin: admin_pb2_grpc.AdminServiceStub
     settings: NotifySettings
+    parts: NotifyComponents
+
+    async def fanout_backlog(self) -> tuple[int, int]:
+        """(queued or running fan-out jobs, dead-lettered ones), from AdminService."""
+        stats = await self.admin.QueueStats(admin_pb2.QueueStatsRequest(), metadata=SERVICE)
+        for t in stats.job_types:
+            if t.job_type == FANOUT_JOB:
+                return t.queued + t.running, t.dead_letters
+        return 0, 0
+
+    async def settled(self) -> None:
+        """Wait until every accepted event's fan-out job has finished (none queued or
+        running), polling the queue stats with a deadline; fails on a dead letter."""
+        deadline = asyncio.get_running_loop().time() + SETTLE_DEADLINE_S
+        while True:
+            backlog, dead = await self.fanout_backlog()
+            assert dead == 0, "a fan-out job was dead-lettered"
+            if backlog == 0:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{backlog} fan-out jobs still pending")
+            self.parts.runtime.wake()
+            await asyncio.sleep(0.05)  # poll interval of the wait above, not a stand-in
+
+    async def ingest_settled(self, ev: events_pb2.Event) -> notify_pb2.IngestResponse:
+        """Ingest, then wait until its fan-out (if accepted) has been written."""
+        resp = await self.ingest(ev)
+        await self.settled()
+        return resp
 
     async def ingest(self, ev: events_pb2.Event) -> notify_pb2.IngestResponse:
         return await self.stub.Ingest(notify_pb2.IngestRequest(event=ev), metadata=SERVICE)
@@ -132,9 +166,16 @@ class NotifyHarness:
 
 
 async def _start(settings: NotifySettings) -> AsyncIterator[NotifyHarness]:
-    async with running_app(build_app(settings)) as service:
+    parts = build_components(settings)
+    async with running_app(build_app(settings, parts)) as service:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{service.app.bound_port}") as channel:
-            yield NotifyHarness(service, notify_pb2_grpc.NotifyServiceStub(channel), settings)
+            yield NotifyHarness(
+                service,
+                notify_pb2_grpc.NotifyServiceStub(channel),
+                admin_pb2_grpc.AdminServiceStub(channel),
+                settings,
+                parts,
+            )
 
 
 start_notify = contextlib.asynccontextmanager(_start)

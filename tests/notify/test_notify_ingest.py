@@ -24,6 +24,7 @@ async def test_thousand_events_redelivered_give_one_notification_per_user_file_v
     rng.shuffle(deliveries)
 
     responses = await notify.ingest_all(deliveries, parallel=24)
+    await notify.settled()
 
     outcomes = Counter(r.outcome for r in responses)
     assert outcomes[notify_pb2.INGEST_OUTCOME_DUPLICATE] == len(deliveries) - len(events)
@@ -48,9 +49,10 @@ async def test_out_of_order_versions_wait_for_their_turn_and_old_ones_are_skippe
     v1, v2, v3 = (event("f-ooo", v, name=f"v{v}") for v in (1, 2, 3))
     assert (await notify.ingest(v3)).outcome == notify_pb2.INGEST_OUTCOME_PARKED
     assert (await notify.ingest(v2)).outcome == notify_pb2.INGEST_OUTCOME_PARKED
+    await notify.settled()
     assert await notify.all_notifications("alice") == []
 
-    applied = await notify.ingest(v1)
+    applied = await notify.ingest_settled(v1)
     assert applied.outcome == notify_pb2.INGEST_OUTCOME_APPLIED
     assert applied.notifications_written == 6  # 3 versions x (alice, bob); carol acted
 
@@ -68,6 +70,7 @@ async def test_concurrent_out_of_order_bursts_apply_every_version_once(notify):
         batch = [ev for ev in events for _ in range(rng.randint(1, 3))]
         rng.shuffle(batch)
         await notify.ingest_all(batch, parallel=32)
+    await notify.settled()
     got = await notify.all_notifications("alice")
     assert sorted((n.file_id, n.version) for n in got) == sorted(
         (e.aggregate_id, e.version) for e in events
@@ -78,7 +81,7 @@ async def test_thousand_collaborators_on_one_file(notify_factory):
     users = [f"u{i:04d}" for i in range(1000)]
     async with notify_factory(extra_users=users) as notify:
         ev = event("f-big", 1, actor="u0000", audience=users)
-        resp = await notify.ingest(ev)
+        resp = await notify.ingest_settled(ev)
         assert resp.notifications_written == 999
         assert (await notify.ingest(ev)).duplicate
         assert await notify.all_notifications("u0000") == []
@@ -97,6 +100,7 @@ async def test_ingest_is_for_services_only(notify):
     with pytest.raises(grpc.aio.AioRpcError) as anonymous:
         await notify.stub.Ingest(request)
     assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    await notify.settled()
     assert await notify.all_notifications("alice") == []
 
 

@@ -13,6 +13,7 @@ from serentak.notify.v1 import notify_pb2
 
 async def test_list_pages_newest_first_and_unread_only(notify):
     await notify.ingest_all([event(f"f-page-{i}", 1) for i in range(7)], parallel=1)
+    await notify.settled()
     seen, token = [], ""
     while True:
         page = await notify.stub.ListNotifications(
@@ -37,6 +38,7 @@ async def test_list_pages_newest_first_and_unread_only(notify):
 
 async def test_mark_read_by_ids_and_up_to_cursor(notify):
     await notify.ingest_all([event(f"f-mark-{i}", 1) for i in range(6)], parallel=1)
+    await notify.settled()
     oldest_first = sorted(await notify.all_notifications("alice"), key=lambda n: int(n.cursor))
     md = user_md("alice")
     resp = await notify.stub.MarkRead(
@@ -79,6 +81,7 @@ async def test_concurrent_mark_read_and_new_notifications_keep_the_badge_exact(n
                 assert resp.unread_count >= 0
 
         await asyncio.gather(notify.ingest_all(events, parallel=8), reader(), reader())
+        await notify.settled()
         listed = await notify.all_notifications("alice")
         assert await notify.unread("alice") == sum(1 for n in listed if not n.read)
         assert len(await notify.all_notifications("alice", unread_only=True)) == sum(
@@ -91,6 +94,7 @@ async def test_another_users_notifications_are_unreachable(notify):
     await notify.ingest(
         event("f-evil", 1, actor="x", audience=["alice"], tenant="evil")
     )  # same user id, other tenant
+    await notify.settled()
     alice = await notify.all_notifications("alice")
     assert [(n.file_id, n.tenant_id) for n in alice] == [("f-private", "acme")]
     assert await notify.all_notifications("bob") == []

@@ -1,0 +1,90 @@
+"""The notify service's parts, built once from settings and wired together.
+
+`app.py` turns these into a `ServiceApp`; tests build them directly to reach the job
+runtime and the broker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from services.common.auth import Authenticator
+from services.common.db import create_engine, session_factory
+from services.common.jobs import JobRegistry, RetryPolicy
+from services.common.jobs.runtime import JobRuntime, RuntimeOptions
+from services.notify.fanout_job import FANOUT_JOB, FANOUT_RETRY, FanOutHandler
+from services.notify.inbox import Inbox
+from services.notify.parked import ParkedSampler
+from services.notify.retention import RETENTION_JOB, RetentionJob, retention_schedule
+from services.notify.settings import NotifySettings
+from services.notify.streams import Broker, StreamReader
+
+
+@dataclass
+class NotifyComponents:
+    """Everything the notify service runs on."""
+
+    settings: NotifySettings
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    auth: Authenticator
+    broker: Broker
+    inbox: Inbox
+    streams: StreamReader
+    registry: JobRegistry
+    runtime: JobRuntime
+    parked: ParkedSampler
+
+
+def build_components(
+    settings: NotifySettings, runtime_options: RuntimeOptions | None = None
+) -> NotifyComponents:
+    """Build and wire the parts (the database must already be migrated)."""
+    engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    sessions = session_factory(engine)
+    broker = Broker(settings.stream_buffer_size)
+    registry = JobRegistry()
+    registry.register(
+        FANOUT_JOB,
+        FanOutHandler(
+            broker,
+            digest_window=timedelta(seconds=settings.digest_window_seconds),
+            max_batch=settings.fanout_batch_max,
+        ),
+        retry=FANOUT_RETRY,
+    )
+    registry.register(
+        RETENTION_JOB,
+        RetentionJob(
+            read_older_than=timedelta(seconds=settings.read_retention_seconds),
+            inbox_older_than=timedelta(seconds=settings.inbox_retention_seconds),
+        ),
+        retry=RetryPolicy(max_attempts=3, base_seconds=5.0, cap_seconds=60.0),
+    )
+    options = runtime_options or RuntimeOptions(
+        concurrency=settings.worker_concurrency,
+        lease_seconds=settings.worker_lease_seconds,
+        poll_interval=settings.worker_poll_seconds,
+    )
+    runtime = JobRuntime(
+        sessions,
+        registry,
+        options,
+        schedules=[retention_schedule(settings.retention_interval_seconds)],
+    )
+    inbox = Inbox(sessions, max_audience=settings.max_audience, on_accepted=runtime.wake)
+    return NotifyComponents(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        auth=Authenticator(settings.auth_tokens, settings.service_token),
+        broker=broker,
+        inbox=inbox,
+        streams=StreamReader(sessions, broker),
+        registry=registry,
+        runtime=runtime,
+        parked=ParkedSampler(sessions, settings.parked_sample_seconds),
+    )

@@ -1,0 +1,185 @@
+"""The fan-out job: turns accepted events into notifications, on the job runtime.
+
+Ingest (`inbox.py`) only decides *whether and when* an event applies: it stores the
+event, checks its version and, once its turn has come, enqueues one fan-out job for it in
+the same transaction. This job does the per-user work.
+
+Partitioning: by file (`partition_key = notify-file:{aggregate_id}`). Why not by user?
+One event reaches 100 to 1,000 users; per-user jobs would mean that many claims, idempotency
+records and transactions per event, while the runtime runs a few hundred jobs/s — one
+rename to 1,000 users would queue seconds of work. A per-file job writes all of the
+event's notifications in one transaction with multi-row statements instead, and the two
+orders the issue asks for still hold:
+- per file: a file's jobs run one at a time in enqueue order, which is version order
+  (Ingest enqueues under the file's row lock, in version order); digest folding relies on
+  it (it looks at the user's latest notification for the file);
+- per user: every notification takes the next `seq` of its user's stream row, locked until
+  commit (users locked in sorted order, so concurrent jobs of different files sharing users
+  cannot deadlock). A user's notifications and badge therefore change one commit at a
+  time, in `seq` order, whichever files they come from.
+
+Catch-up batching. When the job starts and later versions of the same file are already
+accepted (a burst), it writes them too, in version order, in the same transaction (at
+most `max_batch` events); their own jobs then find their events done and finish with no
+effect. Under a burst this turns N transactions into one.
+
+Exactly once. The runtime records `fanout:{event_id}` with the job's effects; the inbox
+row goes `applied -> notified` in the same transaction, read under a row lock, so a
+redelivered or replayed job, or a job whose event an earlier batch already wrote, changes
+nothing. UNIQUE (tenant, user, file, version) backs it up.
+
+Live delivery. What the transaction wrote is handed to the in-process `Broker` only after
+it commits (an `after_commit` hook), so a stream never shows an uncommitted row.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from serentak.events.v1 import events_pb2
+from sqlalchemy import event as sa_event
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.jobs import ConflictError, JobContext, NewJob, PermanentError, RetryPolicy
+from services.common.logging import get_logger
+from services.notify import metrics
+from services.notify.clock import to_naive_utc, utcnow
+from services.notify.fanout import Written, audience, fan_out, lock_streams
+from services.notify.models import ID_LEN, InboxEvent, InboxStatus
+from services.notify.sql import retryable
+from services.notify.streams import Broker
+from services.notify.summaries import describe
+
+log = get_logger(__name__)
+
+FANOUT_JOB = "notify_fanout"
+# Deadlocks and serialization failures are retried fast: the partition waits meanwhile.
+FANOUT_RETRY = RetryPolicy(max_attempts=10, base_seconds=0.05, cap_seconds=5.0)
+
+
+def fanout_job(event: events_pb2.Event) -> NewJob:
+    """The fan-out job of an accepted `event` (enqueue it in the accepting transaction)."""
+    return NewJob(
+        job_type=FANOUT_JOB,
+        payload={"event_id": event.event_id},
+        partition_key=f"notify-file:{event.aggregate_id}",
+        idempotency_key=f"fanout:{event.event_id}",
+        correlation_id=event.correlation_id[:ID_LEN] or None,
+    )
+
+
+class FanOutHandler:
+    """Job handler: write the notifications of an accepted event (and its accepted
+    successors), then publish them to open streams after commit."""
+
+    def __init__(self, broker: Broker, *, digest_window: timedelta, max_batch: int) -> None:
+        self._broker = broker
+        self._window = digest_window
+        self._max_batch = max_batch
+
+    async def __call__(self, ctx: JobContext) -> None:
+        """Run one fan-out job inside the job's transaction (see the module docstring)."""
+        try:
+            ctx.effect = await self._fan_out(ctx.session, str(ctx.payload["event_id"]))
+        except DBAPIError as exc:
+            if retryable(exc):
+                # PostgreSQL broke a deadlock or serialization conflict: nothing happened.
+                raise ConflictError(f"transaction aborted by the database: {exc.orig}") from exc
+            raise
+
+    async def _fan_out(self, session: AsyncSession, event_id: str) -> dict[str, Any]:
+        head = (
+            await session.execute(
+                select(InboxEvent.aggregate_id, InboxEvent.version, InboxEvent.status).where(
+                    InboxEvent.event_id == event_id
+                )
+            )
+        ).first()
+        if head is None:
+            raise PermanentError(f"event {event_id} is not in the inbox")
+        if head.status == InboxStatus.NOTIFIED:
+            return {"events": 0, "already_notified": True}
+        if head.status != InboxStatus.APPLIED:
+            raise PermanentError(f"event {event_id} is {head.status}, not accepted")
+        chain = await self._accepted_from(session, head.aggregate_id, head.version)
+        if not chain or chain[0].event_id != event_id:
+            # A concurrent job (lease expiry) wrote it between our two reads.
+            return {"events": 0, "already_notified": True}
+        written, duplicates = await self._write(session, chain)
+        await session.execute(
+            update(InboxEvent)
+            .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
+            .values(status=InboxStatus.NOTIFIED)
+        )
+        self._publish_after_commit(session, written, duplicates, len(chain))
+        return {"events": len(chain), "notifications": len(written)}
+
+    async def _accepted_from(
+        self, session: AsyncSession, aggregate_id: str, version: int
+    ) -> list[events_pb2.Event]:
+        """Accepted, not yet notified events of the file from `version` on, in version
+        order, row-locked (PostgreSQL re-checks the status after waiting for a lock)."""
+        rows = await session.execute(
+            select(InboxEvent.event)
+            .where(
+                InboxEvent.aggregate_id == aggregate_id,
+                InboxEvent.status == InboxStatus.APPLIED,
+                InboxEvent.version >= version,
+            )
+            .order_by(InboxEvent.version)
+            .limit(self._max_batch)
+            .with_for_update()
+        )
+        chain = []
+        for (payload,) in rows:
+            ev = events_pb2.Event()
+            ev.ParseFromString(payload)
+            chain.append(ev)
+        return chain
+
+    async def _write(
+        self, session: AsyncSession, chain: list[events_pb2.Event]
+    ) -> tuple[list[Written], int]:
+        audiences: dict[str, set[str]] = {}
+        for ev in chain:
+            audiences.setdefault(ev.tenant_id, set()).update(audience(ev))
+        # Every user this transaction will notify, locked up front in one global order.
+        for tenant_id, users in sorted(audiences.items()):
+            await lock_streams(session, tenant_id, sorted(users))
+        written: list[Written] = []
+        duplicates = 0
+        for ev in chain:
+            occurred_at = (
+                to_naive_utc(ev.occurred_at.ToDatetime())
+                if ev.HasField("occurred_at")
+                else utcnow()
+            )
+            fanned = await fan_out(
+                session,
+                ev,
+                describe(ev),
+                occurred_at=occurred_at,
+                now=utcnow(),
+                window=self._window,
+            )
+            written.extend(fanned.written)
+            duplicates += fanned.duplicates
+        return written, duplicates
+
+    def _publish_after_commit(
+        self, session: AsyncSession, written: list[Written], duplicates: int, events: int
+    ) -> None:
+        def published(_session: object) -> None:
+            self._broker.publish(written)
+            metrics.NOTIFICATIONS_WRITTEN.inc(len(written))
+            metrics.DIGESTS_MERGED.inc(sum(1 for w in written if w.merged))
+            metrics.FANOUT_EVENTS.inc(events)
+            if duplicates:
+                metrics.DUPLICATES_PREVENTED.labels("notification").inc(duplicates)
+
+        # The runtime commits after the handler returns (with the idempotency record);
+        # a rollback (lost lease, lost idempotency race) never calls this.
+        sa_event.listen(session.sync_session, "after_commit", published, once=True)
