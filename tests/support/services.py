@@ -78,6 +78,8 @@ def service_process(
         f"SERENTAK_{name.upper()}_PORT": str(port),
         f"SERENTAK_{name.upper()}_METRICS_PORT": str(metrics_port),
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+        # The upload process's webhook listener: a free port, so parallel services never collide.
+        "SERENTAK_SYNC_WEBHOOK_PORT": str(free_port()),
         **(env or {}),
     }
     log_path = tmp_path / f"{name}.log"
