@@ -69,7 +69,9 @@ def test_output_is_concatenation_in_index_order(
     data=st.data(),
     use_mmap=st.booleans(),
 )
-def test_any_corrupted_byte_is_caught(chunk_writer, sizes: list[int], algorithm: str, data, use_mmap: bool) -> None:  # type: ignore[no-untyped-def]
+def test_any_corrupted_byte_is_caught(  # type: ignore[no-untyped-def]
+    chunk_writer, sizes: list[int], algorithm: str, data, use_mmap: bool
+) -> None:
     victim = data.draw(st.integers(0, len(sizes) - 1), label="chunk")
     offset = data.draw(st.integers(0, sizes[victim] - 1), label="offset")
     flip = data.draw(st.integers(1, 255), label="xor")
