@@ -73,6 +73,12 @@ def build_components(
         sessions, uploads, blobs, enqueue_merge, upload_ttl_seconds=settings.upload_ttl_seconds
     )
     registry = JobRegistry()
+    # The handler knows the policy too: its last attempt records the failure on the upload.
+    merge_retry = RetryPolicy(
+        max_attempts=settings.merge_max_attempts,
+        base_seconds=settings.merge_retry_base_seconds,
+        cap_seconds=settings.merge_retry_cap_seconds,
+    )
     registry.register(
         MERGE_JOB,
         MergeHandler(
@@ -81,8 +87,9 @@ def build_components(
             lock_ttl_seconds=settings.merge_lock_ttl_seconds,
             lock_wait_seconds=settings.merge_lock_wait_ms / 1000,
             fsync=settings.blob_fsync,
+            retry=merge_retry,
         ),
-        retry=RetryPolicy(max_attempts=8, base_seconds=0.5, cap_seconds=30),
+        retry=merge_retry,
     )
     registry.register(
         EXPIRE_JOB,

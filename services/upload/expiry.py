@@ -12,6 +12,8 @@ SQLite the write lock is held only batch by batch):
    Blobs go first: a crash between the two leaves rows whose bytes are gone for an upload
    that will never merge, and the next run finishes the job (`chunks_purged_at` is set
    only with the row delete).
+3. Dead merges: uploads left `merging` behind a dead-lettered merge job move to `failed`
+   (see `stuck_merges.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from services.common.logging import get_logger
 from services.upload import metrics
 from services.upload.blob_store import BlobStore, upload_prefix
 from services.upload.models import ABORTED, EXPIRED, UPLOADING, ChunkRow, UploadRow, utcnow
+from services.upload.stuck_merges import fail_dead_merges
 
 log = get_logger(__name__)
 
@@ -44,6 +47,7 @@ class CleanupResult:
     uploads_cleaned: int = 0
     chunk_rows_deleted: int = 0
     chunk_files_deleted: int = 0
+    dead_merges_failed: int = 0
 
 
 def expiry_schedule(interval_seconds: float) -> PeriodicSchedule:
@@ -125,12 +129,15 @@ async def expire_and_clean(
 
 
 def expiry_handler(blobs: BlobStore, ttl_seconds: float) -> Handler:
-    """The `upload.expire` handler: `expire_and_clean` in short transactions of its own."""
+    """The `upload.expire` handler: `expire_and_clean`, then the dead-merge sweep, each in
+    short transactions of its own."""
 
     async def handle(ctx: JobContext) -> None:
         sessions = ctx.sessions
         if sessions is None:
             raise RuntimeError("the job runtime gives handlers a session factory")
-        ctx.effect = vars(await expire_and_clean(sessions, blobs, ttl_seconds))
+        result = await expire_and_clean(sessions, blobs, ttl_seconds)
+        result.dead_merges_failed = await fail_dead_merges(sessions)
+        ctx.effect = vars(result)
 
     return handle

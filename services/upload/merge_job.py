@@ -20,6 +20,12 @@ uploads would wait behind a merge):
 A worker killed mid-merge leaves the upload `merging` and the job leased; the lease ends,
 another worker runs the job again from step 1, and the deterministic output key means the
 second merge simply replaces the first one's (never published) result.
+
+An attempt that fails for good (a permanent error, or any error on the retry policy's last
+attempt) first moves the upload `merging -> failed` with the error as the reason, in a
+short transaction of its own (the job's transaction is about to roll back), then re-raises
+so the runtime dead-letters the job. A job that dies without running this handler (the
+runtime's crash-loop guard) is caught by the sweep in `stuck_merges.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +39,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 import merge_core
 from services.common.errors import SerentakError
-from services.common.jobs import ConflictError, JobContext, NewJob, TransientError, enqueue
+from services.common.jobs import (
+    ConflictError,
+    JobContext,
+    NewJob,
+    RetryPolicy,
+    TransientError,
+    enqueue,
+)
+from services.common.jobs.errors import PERMANENT, error_class_of
 from services.common.logging import get_logger
 from services.upload import metrics
 from services.upload.blob_store import BlobStore, content_key
@@ -88,16 +102,27 @@ class MergeHandler:
         lock_ttl_seconds: int,
         lock_wait_seconds: float,
         fsync: bool = True,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self._blobs = blobs
         self._locks = locks
         self._lock_ttl = lock_ttl_seconds
         self._lock_wait = lock_wait_seconds
         self._fsync = fsync
+        # Must be the policy the job type is registered with: it says which attempt is last.
+        self._retry = retry or RetryPolicy()
 
     async def __call__(self, ctx: JobContext) -> None:
         """Run one merge job (see the module docstring)."""
         upload_id = str(ctx.payload["upload_id"])
+        try:
+            await self._run(ctx, upload_id)
+        except Exception as exc:
+            if error_class_of(exc) == PERMANENT or self._retry.gives_up_after(ctx.attempt):
+                await self._give_up(ctx, upload_id, exc)
+            raise
+
+    async def _run(self, ctx: JobContext, upload_id: str) -> None:
         # Step 1 reads in a transaction of its own; without a factory (an old runtime)
         # the job's transaction is the only one there is.
         reads = ctx.sessions
@@ -119,11 +144,8 @@ class MergeHandler:
             ctx.effect = {"failed": str(failure)[:500]}
             return
         except merge_core.MergeIOError as exc:
-            # A disk or file-system hiccup may pass; the last attempt gives up for good.
-            if ctx.attempt < 5:
-                raise TransientError(f"merge I/O error: {exc}") from exc
-            await self._fail(ctx.session, upload, f"merge I/O error: {exc}")
-            return
+            # A disk or file-system hiccup may pass; the last attempt gives up (__call__).
+            raise TransientError(f"merge I/O error: {exc}") from exc
         file = await self._commit(ctx.session, upload, result)
         if file is None:
             metrics.DUPLICATE_MERGES_REFUSED.inc()
@@ -187,6 +209,33 @@ class MergeHandler:
             return
         metrics.MERGES.labels("failed").inc()
         log.warning("merge_failed", upload_id=upload.id, file_id=upload.file_id, reason=reason)
+
+    async def _give_up(self, ctx: JobContext, upload_id: str, exc: Exception) -> None:
+        """Record `merging -> failed` for an attempt that will not be retried."""
+        reason = f"merge gave up on attempt {ctx.attempt}: {type(exc).__name__}: {exc}"
+        if ctx.sessions is None:
+            log.warning("merge_failure_left_to_sweep", upload_id=upload_id, reason=reason)
+            return
+        try:
+            # The job's transaction rolls back anyway once we re-raise; ending it now frees
+            # SQLite's write lock, which our own transaction below needs.
+            await ctx.session.rollback()
+            async with ctx.sessions.begin() as session:
+                moved = await transition(
+                    session,
+                    upload_id,
+                    MERGING,
+                    FAILED,
+                    failure_reason=reason[:2000],
+                    merge_finished_at=utcnow(),
+                )
+        except Exception:
+            # The database is unreachable: the dead-letter sweep records it later.
+            log.exception("merge_failure_not_recorded", upload_id=upload_id, reason=reason)
+            return
+        if moved:
+            metrics.MERGES.labels("failed").inc()
+            log.warning("merge_failed", upload_id=upload_id, reason=reason)
 
     async def _commit(
         self, session: AsyncSession, upload: UploadRow, result: merge_core.MergeResult

@@ -36,6 +36,13 @@ class UploadSettings(CommonSettings):
     max_total_chunks: int = Field(10_000, ge=1, description="Most chunks in one upload.")
     merge_lock_ttl_seconds: int = Field(60, ge=2, description="Lease of the merge's file lock.")
     merge_lock_wait_ms: int = Field(30_000, ge=0, description="How long a merge waits for it.")
+    merge_max_attempts: int = Field(
+        8, ge=1, description="Merge attempts before the upload fails and the job is dead-lettered."
+    )
+    merge_retry_base_seconds: float = Field(
+        0.5, ge=0, description="Backoff base between merge attempts (full jitter, doubling)."
+    )
+    merge_retry_cap_seconds: float = Field(30.0, ge=0, description="Longest merge backoff.")
     listing_cache_entries: int = Field(10_000, ge=0, description="Folder pages kept in memory.")
     expiry_interval_seconds: float = Field(60.0, gt=0, description="Cleanup sweep period.")
     worker_lease_seconds: float = Field(
