@@ -14,10 +14,15 @@ inserter of the row is the only writer of `uploads/{id}/{index}`. The bytes are 
 inserted our row (PostgreSQL holds the unique key until commit; SQLite holds the write
 lock), nobody else can have a committed row for that index, so the rename may replace
 only an orphan from a crashed attempt. A loser of the insert discards its staged bytes.
+
+Blob writes (write + fsync of up to 32 MiB, rename + directory fsync) and hashing run on
+worker threads (`asyncio.to_thread`; hashing releases the GIL): on the event loop they
+would stall every other RPC and the job runtime's heartbeats for the length of an fsync.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -126,13 +131,14 @@ class ChunkStore:
                 reason="UPLOAD_EXPIRED" if upload.status == EXPIRED else None,
             )
         key = chunk_key(upload.id, index)
-        staged = self._blobs.stage(key, data)
+        staged = await asyncio.to_thread(self._blobs.stage, key, data)
         try:
             return await self._record(upload, index, len(data), actual, key, staged)
         except _AlreadyStored as lost:
             return await self._answer_existing(upload, lost.existing, index, len(data), actual)
         finally:
-            self._blobs.discard(staged)
+            # Shielded: a cancelled call must still remove its temp file.
+            await asyncio.shield(asyncio.to_thread(self._blobs.discard, staged))
 
     async def _existing(self, upload_id: str, index: int) -> ChunkRow | None:
         async with self._sessions() as session:
@@ -188,7 +194,7 @@ class ChunkStore:
                 assert existing is not None, "ON CONFLICT found a row"
                 raise _AlreadyStored(existing)
             # Our row: we are the only writer of this key (see the module docstring).
-            self._blobs.publish(staged, key)
+            await asyncio.to_thread(self._blobs.publish, staged, key)
             counted = await session.execute(
                 update(UploadRow)
                 .where(UploadRow.id == upload.id, UploadRow.status == UPLOADING)

@@ -1,0 +1,99 @@
+"""Chunk blob writes run off the event loop: while one chunk's write is stuck in the blob
+store, other chunks (of the same upload and of another) are stored and reads answer.
+
+Not timing-based: the stuck write waits on a gate only the test opens, after the other
+calls have finished. Were the write on the event loop, nothing else could run until the
+gate's own timeout, and the stuck call would fail with "gate never opened".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+from upload.conftest import upload_settings
+from upload.upload_helpers import create_request, sha256, split
+
+from services.common.auth import Identity
+from services.upload.blob_store import LocalBlobStore, chunk_key
+from services.upload.chunks import ChunkStore
+from services.upload.components import build_components
+from services.upload.database import migrate
+from services.upload.merge_job import enqueue_merge
+from services.upload.sync.settings import SyncSettings
+
+CHUNK = 1024
+GATE_TIMEOUT_S = 20.0
+
+
+class GatedBlobs(LocalBlobStore):
+    """A local blob store whose write of one key blocks its thread until the gate opens."""
+
+    def __init__(self, inner: LocalBlobStore, gated_key: str) -> None:
+        super().__init__(inner.root)
+        self._gated_key = gated_key
+        self._loop = asyncio.get_running_loop()
+        self.entered = asyncio.Event()
+        self.gate = threading.Event()
+
+    def stage(self, key: str, data: bytes) -> str:
+        if key == self._gated_key:
+            self._loop.call_soon_threadsafe(self.entered.set)
+            if not self.gate.wait(GATE_TIMEOUT_S):
+                raise RuntimeError("gate never opened: the event loop was blocked")
+        return super().stage(key, data)
+
+
+@pytest.fixture
+async def parts(database_url, tmp_path, locks_address, runtime_options):
+    """The upload service's parts on a migrated database (no runtime running)."""
+    migrate(database_url)
+    settings = upload_settings(database_url, tmp_path, locks_address)
+    built = build_components(settings, runtime_options, SyncSettings(webhook_port=0))
+    yield built
+    await built.close()
+
+
+async def test_other_chunks_and_reads_proceed_while_a_blob_write_blocks(parts) -> None:
+    alice = Identity(tenant_id="t-offloop", user_id="alice")
+    data = os.urandom(CHUNK * 2)
+    other = os.urandom(CHUNK)
+    slow = await parts.uploads.create(alice, create_request(data, CHUNK, name="slow.bin"))
+    fast = await parts.uploads.create(alice, create_request(other, CHUNK, name="fast.bin"))
+    blobs = GatedBlobs(parts.blobs, chunk_key(slow.id, 0))
+    store = ChunkStore(
+        parts.sessions,
+        parts.uploads,
+        blobs,
+        enqueue_merge,
+        upload_ttl_seconds=parts.settings.upload_ttl_seconds,
+    )
+    chunks = split(data, CHUNK)
+    stuck = asyncio.create_task(store.put(alice, slow.id, 0, chunks[0], sha256(chunks[0])))
+    try:
+        await asyncio.wait_for(blobs.entered.wait(), GATE_TIMEOUT_S)
+        # Another upload's chunk, the same upload's other chunk, and a read: all answer
+        # while chunk 0's write is parked in its thread.
+        stored = await store.put(alice, fast.id, 0, other, sha256(other))
+        assert (stored.duplicate, stored.started_merge) == (False, True)
+        sibling = await store.put(alice, slow.id, 1, chunks[1], sha256(chunks[1]))
+        assert (sibling.duplicate, sibling.upload.received_chunk_count) == (False, 1)
+        upload, missing = await parts.uploads.get(alice, slow.id)
+        assert (upload.status, upload.received_chunk_count) == ("uploading", 1)
+        assert missing
+        assert not stuck.done()
+    finally:
+        blobs.gate.set()
+    outcome = await stuck
+    # The stuck chunk completes the set: counted once, and it alone starts the merge.
+    assert (outcome.duplicate, outcome.started_merge) == (False, True)
+    assert outcome.upload.received_chunk_count == 2
+    assert outcome.upload.status == "merging"
+    assert (parts.settings.blob_root / chunk_key(slow.id, 0)).read_bytes() == chunks[0]
+    # No staged temp file is left behind.
+    assert sorted(p.name for p in (parts.settings.blob_root / "uploads" / slow.id).iterdir()) == [
+        "0",
+        "1",
+    ]
