@@ -5,11 +5,13 @@
 - Delta: `set_delta(drive, token, pages, next_token)` serves `pages` from `token` ("" is
   a full enumeration) chained by @odata.nextLink, the last one with an @odata.deltaLink
   for `next_token`; `expire(drive, token)` answers 410 for that cursor.
+- `hold(drive, item)` parks GETs of that item until the test releases them.
 - Every request lands in `calls` with a monotonic timestamp.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -29,6 +31,14 @@ class Call:
 
 
 @dataclass
+class Held:
+    """A parked item: `arrived` is set when a GET reaches it, `release` lets it answer."""
+
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
 class Scripted:
     """One scripted answer."""
 
@@ -45,6 +55,7 @@ class FakeProvider:
         self.forever: dict[tuple[str, str], Scripted] = {}
         self.delta: dict[tuple[str, str], dict[str, Any] | Scripted] = {}
         self.calls: list[Call] = []
+        self.held: dict[tuple[str, str], Held] = {}
         self.base_url = ""
         self._runner: web.AppRunner | None = None
 
@@ -64,6 +75,11 @@ class FakeProvider:
     def always(self, drive: str, item: str, status: int) -> None:
         """Answer `status` for the item from now on."""
         self.forever[(drive, item)] = Scripted(status)
+
+    def hold(self, drive: str, item: str) -> Held:
+        """Park GETs of `item` until `release` is set."""
+        held = self.held[(drive, item)] = Held()
+        return held
 
     def set_delta(
         self, drive: str, token: str, pages: list[list[dict[str, Any]]], next_token: str
@@ -99,6 +115,10 @@ class FakeProvider:
     async def _item(self, request: web.Request) -> web.Response:
         drive, item = request.match_info["drive"], request.match_info["item"]
         self.calls.append(Call("item", drive, item, time.monotonic()))
+        held = self.held.get((drive, item))
+        if held is not None:
+            held.arrived.set()
+            await held.release.wait()
         queue = self.scripts.get((drive, item))
         answer = queue.popleft() if queue else self.forever.get((drive, item))
         if answer is not None and answer.status != 200:

@@ -1,6 +1,12 @@
 """The item sync job: one upstream GET, then the action `decisions.decide_item` names.
 
-Writes go through the job's own transaction (`ctx.session`), so the new status, the
+The upstream call holds no database transaction: the item is read in a short
+transaction of its own (`ctx.sessions`), the GET runs, and only then does the job's own
+transaction (`ctx.session`) begin, re-reading the item under a row lock and applying the
+outcome to what it finds (on SQLite a begun transaction holds the database's write lock,
+on PostgreSQL `FOR UPDATE` holds the row: neither may wait on the network).
+
+Writes go through the job's own transaction, so the new status, the
 follow-up job and the job's completion commit together. A 404 is therefore retried by
 enqueueing a follow-up job with a jittered `run_after` (the PENDING_RETRY row and its
 count must survive, which a raised error would roll back); 429/5xx raise typed job
@@ -22,7 +28,7 @@ from services.upload.sync.decisions import ItemAction, decide_item, is_expired, 
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.jobs import enqueue_item_sync
 from services.upload.sync.models import EXPIRED, GONE, REMOVED, TOMBSTONED, utcnow
-from services.upload.sync.provider import UpstreamError
+from services.upload.sync.provider import UpstreamError, UpstreamItem
 
 log = get_logger(__name__)
 
@@ -61,20 +67,44 @@ async def tombstone_item(
 
 async def sync_item(engine: SyncEngine, ctx: JobContext) -> str:
     """Run one item sync; returns the outcome name (also stored as the job's effect)."""
-    row = await items.load_item(ctx.session, ctx.payload["item_id"], for_update=True)
+    item_id = ctx.payload["item_id"]
+    if ctx.sessions is not None:
+        async with ctx.sessions() as session:
+            seen = await items.load_item(session, item_id)
+    else:
+        # An old runtime without a session factory: the job's transaction is all there is.
+        seen = await items.load_item(ctx.session, item_id, for_update=True)
+    if seen is None:
+        return "unlinked"
+    if seen["status"] == TOMBSTONED:
+        # Terminal: never spend an upstream call on the dead.
+        metrics.TOMBSTONED_SKIPS.inc()
+        return "already_tombstoned"
+    upstream: UpstreamItem | None = None
+    failure: UpstreamError | None = None
+    if not is_expired(seen["expires_at"], utcnow()):
+        try:
+            upstream = await engine.provider.get_item(
+                seen["upstream_drive_id"], seen["upstream_item_id"]
+            )
+        except UpstreamError as exc:
+            failure = exc
+    # The job's transaction begins here: re-read under the row lock, apply to what is there
+    # now (unlinked or tombstoned meanwhile: the answer is dropped).
+    row = await items.load_item(ctx.session, item_id, for_update=True)
     if row is None:
         return "unlinked"
     if row["status"] == TOMBSTONED:
-        # Terminal: never spend an upstream call on the dead.
         metrics.TOMBSTONED_SKIPS.inc()
         return "already_tombstoned"
     if is_expired(row["expires_at"], utcnow()):
         await tombstone_item(engine, ctx.session, row, EXPIRED)
         return "tombstoned_expired"
-    try:
-        upstream = await engine.provider.get_item(row["upstream_drive_id"], row["upstream_item_id"])
-    except UpstreamError as exc:
-        return await _handle_error(engine, ctx, row, exc)
+    if failure is not None:
+        return await _handle_error(engine, ctx, row, failure)
+    if upstream is None:
+        # Not expired now though it was when read (expiry moved): sync on the next trigger.
+        raise RetryLater(f"item {row['id']} changed expiry during the sync; retrying")
     if upstream.removed:
         await tombstone_item(engine, ctx.session, row, REMOVED)
         return "tombstoned_removed"
