@@ -5,6 +5,7 @@ Each handler identifies the caller, calls one domain use case and converts the r
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -65,15 +66,37 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         request_iterator: AsyncIterator[upload_pb2.PutChunkRequest],
         context: grpc.aio.ServicerContext,
     ) -> upload_pb2.UploadChunksResponse:
+        """Store the stream's chunks in order, receiving the next while storing one.
+
+        At most two chunks are in flight: the one being hashed and written, and the next
+        being received. Chunks are still stored one at a time in stream order, so the
+        per-chunk answers (and which repeat of an index is the duplicate) are those of
+        sequential PutChunk calls; the first failure ends the call with its error.
+        """
         identity = self._auth.require_user(context)
         response = upload_pb2.UploadChunksResponse()
         last_upload_id = ""
-        async for request in request_iterator:
-            outcome = await self._put(request, context)
-            response.chunks.append(
-                convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
-            )
-            last_upload_id = outcome.upload.id
+        messages = aiter(request_iterator)
+        receiving: asyncio.Future[upload_pb2.PutChunkRequest] = asyncio.ensure_future(
+            anext(messages)
+        )
+        try:
+            while True:
+                try:
+                    request = await receiving
+                except StopAsyncIteration:
+                    break
+                receiving = asyncio.ensure_future(anext(messages))
+                outcome = await self._put(request, context)
+                response.chunks.append(
+                    convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
+                )
+                last_upload_id = outcome.upload.id
+        finally:
+            # A failed chunk or a cancelled call: stop receiving (and retrieve a receive
+            # error that lost to the chunk's, so asyncio does not report it as unseen).
+            if not receiving.cancel() and not receiving.cancelled():
+                receiving.exception()
         if not last_upload_id:
             raise InvalidArgument("chunks", "the stream carried no chunk")
         upload, missing = await self._uploads.get(identity, last_upload_id)

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 from upload.conftest import upload_settings
-from upload.upload_helpers import create_request, sha256, split
+from upload.upload_helpers import chunk_request, create_request, sha256, split
 
 from services.common.auth import Identity
 from services.upload.blob_store import LocalBlobStore, chunk_key
@@ -22,6 +22,7 @@ from services.upload.chunks import ChunkStore
 from services.upload.components import build_components
 from services.upload.database import migrate
 from services.upload.merge_job import enqueue_merge
+from services.upload.servicer import UploadServicer
 from services.upload.sync.settings import SyncSettings
 
 CHUNK = 1024
@@ -97,3 +98,50 @@ async def test_other_chunks_and_reads_proceed_while_a_blob_write_blocks(parts) -
         "0",
         "1",
     ]
+
+
+class _CallerContext:
+    """The one piece of a servicer context the upload servicer reads: the caller's token."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", "Bearer dev-alice"),)
+
+
+async def test_upload_chunks_receives_the_next_chunk_while_storing_one(parts) -> None:
+    alice = parts.auth.require_user(_CallerContext())  # type: ignore[arg-type]
+    data = os.urandom(CHUNK * 3)
+    chunks = split(data, CHUNK)
+    upload = await parts.uploads.create(alice, create_request(data, CHUNK, name="pipe.bin"))
+    blobs = GatedBlobs(parts.blobs, chunk_key(upload.id, 0))
+    store = ChunkStore(
+        parts.sessions,
+        parts.uploads,
+        blobs,
+        enqueue_merge,
+        upload_ttl_seconds=parts.settings.upload_ttl_seconds,
+    )
+    servicer = UploadServicer(parts.auth, parts.uploads, store)
+    second_pulled = asyncio.Event()
+
+    async def stream():
+        yield chunk_request(upload.id, 0, chunks[0])
+        second_pulled.set()
+        for i in (1, 1, 2):  # 1 twice: the second is the duplicate, as with PutChunk
+            yield chunk_request(upload.id, i, chunks[i])
+
+    call = asyncio.create_task(servicer.UploadChunks(stream(), _CallerContext()))  # type: ignore[arg-type]
+    try:
+        await asyncio.wait_for(blobs.entered.wait(), GATE_TIMEOUT_S)
+        # Chunk 0 is parked in its write, and the stream is already asked for chunk 1.
+        await asyncio.wait_for(second_pulled.wait(), GATE_TIMEOUT_S)
+        assert not call.done()
+    finally:
+        blobs.gate.set()
+    response = await call
+    assert [(c.chunk_index, c.duplicate) for c in response.chunks] == [
+        (0, False),
+        (1, False),
+        (1, True),
+        (2, False),
+    ]
+    assert response.upload.received_chunk_count == 3
