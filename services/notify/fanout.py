@@ -33,17 +33,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.notify import digest
 from services.notify.messages import row_message
 from services.notify.models import Notification, UserStream
-from services.notify.sql import batches, insert_ignore
+from services.notify.sql import batches, insert_ignore, upsert
 from services.notify.summaries import Description
 
 # Core tables, not ORM entities: a fan-out writes hundreds of rows per event, and the ORM's
 # per-row bookkeeping (identity map, bulk-by-primary-key paths) was most of its cost.
 NOTIFICATIONS: Table = Notification.__table__  # type: ignore[assignment]
 STREAMS: Table = UserStream.__table__  # type: ignore[assignment]
-# Columns a digest fold rewrites (bound as v_<name>: SET-clause names are reserved).
-_FOLDED = (
-    "seq",
-    "digest_count",
+# Columns a digest fold rewrites with the event's state (the same for every user).
+_FOLDED_STATE = (
     "version",
     "event_type",
     "event_id",
@@ -52,12 +50,27 @@ _FOLDED = (
     "summary",
     "updated_at",
     "correlation_id",
-    "read_at",
 )
+_STREAM_SEQ = (
+    select(STREAMS.c.last_seq)
+    .where(
+        STREAMS.c.tenant_id == NOTIFICATIONS.c.tenant_id,
+        STREAMS.c.user_id == NOTIFICATIONS.c.user_id,
+    )
+    .scalar_subquery()
+)
+# One statement folds the event into every user's digest: the per-user values are derived
+# in SQL (the seq just taken from the user's locked stream row, the count plus one), so
+# the event's state is bound once instead of once per user.
 _FOLD = (
     update(NOTIFICATIONS)
-    .where(NOTIFICATIONS.c.notification_id == bindparam("v_notification_id"))
-    .values({name: bindparam(f"v_{name}") for name in _FOLDED})
+    .where(NOTIFICATIONS.c.notification_id.in_(bindparam("v_ids", expanding=True)))
+    .values(
+        seq=_STREAM_SEQ,
+        digest_count=NOTIFICATIONS.c.digest_count + 1,
+        read_at=None,
+        **{name: bindparam(f"v_{name}") for name in _FOLDED_STATE},
+    )
 )
 
 
@@ -122,15 +135,22 @@ async def lock_streams(session: AsyncSession, tenant_id: str, user_ids: Sequence
 async def next_seqs(
     session: AsyncSession, tenant_id: str, user_ids: Sequence[str]
 ) -> dict[str, int]:
-    """The next stream position of each user (rows already locked by `lock_streams`)."""
+    """Take the next stream position of each user, creating missing stream rows: one
+    upsert per batch, rows visited (and, on PostgreSQL, locked) in sorted order."""
     seqs: dict[str, int] = {}
     s = STREAMS.c
-    for chunk in batches(user_ids):
+    # Parameters as a list, not .values([...]): SQLAlchemy compiles the statement once and
+    # renders the rows into one multi-row INSERT itself ("insertmanyvalues"), in order.
+    stmt = (
+        upsert(session, STREAMS)
+        .on_conflict_do_update(
+            index_elements=[s.tenant_id, s.user_id], set_={"last_seq": s.last_seq + 1}
+        )
+        .returning(s.user_id, s.last_seq)
+    )
+    for chunk in batches(sorted(user_ids)):
         rows = await session.execute(
-            update(STREAMS)
-            .where(s.tenant_id == tenant_id, s.user_id.in_(chunk))
-            .values(last_seq=s.last_seq + 1)
-            .returning(s.user_id, s.last_seq)
+            stmt, [{"tenant_id": tenant_id, "user_id": u, "last_seq": 1} for u in chunk]
         )
         seqs.update({user_id: seq for user_id, seq in rows})
     return seqs
@@ -147,7 +167,8 @@ async def fan_out(
 ) -> FanOutResult:
     """Write (or fold into a digest) the notification of every audience user of `event`.
 
-    The audience's stream rows must already be locked (`lock_streams`)."""
+    Taking the users' next seqs locks their stream rows in sorted order; a transaction
+    that fans out several events locks the union first (`lock_streams`)."""
     users = audience(event)
     if not users:
         return FanOutResult(written=[])
@@ -203,13 +224,14 @@ async def fan_out(
                 }
             )
     if merges:
-        await session.execute(
-            _FOLD,
-            [
-                {"v_notification_id": m["notification_id"], **{f"v_{k}": m[k] for k in _FOLDED}}
-                for m in merges
-            ],
-        )
+        for chunk in batches(merges):
+            await session.execute(
+                _FOLD,
+                {
+                    "v_ids": [m["notification_id"] for m in chunk],
+                    **{f"v_{k}": state[k] for k in _FOLDED_STATE},
+                },
+            )
         result.written.extend(Written(m, merged=True) for m in merges)
     for chunk in batches(inserts):
         stored = await session.execute(

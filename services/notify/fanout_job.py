@@ -64,7 +64,11 @@ def fanout_job(event: events_pb2.Event) -> NewJob:
     """The fan-out job of an accepted `event` (enqueue it in the accepting transaction)."""
     return NewJob(
         job_type=FANOUT_JOB,
-        payload={"event_id": event.event_id},
+        payload={
+            "event_id": event.event_id,
+            "aggregate_id": event.aggregate_id,
+            "version": event.version,
+        },
         partition_key=f"notify-file:{event.aggregate_id}",
         idempotency_key=f"fanout:{event.event_id}",
         correlation_id=event.correlation_id[:ID_LEN] or None,
@@ -83,30 +87,22 @@ class FanOutHandler:
     async def __call__(self, ctx: JobContext) -> None:
         """Run one fan-out job inside the job's transaction (see the module docstring)."""
         try:
-            ctx.effect = await self._fan_out(ctx.session, str(ctx.payload["event_id"]))
+            ctx.effect = await self._fan_out(ctx.session, ctx.payload)
         except DBAPIError as exc:
             if retryable(exc):
                 # PostgreSQL broke a deadlock or serialization conflict: nothing happened.
                 raise ConflictError(f"transaction aborted by the database: {exc.orig}") from exc
             raise
 
-    async def _fan_out(self, session: AsyncSession, event_id: str) -> dict[str, Any]:
-        head = (
-            await session.execute(
-                select(InboxEvent.aggregate_id, InboxEvent.version, InboxEvent.status).where(
-                    InboxEvent.event_id == event_id
-                )
-            )
-        ).first()
-        if head is None:
-            raise PermanentError(f"event {event_id} is not in the inbox")
-        if head.status == InboxStatus.NOTIFIED:
-            return {"events": 0, "already_notified": True}
-        if head.status != InboxStatus.APPLIED:
-            raise PermanentError(f"event {event_id} is {head.status}, not accepted")
-        chain = await self._accepted_from(session, head.aggregate_id, head.version)
+    async def _fan_out(self, session: AsyncSession, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            event_id, aggregate_id = str(payload["event_id"]), str(payload["aggregate_id"])
+            version = int(payload["version"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PermanentError(f"not a fan-out payload: {payload!r}") from exc
+        chain = await self._accepted_from(session, aggregate_id, version)
         if not chain or chain[0].event_id != event_id:
-            # A concurrent job (lease expiry) wrote it between our two reads.
+            # Written by an earlier job's batch (or a concurrent one after a lost lease).
             return {"events": 0, "already_notified": True}
         written, duplicates = await self._write(session, chain)
         await session.execute(
@@ -143,12 +139,14 @@ class FanOutHandler:
     async def _write(
         self, session: AsyncSession, chain: list[events_pb2.Event]
     ) -> tuple[list[Written], int]:
-        audiences: dict[str, set[str]] = {}
-        for ev in chain:
-            audiences.setdefault(ev.tenant_id, set()).update(audience(ev))
-        # Every user this transaction will notify, locked up front in one global order.
-        for tenant_id, users in sorted(audiences.items()):
-            await lock_streams(session, tenant_id, sorted(users))
+        if len(chain) > 1:
+            # Every user this transaction will notify, locked up front in one global
+            # order (a single event's seq upsert already visits its users sorted).
+            audiences: dict[str, set[str]] = {}
+            for ev in chain:
+                audiences.setdefault(ev.tenant_id, set()).update(audience(ev))
+            for tenant_id, users in sorted(audiences.items()):
+                await lock_streams(session, tenant_id, sorted(users))
         written: list[Written] = []
         duplicates = 0
         for ev in chain:

@@ -38,7 +38,7 @@ from services.notify.errors import InvalidEvent
 from services.notify.fanout import audience
 from services.notify.fanout_job import fanout_job
 from services.notify.models import ID_LEN, AggregateVersion, InboxEvent, InboxStatus
-from services.notify.sql import insert_ignore, retrying
+from services.notify.sql import insert_ignore, retrying, upsert
 
 log = get_logger(__name__)
 Outcome = notify_pb2.IngestOutcome
@@ -108,6 +108,15 @@ class Inbox:
 
     async def _ingest_once(self, event: events_pb2.Event) -> IngestResult:
         async with self._sessions() as session, session.begin():
+            # Lock the aggregate first: the inbox row is then inserted with its final
+            # status, and the common case costs five statements.
+            applied = await self._lock_aggregate(session, event.aggregate_id)
+            if event.version <= applied:
+                status, outcome = InboxStatus.SKIPPED_OLD, Outcome.INGEST_OUTCOME_SKIPPED_OLD
+            elif event.version > applied + 1:
+                status, outcome = InboxStatus.PARKED, Outcome.INGEST_OUTCOME_PARKED
+            else:
+                status, outcome = InboxStatus.APPLIED, Outcome.INGEST_OUTCOME_APPLIED
             now = utcnow()
             stored = await session.scalar(
                 insert_ignore(session, InboxEvent)
@@ -115,95 +124,90 @@ class Inbox:
                     event_id=event.event_id,
                     aggregate_id=event.aggregate_id,
                     version=event.version,
-                    status=InboxStatus.PARKED,
+                    status=status,
                     event=event.SerializeToString(deterministic=True),
                     correlation_id=event.correlation_id[:ID_LEN],
                     received_at=now,
+                    finished_at=None if status == InboxStatus.PARKED else now,
                 )
                 .returning(InboxEvent.event_id)
             )
             if stored is None:
                 return IngestResult(Outcome.INGEST_OUTCOME_DUPLICATE)
-            applied = await self._lock_aggregate(session, event.aggregate_id)
-            if event.version <= applied:
-                await self._finish(session, [event.event_id], InboxStatus.SKIPPED_OLD)
-                return IngestResult(Outcome.INGEST_OUTCOME_SKIPPED_OLD, skipped_old=1)
-            if event.version > applied + 1:
-                return IngestResult(Outcome.INGEST_OUTCOME_PARKED)
-            result = IngestResult(Outcome.INGEST_OUTCOME_APPLIED)
-            await self._accept_in_order(session, event, result)
+            result = IngestResult(outcome)
+            if status == InboxStatus.SKIPPED_OLD:
+                result.skipped_old = 1
+            elif status == InboxStatus.APPLIED:
+                await self._accept_in_order(session, event, result)
             return result
 
     async def _lock_aggregate(self, session: AsyncSession, aggregate_id: str) -> int:
-        """The aggregate's applied version, its row locked until commit."""
-        await session.execute(
-            insert_ignore(session, AggregateVersion).values(
-                aggregate_id=aggregate_id, applied_version=0
-            )
+        """The aggregate's applied version, its row (created if missing) locked until
+        commit: one upsert whose no-op update takes the row lock."""
+        av = AggregateVersion.__table__.c
+        stmt = upsert(session, AggregateVersion).values(
+            aggregate_id=aggregate_id, applied_version=0
         )
         version = await session.scalar(
-            select(AggregateVersion.applied_version)
-            .where(AggregateVersion.aggregate_id == aggregate_id)
-            .with_for_update()
+            stmt.on_conflict_do_update(
+                index_elements=[av.aggregate_id], set_={"applied_version": av.applied_version}
+            ).returning(av.applied_version)
         )
         return int(version or 0)
 
     async def _accept_in_order(
         self, session: AsyncSession, first: events_pb2.Event, result: IngestResult
     ) -> None:
-        """Accept `first` and the parked successors that follow it without a hole: queue
-        one fan-out job each, in version order."""
+        """Accept `first` (already stored as applied) and the parked successors that
+        follow it without a hole: queue one fan-out job each, in version order."""
         aggregate_id = first.aggregate_id
-        chain = [first, *await self._parked_successors(session, aggregate_id, first.version)]
+        successors, stale = await self._parked_successors(session, aggregate_id, first.version)
+        chain = [first, *successors]
         for ev in chain:
             await enqueue(session, fanout_job(ev))
             result.scheduled += len(audience(ev))
             result.applied += 1
-        await self._finish(session, [ev.event_id for ev in chain], InboxStatus.APPLIED)
-        applied = chain[-1].version
+        if successors:
+            await self._finish(session, [ev.event_id for ev in successors], InboxStatus.APPLIED)
         await session.execute(
             update(AggregateVersion)
             .where(AggregateVersion.aggregate_id == aggregate_id)
-            .values(applied_version=applied)
+            .values(applied_version=chain[-1].version)
         )
-        # A second event_id claiming an already applied version is old news, not a hole.
-        stale = await session.execute(
-            update(InboxEvent)
-            .where(
-                InboxEvent.aggregate_id == aggregate_id,
-                InboxEvent.status == InboxStatus.PARKED,
-                InboxEvent.version <= applied,
-            )
-            .values(status=InboxStatus.SKIPPED_OLD, finished_at=utcnow())
-        )
-        result.skipped_old += stale.rowcount or 0  # type: ignore[attr-defined]
+        if stale:
+            # A second event_id claiming an accepted version is old news, not a hole.
+            await self._finish(session, stale, InboxStatus.SKIPPED_OLD)
+            result.skipped_old += len(stale)
 
     async def _parked_successors(
         self, session: AsyncSession, aggregate_id: str, version: int
-    ) -> list[events_pb2.Event]:
+    ) -> tuple[list[events_pb2.Event], list[str]]:
         """Parked events of the aggregate at `version + 1`, `version + 2`, ... up to the
-        first hole (one per version: the earliest received wins, the rest become old)."""
+        first hole (one per version: the earliest received wins), and the ids of parked
+        events that this chain makes old (a second event for `version` or a chain version)."""
         rows = await session.execute(
-            select(InboxEvent.version, InboxEvent.event)
+            select(InboxEvent.event_id, InboxEvent.version, InboxEvent.event)
             .where(
                 InboxEvent.aggregate_id == aggregate_id,
                 InboxEvent.status == InboxStatus.PARKED,
-                InboxEvent.version > version,
+                InboxEvent.version >= version,
             )
             .order_by(InboxEvent.version, InboxEvent.received_at, InboxEvent.event_id)
         )
         chain: list[events_pb2.Event] = []
+        stale: list[str] = []
         expected = version + 1
-        for row_version, payload in rows:
+        for event_id, row_version, payload in rows:
             if row_version < expected:
-                continue  # a second event for a version already in the chain
+                stale.append(event_id)  # a second event for a version already accepted
+                continue
             if row_version > expected:
                 break
             event = events_pb2.Event()
             event.ParseFromString(payload)
             chain.append(event)
             expected += 1
-        return chain
+        return chain, stale
 
     async def _finish(self, session: AsyncSession, event_ids: list[str], status: str) -> None:
         await session.execute(

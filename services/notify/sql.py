@@ -22,11 +22,16 @@ TRANSACTION_ATTEMPTS = 5
 BATCH_ROWS = 400
 
 
+def upsert(session: AsyncSession, model: Any) -> Any:
+    """The session dialect's INSERT, which has `on_conflict_do_update/_nothing`."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(model)
+    return sqlite.insert(model)
+
+
 def insert_ignore(session: AsyncSession, model: Any) -> Any:
     """`INSERT ... ON CONFLICT DO NOTHING` for `model` in the session's dialect."""
-    if session.get_bind().dialect.name == "postgresql":
-        return postgresql.insert(model).on_conflict_do_nothing()
-    return sqlite.insert(model).on_conflict_do_nothing()
+    return upsert(session, model).on_conflict_do_nothing()
 
 
 def retryable(exc: DBAPIError) -> bool:

@@ -7,8 +7,9 @@
 A rename is ingested every `interval` ms (one file, audience of 100 users plus the actor;
 the renames share a dedupe_key, so they fold into one digest per user that moves forward
 in each stream). Measured: send -> delivery latency on the streams (p50/p99; the send
-time is taken before the Ingest call, so it bounds commit -> delivery from above) and
-notifications delivered per second. Baseline, measured in the same run: the job
+time is taken before the Ingest call, so it bounds commit -> delivery from above; it
+includes Ingest, the fan-out job's queue hop and its transaction) and notifications
+delivered per second. Baseline, measured in the same run: the job
 runtime's bare lag (enqueue commit -> handler start, `bench_jobs.lag`).
 """
 
@@ -80,12 +81,15 @@ async def notify_run(url: str, data_dir: Path, renames: int, interval: float) ->
             ]
             for call in calls:  # the position marker: every stream is registered
                 await call.read()
-            expected = renames * len(USERS)
 
             async def drain(call) -> None:  # type: ignore[no-untyped-def]
-                for _ in range(renames):
+                # Until the last version arrives: a stream that had to re-read from the
+                # database sends a digest's latest state once, not every step of it.
+                while True:
                     item = await call.read()
                     latencies.append(time.perf_counter() - float(item.notification.correlation_id))
+                    if item.notification.version == renames:
+                        return
 
             readers = [asyncio.create_task(drain(c)) for c in calls]
             md = (("authorization", f"Bearer {DEFAULT_SERVICE_TOKEN}"),)
@@ -104,8 +108,7 @@ async def notify_run(url: str, data_dir: Path, renames: int, interval: float) ->
             elapsed = time.perf_counter() - started
             for call in calls:
                 call.cancel()
-    assert len(latencies) == expected
-    return latencies, expected / elapsed
+    return latencies, len(latencies) / elapsed
 
 
 async def job_lag(url: str, n: int) -> tuple[float, float]:
