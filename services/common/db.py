@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import MetaData, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -19,6 +19,20 @@ from sqlalchemy.ext.asyncio import (
 )
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+# Deterministic constraint names, so migrations can drop and alter them on both backends.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def new_metadata() -> MetaData:
+    """A `MetaData` with Serentak's constraint naming convention (one per migration folder)."""
+    return MetaData(naming_convention=NAMING_CONVENTION)
 
 
 def is_sqlite(url: str) -> bool:

@@ -17,7 +17,6 @@ from sqlalchemy import (
     Dialect,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
@@ -25,15 +24,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-metadata = MetaData(
-    naming_convention={
-        "ix": "ix_%(column_0_label)s",
-        "uq": "uq_%(table_name)s_%(column_0_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
+from services.common.db import new_metadata
+
+metadata = new_metadata()
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias), not a BIGINT one.
 Id = BigInteger().with_variant(Integer(), "sqlite")

@@ -11,26 +11,18 @@ from sqlalchemy import (
     Column,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
     UniqueConstraint,
 )
 
+from services.common.db import new_metadata
 from services.common.jobs.models import UtcDateTime, utcnow
 
 __all__ = ["linked_drives", "metadata", "synced_items", "utcnow"]
 
-metadata = MetaData(
-    naming_convention={
-        "ix": "ix_%(column_0_label)s",
-        "uq": "uq_%(table_name)s_%(column_0_name)s",
-        "ck": "ck_%(table_name)s_%(constraint_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
+metadata = new_metadata()
 
 # Sync statuses. TOMBSTONED is terminal: nothing moves an item out of it.
 SYNCED, PENDING_RETRY, TOMBSTONED = "SYNCED", "PENDING_RETRY", "TOMBSTONED"
