@@ -28,6 +28,7 @@ from serentak.locks.v1 import locks_pb2, locks_pb2_grpc  # noqa: E402
 from support.etcd import EtcdServer  # noqa: E402
 
 from services.common.grpc_server import start  # noqa: E402
+from services.common.logging import configure_logging  # noqa: E402
 from services.locks.app import build_app  # noqa: E402
 from services.locks.etcd_client import Etcd  # noqa: E402
 from services.locks.keys import KeySpace  # noqa: E402
@@ -120,6 +121,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (CI smoke)")
     args = parser.parse_args()
     n = 200 if args.quick else 2000
+    # Per-call access logs would interleave with the results (and cost time).
+    configure_logging("bench_locks", "console", "WARNING")
     with tempfile.TemporaryDirectory() as tmp:
         server = EtcdServer(Path(tmp) / "etcd")
         server.start()
