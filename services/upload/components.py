@@ -15,6 +15,7 @@ from services.common.config import load
 from services.common.db import create_engine, session_factory
 from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
+from services.common.outbox import GrpcIngestSubscriber
 from services.upload.blob_store import LocalBlobStore
 from services.upload.chunks import ChunkStore
 from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
@@ -44,10 +45,13 @@ class UploadComponents:
     registry: JobRegistry
     runtime: JobRuntime
     sync: SyncWiring
+    subscribers: list[GrpcIngestSubscriber]
 
     async def close(self) -> None:
-        """Release connections (provider, lock service channel, database pool)."""
+        """Release connections (provider, notify and lock service channels, database pool)."""
         await self.sync.close()
+        for subscriber in self.subscribers:
+            await subscriber.close()
         await self.locks.close()
         await self.engine.dispose()
 
@@ -102,7 +106,13 @@ def build_components(
     schedules = [expiry_schedule(settings.expiry_interval_seconds)]
     if sync_config.enabled:
         schedules.extend(sync.schedules)
-    runtime = JobRuntime(sessions, registry, options, schedules=schedules)
+    # Events reach collaborators through notify's Ingest (idempotent by event_id).
+    subscribers = (
+        [GrpcIngestSubscriber(settings.notify_address, settings.service_token)]
+        if settings.publish_events
+        else []
+    )
+    runtime = JobRuntime(sessions, registry, options, subscribers=subscribers, schedules=schedules)
     return UploadComponents(
         settings=settings,
         engine=engine,
@@ -116,4 +126,5 @@ def build_components(
         registry=registry,
         runtime=runtime,
         sync=sync,
+        subscribers=subscribers,
     )

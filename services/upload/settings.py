@@ -52,6 +52,9 @@ class UploadSettings(CommonSettings):
         0.5, gt=0, description="Idle workers look for jobs this often."
     )
     audit_sample_size: int = Field(20, ge=0, description="Completed files re-hashed per audit.")
+    publish_events: bool = Field(
+        True, description="Relay outbox events to the notify service's Ingest at notify_address."
+    )
 
     @property
     def database_url(self) -> str:

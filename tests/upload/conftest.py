@@ -68,6 +68,8 @@ def upload_settings(
         "locks_address": locks_address,
         "min_chunk_size": 1024,
         "merge_lock_wait_ms": 20_000,
+        # No notify service here; the end-to-end test turns publishing on.
+        "publish_events": False,
     }
     values.update(overrides)
     return UploadSettings(**values)
