@@ -30,6 +30,8 @@ fn main() {
         ("mmap write 4Mx4", MergeOptions { block_size: 4 << 20, blocks: 4, ..base.clone() }),
         ("mmap write 256Kx32", MergeOptions { block_size: 256 << 10, blocks: 32, ..base.clone() }),
         ("mmap write 1M pieces", MergeOptions { write_size: 1 << 20, ..base.clone() }),
+        ("mmap no drop-behind", MergeOptions { drop_behind: 0, ..base.clone() }),
+        ("mmap drop-behind always", MergeOptions { drop_behind_always: true, ..base.clone() }),
     ];
     if let Ok(only) = std::env::var("ONLY") {
         configs.retain(|(n, _)| only.split(',').any(|o| n.contains(o)));

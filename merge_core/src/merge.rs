@@ -64,6 +64,13 @@ pub struct MergeOptions {
     /// With `fsync`, ask for writeback after this many bytes, so the disk
     /// works while we hash rather than all at the final fsync.
     pub writeback_every: u64,
+    /// Write back and drop from the page cache (`POSIX_FADV_DONTNEED`) the
+    /// output written more than this many bytes ago (0: never). Reusing the
+    /// same few page-cache pages is far cheaper than taking fresh ones on
+    /// this VM (~2x at 4 GiB); the output is then not cached afterwards.
+    pub drop_behind: u64,
+    /// Use `drop_behind` also when `fsync` is off.
+    pub drop_behind_always: bool,
     /// Least time between two progress reports.
     pub progress_interval: Duration,
     /// Reserve the output's size up front (`fallocate`), so a full disk fails
@@ -83,6 +90,8 @@ impl Default for MergeOptions {
             blocks: 8,
             write_size: 128 << 10,
             writeback_every: 4 << 20,
+            drop_behind: 64 << 20,
+            drop_behind_always: false,
             progress_interval: Duration::from_millis(250),
             preallocate: false,
         }
@@ -223,7 +232,7 @@ fn feed(
     options: &MergeOptions,
     failure: &Failure,
 ) {
-    let mut out = Writer { file: output.file(), path: output.temp_path(), options, written: 0, flushed: 0 };
+    let mut out = Writer { file: output.file(), path: output.temp_path(), options, written: 0, flushed: 0, dropped: 0 };
 
     for (position, chunk) in chunks.iter().enumerate() {
         if failure.aborted() {
@@ -345,6 +354,7 @@ struct Writer<'a> {
     options: &'a MergeOptions,
     written: u64,
     flushed: u64,
+    dropped: u64,
 }
 
 impl Writer<'_> {
@@ -358,11 +368,24 @@ impl Writer<'_> {
         Ok(())
     }
 
+    fn dropping(&self) -> bool {
+        self.options.drop_behind > 0 && (self.options.fsync || self.options.drop_behind_always)
+    }
+
     fn wrote(&mut self, n: usize) {
         self.written += n as u64;
-        if self.options.fsync && self.written - self.flushed >= self.options.writeback_every {
-            start_writeback(self.file.as_raw_fd(), self.flushed, self.written - self.flushed);
+        if (self.options.fsync || self.dropping())
+            && self.written - self.flushed >= self.options.writeback_every
+        {
+            let fd = self.file.as_raw_fd();
+            start_writeback(fd, self.flushed, self.written - self.flushed);
             self.flushed = self.written;
+            let lag = self.options.drop_behind;
+            if self.dropping() && self.flushed >= self.dropped + lag + self.options.writeback_every {
+                let end = self.flushed - lag;
+                drop_written(fd, self.dropped, end - self.dropped);
+                self.dropped = end;
+            }
         }
     }
 
@@ -535,6 +558,17 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: unmapping what `new` mapped.
         unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// Waits for `offset..offset+len` to be written back, then drops it from the
+/// page cache. Only a hint too: errors surface at the final fsync.
+fn drop_written(fd: libc::c_int, offset: u64, len: u64) {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain syscalls on an open fd.
+    unsafe {
+        libc::sync_file_range(fd, offset as libc::off64_t, len as libc::off64_t, flags);
+        libc::posix_fadvise(fd, offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
     }
 }
 
