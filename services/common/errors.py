@@ -82,10 +82,3 @@ class Unavailable(SerentakError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "UNAVAILABLE"
-
-
-class Unimplemented(SerentakError):
-    """An RPC that is part of the contract but not built yet."""
-
-    code = grpc.StatusCode.UNIMPLEMENTED
-    reason = "NOT_IMPLEMENTED"

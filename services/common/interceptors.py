@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -107,6 +107,15 @@ def to_status(exc: SerentakError) -> grpc.Status:
     return rpc_status.to_status(status)
 
 
+def _status_name(exc: BaseException) -> str:
+    """The status code `_fail` answers `exc` with, as metrics and logs name it."""
+    if isinstance(exc, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED.name
+    if isinstance(exc, SerentakError):
+        return exc.code.name
+    return grpc.StatusCode.INTERNAL.name
+
+
 class ErrorMappingInterceptor(_WrappingInterceptor):
     """Turns `SerentakError`s into their status and reason; anything else is a bug (INTERNAL)."""
 
@@ -130,7 +139,7 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
     def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
-        def record(started: float, context: grpc.aio.ServicerContext, code: str | None) -> None:
+        def record(started: float, code: str | None) -> None:
             elapsed = time.perf_counter() - started
             RPC_DURATION.labels(method).observe(elapsed)
             RPC_REQUESTS.labels(method, code or "OK").inc()
@@ -152,17 +161,14 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                             yield item
                     else:
                         await result
-                except SerentakError as exc:
-                    code = exc.code.name
-                    await self._fail(exc, method, context)
                 except (grpc.aio.AbortError, GeneratorExit):
                     code = "ABORTED_BY_HANDLER"
                     raise
                 except Exception as exc:
-                    code = "INTERNAL"
+                    code = _status_name(exc)
                     await self._fail(exc, method, context)
                 finally:
-                    record(started, context, code)
+                    record(started, code)
 
             return stream_behaviour
 
@@ -170,21 +176,13 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
             started, code = time.perf_counter(), None
             try:
                 return await behaviour(request, context)
-            except SerentakError as exc:
-                code = exc.code.name
-                await self._fail(exc, method, context)
             except grpc.aio.AbortError:
                 code = "ABORTED_BY_HANDLER"
                 raise
             except Exception as exc:
-                code = "INTERNAL"
+                code = _status_name(exc)
                 await self._fail(exc, method, context)
             finally:
-                record(started, context, code)
+                record(started, code)
 
         return unary_behaviour
-
-
-async def collect(stream: AsyncIterator[Any]) -> list[Any]:
-    """Drain an async iterator into a list (handy for client-streaming handlers)."""
-    return [item async for item in stream]

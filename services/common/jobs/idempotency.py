@@ -10,22 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.jobs import sql
 from services.common.jobs.job import ClaimedJob
-from services.common.jobs.models import applied_jobs, utcnow
+from services.common.jobs.models import utcnow
 
 
 class AlreadyApplied(Exception):
     """Another job with this idempotency key committed its effect first."""
-
-
-async def is_applied(session: AsyncSession, idempotency_key: str) -> bool:
-    """True when an effect was already recorded under `idempotency_key`."""
-    stmt = select(applied_jobs.c.id).where(applied_jobs.c.idempotency_key == idempotency_key)
-    return (await session.execute(stmt)).first() is not None
 
 
 async def record_applied(
