@@ -7,9 +7,10 @@ import time
 
 import grpc
 import pytest
-from locks.lock_assertions import error_info, wait_for_waiters
+from locks.lock_assertions import wait_for_waiters
 from prometheus_client import REGISTRY
 from serentak.locks.v1 import locks_pb2
+from support.grpc_errors import error_info
 
 from services.locks.keys import KeySpace
 

@@ -14,11 +14,10 @@ from typing import Any
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from support.grpc_errors import error_info
 from support.services import running_app
 
 from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
@@ -80,13 +79,8 @@ def event(
 
 
 def error_reason(err: grpc.aio.AioRpcError) -> str:
-    """The ErrorInfo reason of a failed call ("" if none)."""
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
-    for detail in status.details if status else ():
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info.reason
-    return ""
+    """The ErrorInfo reason of a failed call (fails the test when there is none)."""
+    return error_info(err).reason
 
 
 @dataclass

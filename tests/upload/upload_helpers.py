@@ -9,21 +9,10 @@ from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from serentak.upload.v1 import upload_pb2
+from support.grpc_errors import error_info
 
 DEADLINE_S = 60.0
-
-
-def error_info(exc: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    """The ErrorInfo carried by a failed call (fails the test when there is none)."""
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
-    assert status is not None, f"no rich status on {exc.code()}: {exc.details()}"
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info
-    raise AssertionError("no ErrorInfo in the status details")
 
 
 async def expect_error(
