@@ -25,7 +25,7 @@ from services.upload.listing_cache import ListingCache, listing_key
 from services.upload.models import FILE, FOLDER, FileRow, ShareRow, utcnow
 from services.upload.permissions import owned, readable, role_of, writable
 from services.upload.sync.tombstones import hidden_file_ids, not_tombstoned, raise_if_tombstoned
-from services.upload.tree import ensure_root, new_id, validate_name
+from services.upload.tree import ensure_root, new_folder, validate_name
 from services.upload.versions import bump, touch_folder
 
 DOWNLOAD_BLOCK = 1024 * 1024
@@ -52,7 +52,6 @@ class Files:
             if request.client_request_id
             else None
         )
-        now = utcnow()
         try:
             async with self._sessions.begin() as session:
                 if key is not None:
@@ -65,22 +64,12 @@ class Files:
                         return found, await role_of(session, identity, found) or ""
                 parent, _ = await writable(session, identity, parent_id)
                 _require_live_folder(parent, "parent_id")
-                folder = FileRow(
-                    id=new_id(),
-                    tenant_id=identity.tenant_id,
-                    parent_id=parent.id,
-                    name=name,
-                    kind=FOLDER,
-                    owner_user_id=parent.owner_user_id,
-                    version=1,
-                    children_version=0,
-                    size=0,
-                    checksum="",
-                    checksum_algorithm="",
-                    last_lock_token=0,
+                folder = new_folder(
+                    identity.tenant_id,
+                    parent.id,
+                    name,
+                    parent.owner_user_id,
                     create_request_key=key,
-                    created_at=now,
-                    updated_at=now,
                 )
                 session.add(folder)
                 await session.flush()

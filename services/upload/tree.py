@@ -33,6 +33,30 @@ def validate_name(name: str, field: str = "name") -> str:
     return name
 
 
+def new_folder(
+    tenant_id: str, parent_id: str | None, name: str, owner_user_id: str, **keys: str | None
+) -> FileRow:
+    """A new, empty folder row at version 1 (`keys`: root_of or create_request_key)."""
+    now = utcnow()
+    return FileRow(
+        id=new_id(),
+        tenant_id=tenant_id,
+        parent_id=parent_id,
+        name=name,
+        kind=FOLDER,
+        owner_user_id=owner_user_id,
+        version=1,
+        children_version=0,
+        size=0,
+        checksum="",
+        checksum_algorithm="",
+        last_lock_token=0,
+        created_at=now,
+        updated_at=now,
+        **keys,
+    )
+
+
 def root_key(identity: Identity) -> str:
     """The unique marker of a user's root folder."""
     return f"{identity.tenant_id}:{identity.user_id}"
@@ -51,25 +75,10 @@ async def ensure_root(sessions: async_sessionmaker[AsyncSession], identity: Iden
         root = await find_root(session, identity)
         if root is not None:
             return root.id
-    now = utcnow()
     try:
         async with sessions.begin() as session:
-            root = FileRow(
-                id=new_id(),
-                tenant_id=identity.tenant_id,
-                parent_id=None,
-                name="",
-                kind=FOLDER,
-                owner_user_id=identity.user_id,
-                version=1,
-                children_version=0,
-                size=0,
-                checksum="",
-                checksum_algorithm="",
-                last_lock_token=0,
-                root_of=root_key(identity),
-                created_at=now,
-                updated_at=now,
+            root = new_folder(
+                identity.tenant_id, None, "", identity.user_id, root_of=root_key(identity)
             )
             session.add(root)
             return root.id
