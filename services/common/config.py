@@ -6,10 +6,11 @@ settings class once at start-up and passes the object down.
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path(".data")
@@ -49,6 +50,11 @@ class CommonSettings(BaseSettings):
         default_factory=lambda: dict(DEFAULT_AUTH_TOKENS)
     )
     service_token: str = DEFAULT_SERVICE_TOKEN
+    page_token_secret: SecretStr = Field(
+        default_factory=lambda: SecretStr(secrets.token_urlsafe(32)),
+        min_length=16,
+        description="HMAC key of page tokens; replicas must share it (default: random per process).",
+    )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )

@@ -7,6 +7,7 @@ reports as "database is locked" without waiting on the busy timeout).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import MetaData, event
@@ -17,6 +18,8 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+
+from services.common.private_files import private_sqlite
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -80,6 +83,9 @@ def create_engine(
 ) -> AsyncEngine:
     """An async engine for `url` with Serentak's SQLite/PostgreSQL settings."""
     if is_sqlite(url):
+        path = make_url(url).database
+        if path and path != ":memory:":
+            private_sqlite(Path(path))  # before SQLite creates it 0644
         engine = create_async_engine(async_url(url))
         _configure_sqlite(engine.sync_engine, sqlite_synchronous)
         return engine

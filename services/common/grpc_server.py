@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -150,5 +151,7 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
     from services.common.logging import configure_logging
 
     settings = load(settings_cls)
+    # Databases, blobs and temp files: readable by this user only (0600 / 0700).
+    os.umask(0o077)
     configure_logging(name, settings.log_format, settings.log_level)
     asyncio.run(serve(build_app(settings)))

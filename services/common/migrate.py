@@ -12,7 +12,10 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+from sqlalchemy.engine import make_url
+
 from services.common.db import sync_url
+from services.common.private_files import private_sqlite
 
 
 def alembic_config(url: str, script_location: Path, version_table: str) -> Config:
@@ -27,7 +30,9 @@ def alembic_config(url: str, script_location: Path, version_table: str) -> Confi
 def upgrade(url: str, locations: list[tuple[Path, str]]) -> None:
     """Upgrade `url` to head for each (migration folder, version table), in order."""
     if url.startswith("sqlite"):
-        db_path = url.split(":///", 1)[-1]
-        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        db_path = make_url(url).database
+        if db_path and db_path != ":memory:":
+            # 0600 in a 0700 folder (WAL/SHM follow the database file's mode).
+            private_sqlite(Path(db_path))
     for location, version_table in locations:
         command.upgrade(alembic_config(url, location, version_table), "head")

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
+from services.common.private_files import FILE_MODE, private_dirs
+
 
 def chunk_key(upload_id: str, index: int) -> str:
     """The deterministic key of one chunk."""
@@ -79,8 +81,7 @@ class LocalBlobStore:
     """Objects as files under `root`; temp + fsync + rename for every write."""
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
-        self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dirs(Path(root).resolve())
         self._fsync = fsync
 
     def path(self, key: str) -> Path:
@@ -93,9 +94,11 @@ class LocalBlobStore:
     def stage(self, key: str, data: bytes) -> str:
         """Write `data` to `.{name}.{random}.tmp` beside `key` and fsync it."""
         final = self.path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(final.parent)
         staged = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
-        with open(staged, "wb") as f:
+        # 0600 from the first byte (not after a chmod): blobs are every tenant's data.
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        with open(fd, "wb") as f:
             f.write(data)
             if self._fsync:
                 f.flush()

@@ -16,6 +16,7 @@ from services.common.db import create_engine, session_factory
 from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
+from services.common.page_tokens import PageTokens
 from services.upload.blob_store import LocalBlobStore
 from services.upload.chunks import ChunkStore
 from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
@@ -72,7 +73,8 @@ def build_components(
     )
     blobs = LocalBlobStore(settings.blob_root, fsync=settings.blob_fsync)
     locks = FileLocks(settings.locks_address, owner=f"upload-merge:{options.node_id}")
-    uploads = Uploads(sessions, settings)
+    tokens = PageTokens(settings.page_token_secret.get_secret_value())
+    uploads = Uploads(sessions, settings, tokens)
     chunks = ChunkStore(
         sessions, uploads, blobs, enqueue_merge, upload_ttl_seconds=settings.upload_ttl_seconds
     )
@@ -122,7 +124,7 @@ def build_components(
         locks=locks,
         uploads=uploads,
         chunks=chunks,
-        files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries)),
+        files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries), tokens),
         registry=registry,
         runtime=runtime,
         sync=sync,

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
 from services.common.errors import InvalidArgument
+from services.common.page_tokens import PageTokens
 from services.upload import convert, pagination
 from services.upload.blob_store import LocalBlobStore
 from services.upload.errors import FileDeleted, FileNotFound, WrongKind
@@ -35,11 +36,16 @@ class Files:
     """FileService use cases, scoped to the caller's tenant and role."""
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], blobs: LocalBlobStore, cache: ListingCache
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        blobs: LocalBlobStore,
+        cache: ListingCache,
+        tokens: PageTokens,
     ) -> None:
         self._sessions = sessions
         self._blobs = blobs
         self._cache = cache
+        self._tokens = tokens
 
     async def create_folder(
         self, identity: Identity, request: upload_pb2.CreateFolderRequest
@@ -102,8 +108,9 @@ class Files:
     ) -> upload_pb2.ListFolderResponse:
         """One page of a folder's children, served from the versioned cache when possible."""
         size = pagination.page_size(request.page_size)
-        position = pagination.decode(request.page_token, 2)
         folder_id = request.folder_id or await ensure_root(self._sessions, identity)
+        # Bound to the folder: a token from one folder's listing is refused by another's.
+        position = self._tokens.decode(request.page_token, f"ListFolder:{folder_id}", 2)
         async with self._sessions() as session:
             folder, role = await readable(session, identity, folder_id)
             if folder.kind != FOLDER:
@@ -149,7 +156,9 @@ class Files:
                     convert.file_message(row, await role_of(session, identity, row) or role)
                 )
             if len(rows) > size:
-                resp.next_page_token = pagination.encode([rows[size - 1].name, rows[size - 1].id])
+                resp.next_page_token = self._tokens.encode(
+                    f"ListFolder:{folder_id}", [rows[size - 1].name, rows[size - 1].id]
+                )
         self._cache.put(key, resp)
         return resp
 

@@ -31,6 +31,7 @@ runtime's crash-loop guard) is caught by the sweep in `stuck_merges.py`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -49,6 +50,7 @@ from services.common.jobs import (
 )
 from services.common.jobs.errors import PERMANENT, error_class_of
 from services.common.logging import get_logger
+from services.common.private_files import FILE_MODE, private_dirs
 from services.upload import metrics
 from services.upload.blob_store import BlobStore, content_key
 from services.upload.errors import StaleFencingToken
@@ -175,10 +177,10 @@ class MergeHandler:
             for r in rows
         ]
         output = self._blobs.path(content_key(upload.file_id, upload.id))
-        output.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(output.parent)
         try:
             # merge_core releases the GIL; a thread keeps the event loop (heartbeats) going.
-            return await asyncio.to_thread(
+            result = await asyncio.to_thread(
                 merge_core.merge,
                 chunks,
                 output,
@@ -194,6 +196,10 @@ class MergeHandler:
             merge_core.FileChecksumMismatch,
         ) as exc:
             raise MergeFailed(f"{type(exc).__name__}: {exc}") from exc
+        # merge_core creates its output under the umask; the 0700 folder already keeps
+        # others out, this makes the file itself 0600 too.
+        os.chmod(output, FILE_MODE)
+        return result
 
     async def _fail(self, session: AsyncSession, upload: UploadRow, reason: str) -> None:
         moved = await transition(

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
 from services.common.errors import AlreadyExists, InvalidArgument
+from services.common.page_tokens import PageTokens
 from services.upload import checksums, pagination
 from services.upload.convert import STATUS_NAME
 from services.upload.errors import FileDeleted, UploadNotActive, UploadNotFound, WrongKind
@@ -104,9 +105,11 @@ class Uploads:
         self,
         sessions: async_sessionmaker[AsyncSession],
         settings: UploadSettings,
+        tokens: PageTokens,
     ) -> None:
         self._sessions = sessions
         self._settings = settings
+        self._tokens = tokens
 
     async def create(
         self, identity: Identity, request: upload_pb2.CreateUploadRequest
@@ -278,7 +281,9 @@ class Uploads:
     ) -> tuple[list[UploadRow], str]:
         """The caller's uploads (or all uploads of a file they can write), newest last."""
         size = pagination.page_size(request.page_size)
-        position = pagination.decode(request.page_token, 2)
+        # Bound to the listing asked for: the caller's own uploads, or one file's.
+        purpose = f"ListUploads:{request.file_id}:{request.status}"
+        position = self._tokens.decode(request.page_token, purpose, 2)
         query = select(UploadRow).where(UploadRow.tenant_id == identity.tenant_id)
         async with self._sessions() as session:
             if request.file_id:
@@ -309,5 +314,5 @@ class Uploads:
         if len(rows) > size:
             rows = rows[:size]
             last = rows[-1]
-            token = pagination.encode([last.created_at.isoformat(), last.id])
+            token = self._tokens.encode(purpose, [last.created_at.isoformat(), last.id])
         return rows, token

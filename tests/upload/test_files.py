@@ -237,7 +237,7 @@ async def test_bad_input_gets_its_code_and_reason(cluster) -> None:
         (
             u.ListUploads(upload_pb2.ListUploadsRequest(page_token="!!"), metadata=md),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_ARGUMENT",
+            "INVALID_PAGE_TOKEN",
         ),
         (
             alice.files.ListFolder(upload_pb2.ListFolderRequest(page_size=-1), metadata=md),
