@@ -53,7 +53,7 @@ class CommonSettings(BaseSettings):
     page_token_secret: SecretStr = Field(
         default_factory=lambda: SecretStr(secrets.token_urlsafe(32)),
         min_length=16,
-        description="HMAC key of page tokens; replicas must share it (default: random per process).",
+        description="HMAC key of page tokens; replicas must share it (default: random).",
     )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-
 from sqlalchemy.engine import make_url
 
 from services.common.db import sync_url
