@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 from services.common.admin import admin_servicer
@@ -12,6 +14,7 @@ from services.upload.components import build_components
 from services.upload.database import migrate
 from services.upload.servicer import FileServicer, UploadAdminServicer, UploadServicer
 from services.upload.settings import UploadSettings
+from services.upload.status_ages import sample_status_ages
 from services.upload.sync.settings import SyncSettings
 
 _SERVICES = upload_pb2.DESCRIPTOR.services_by_name
@@ -26,6 +29,9 @@ def build_app(
     migrate(settings.database_url)
     parts = build_components(settings, runtime_options, sync_settings)
     background = parts.runtime.background()
+    background.append(
+        functools.partial(sample_status_ages, parts.sessions, settings.metrics_sample_seconds)
+    )
     if parts.sync.engine.settings.enabled:
         background.append(parts.sync.webhook_server)
     return ServiceApp(

@@ -69,7 +69,9 @@ def build_components(
     engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     sessions = session_factory(engine)
     options = runtime_options or RuntimeOptions(
-        lease_seconds=settings.worker_lease_seconds, poll_interval=settings.worker_poll_seconds
+        lease_seconds=settings.worker_lease_seconds,
+        poll_interval=settings.worker_poll_seconds,
+        stats_interval=settings.metrics_sample_seconds,
     )
     blobs = LocalBlobStore(settings.blob_root, fsync=settings.blob_fsync)
     locks = FileLocks(settings.locks_address, owner=f"upload-merge:{options.node_id}")

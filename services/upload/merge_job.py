@@ -72,6 +72,14 @@ from services.upload.versions import commit_fenced, touch_folder
 log = get_logger(__name__)
 
 MERGE_JOB = "upload.merge"
+# merge_core's refusals, as the reason label of serentak_upload_merge_failures_total.
+_FAILURE_REASONS = {
+    merge_core.ChunkChecksumMismatch: "checksum",
+    merge_core.FileChecksumMismatch: "checksum",
+    merge_core.ChunkSizeMismatch: "size",
+    merge_core.MissingChunk: "missing_chunk",
+    merge_core.DuplicateChunk: "duplicate_chunk",
+}
 
 
 def merge_job(upload: UploadRow) -> NewJob:
@@ -169,6 +177,7 @@ class MergeHandler:
         indexes = [r.chunk_index for r in rows]
         if indexes != list(range(upload.total_chunks)):
             missing = sorted(set(range(upload.total_chunks)) - set(indexes))
+            metrics.MERGE_FAILURES.labels("missing_chunk").inc()
             raise MergeFailed(
                 f"chunk rows are not 0..{upload.total_chunks - 1}; missing {missing[:10]}"
             )
@@ -195,6 +204,7 @@ class MergeHandler:
             merge_core.DuplicateChunk,
             merge_core.FileChecksumMismatch,
         ) as exc:
+            metrics.MERGE_FAILURES.labels(_FAILURE_REASONS[type(exc)]).inc()
             raise MergeFailed(f"{type(exc).__name__}: {exc}") from exc
         # merge_core creates its output under the umask; the 0700 folder already keeps
         # others out, this makes the file itself 0600 too.

@@ -39,3 +39,17 @@ PURGED_CHUNKS = Counter(
     "Chunk files deleted for expired or aborted uploads.",
 )
 UPLOADS_MERGING = Gauge("serentak_upload_merging", "Uploads currently in merging (last audit).")
+MERGE_FAILURE_REASONS = ("missing_chunk", "checksum", "size", "duplicate_chunk")
+MERGE_FAILURES = Counter(
+    "serentak_upload_merge_failures_total",
+    "Merge attempts that found the chunk set unusable, by reason (missing_chunk, checksum, ...).",
+    ["reason"],
+)
+# Every reason exported at 0 from the start, so increase() sees the first failure.
+for _reason in MERGE_FAILURE_REASONS:
+    MERGE_FAILURES.labels(_reason)
+OLDEST_IN_STATUS = Gauge(
+    "serentak_upload_oldest_in_status_seconds",
+    "Age of the oldest upload in a status (uploading: since created; merging: since merge start).",
+    ["status"],
+)

@@ -51,6 +51,9 @@ class UploadSettings(CommonSettings):
     worker_poll_seconds: float = Field(
         0.5, gt=0, description="Idle workers look for jobs this often."
     )
+    metrics_sample_seconds: float = Field(
+        15.0, gt=0, description="How often the queue and upload-status gauges are re-read."
+    )
     audit_sample_size: int = Field(20, ge=0, description="Completed files re-hashed per audit.")
     publish_events: bool = Field(
         True, description="Relay outbox events to the notify service's Ingest at notify_address."

@@ -7,6 +7,7 @@ import os
 import uuid
 
 import pytest
+from prometheus_client import REGISTRY
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import chunk_request, create_request, split, wait_status
 
@@ -28,6 +29,9 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
         await alice.uploads.PutChunk(
             chunk_request(upload.upload_id, i, chunks[i]), metadata=alice.metadata
         )
+    checksum_failures = REGISTRY.get_sample_value(
+        "serentak_upload_merge_failures_total", {"reason": "checksum"}
+    )
     # Bit rot on disk after the chunk was accepted.
     stored = cluster.settings.blob_root / "uploads" / upload.upload_id / "1"
     stored.write_bytes(bytes([chunks[1][0] ^ 0xFF]) + chunks[1][1:])
@@ -39,6 +43,11 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
     )
     assert failed.status == upload_pb2.UPLOAD_STATUS_FAILED
     assert "ChunkChecksumMismatch" in failed.failure_reason
+    # What SerentakMergeFailedMissingOrCorrupt (deploy/prometheus/alerts.yml) watches.
+    assert (
+        REGISTRY.get_sample_value("serentak_upload_merge_failures_total", {"reason": "checksum"})
+        == (checksum_failures or 0) + 1
+    )
     assert failed.file_version == 0
     assert not (cluster.settings.blob_root / "files" / upload.file_id / upload.upload_id).exists()
 
