@@ -37,7 +37,12 @@ from services.upload import checksums, metrics
 from services.upload.blob_store import BlobStore, chunk_key
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
 from services.upload.models import EXPIRED, MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
-from services.upload.uploads import MergeEnqueuer, Uploads, expected_chunk_size
+from services.upload.uploads import (
+    MergeEnqueuer,
+    Uploads,
+    check_uploader,
+    expected_chunk_size,
+)
 
 log = get_logger(__name__)
 
@@ -92,6 +97,8 @@ class ChunkStore:
         """Check and store chunk `index` of `upload_id` (see the module docstring)."""
         async with self._sessions() as session:
             upload = await self._uploads.load(session, identity, upload_id)
+            # Shares may have changed since CreateUpload (the merge checks again).
+            await check_uploader(session, upload)
         if not 0 <= index < upload.total_chunks:
             raise InvalidArgument(
                 "chunk_index",

@@ -64,3 +64,9 @@ class WrongKind(FailedPrecondition):
 
 class FileDeleted(FailedPrecondition):
     reason = "FILE_DELETED"
+
+
+class UploaderNotAllowed(PermissionDenied):
+    """The upload's creator may no longer write its file or folder (unshared, moved away)."""
+
+    reason = "UPLOADER_NOT_ALLOWED"

@@ -53,7 +53,7 @@ from services.common.logging import get_logger
 from services.common.private_files import FILE_MODE, private_dirs
 from services.upload import metrics
 from services.upload.blob_store import BlobStore, content_key
-from services.upload.errors import StaleFencingToken
+from services.upload.errors import FileDeleted, StaleFencingToken, UploaderNotAllowed
 from services.upload.events import record_file_event
 from services.upload.file_locks import FileLocks
 from services.upload.models import (
@@ -66,7 +66,7 @@ from services.upload.models import (
     UploadRow,
     utcnow,
 )
-from services.upload.uploads import transition
+from services.upload.uploads import check_uploader, transition
 from services.upload.versions import commit_fenced, touch_folder
 
 log = get_logger(__name__)
@@ -99,6 +99,12 @@ async def enqueue_merge(session: AsyncSession, upload: UploadRow) -> None:
 
 class MergeFailed(Exception):
     """The chunks cannot make the file (corrupt, missing, wrong size): the upload fails."""
+
+
+class MergeRefused(MergeFailed):
+    """At commit the uploader may no longer write the file, or it is deleted: the upload
+    fails with the refusal's reason (UPLOADER_NOT_ALLOWED, FILE_DELETED) and nothing of
+    it becomes visible."""
 
 
 class MergeHandler:
@@ -156,7 +162,14 @@ class MergeHandler:
         except merge_core.MergeIOError as exc:
             # A disk or file-system hiccup may pass; the last attempt gives up (__call__).
             raise TransientError(f"merge I/O error: {exc}") from exc
-        file = await self._commit(ctx.session, upload, result)
+        try:
+            file = await self._commit(ctx.session, upload, result)
+        except MergeRefused as refused:
+            await self._fail(ctx.session, upload, str(refused))
+            # The merged bytes were never published; nothing refers to them.
+            self._blobs.path(content_key(upload.file_id, upload.id)).unlink(missing_ok=True)
+            ctx.effect = {"failed": str(refused)[:500]}
+            return
         if file is None:
             metrics.DUPLICATE_MERGES_REFUSED.inc()
             log.info("merge_skipped_after_merge", upload_id=upload.id)
@@ -267,6 +280,12 @@ class MergeHandler:
                 )
                 if status != MERGING:
                     return None
+                # Unshared or deleted since CreateUpload? Checked under the lock, in the
+                # transaction that would commit (invariant 7's fencing check follows).
+                try:
+                    await check_uploader(session, upload)
+                except (UploaderNotAllowed, FileDeleted) as exc:
+                    raise MergeRefused(f"{exc.reason}: {exc.message}") from exc
                 file = await commit_content(session, upload, result, lock.token)
         except StaleFencingToken as exc:
             # A newer holder committed first (ours was lost): retry under a fresh lock.

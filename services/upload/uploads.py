@@ -21,7 +21,15 @@ from services.common.errors import AlreadyExists, InvalidArgument
 from services.common.page_tokens import PageTokens
 from services.upload import checksums, pagination
 from services.upload.convert import STATUS_NAME
-from services.upload.errors import FileDeleted, UploadNotActive, UploadNotFound, WrongKind
+from services.upload.errors import (
+    FileDeleted,
+    FileNotFound,
+    NotAllowed,
+    UploaderNotAllowed,
+    UploadNotActive,
+    UploadNotFound,
+    WrongKind,
+)
 from services.upload.models import (
     ABORTED,
     EXPIRED,
@@ -96,6 +104,25 @@ def validate_shape(
             "total_size",
             f"{total_chunks} chunks of {chunk_size} bytes hold {low}..{high} bytes",
         )
+
+
+async def check_uploader(session: AsyncSession, upload: UploadRow) -> None:
+    """Refuse unless the upload's creator may still write its target, which still exists.
+
+    Roles change while an upload is open (an unshare, a move out of a shared folder): the
+    rights checked at CreateUpload are checked again for every chunk and, under the file
+    lock, when the merge commits. UPLOADER_NOT_ALLOWED or FILE_DELETED otherwise.
+    """
+    uploader = Identity(tenant_id=upload.tenant_id, user_id=upload.owner_user_id)
+    target = upload.folder_id if upload.is_new_file else upload.file_id
+    try:
+        row, _ = await writable(session, uploader, target)
+    except (FileNotFound, NotAllowed):
+        raise UploaderNotAllowed(
+            "the uploader may no longer write to this file", upload_id=upload.id
+        ) from None
+    if row.deleted_at is not None:
+        raise FileDeleted("the upload's file or folder is deleted", file_id=row.id)
 
 
 class Uploads:
