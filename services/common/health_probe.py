@@ -1,0 +1,69 @@
+"""`python -m services.common.health_probe [ADDRESS]`: exit 0 if the server is SERVING.
+
+The container HEALTHCHECK and the Kubernetes exec probe of a TLS deployment (the kubelet's
+native gRPC probe speaks plaintext only). With `SERENTAK_TLS_CA_FILE` set it dials TLS, with
+`SERENTAK_TLS_CLIENT_CERT_FILE`/`_KEY_FILE` mutual TLS; `--server-name` is the name the
+server certificate carries when it does not list the dialled address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ProbeSettings(BaseSettings):
+    """The client TLS files, by their shared names (all optional)."""
+
+    model_config = SettingsConfigDict(env_prefix="SERENTAK_", frozen=True, extra="ignore")
+
+    tls_ca_file: Path | None = None
+    tls_client_cert_file: Path | None = None
+    tls_client_key_file: Path | None = None
+
+
+def channel(address: str, settings: ProbeSettings, server_name: str = "") -> grpc.Channel:
+    """A plaintext channel, or a TLS one when a CA file is configured."""
+    if settings.tls_ca_file is None:
+        return grpc.insecure_channel(address)
+    key = settings.tls_client_key_file.read_bytes() if settings.tls_client_key_file else None
+    cert = settings.tls_client_cert_file.read_bytes() if settings.tls_client_cert_file else None
+    credentials = grpc.ssl_channel_credentials(settings.tls_ca_file.read_bytes(), key, cert)
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    return grpc.secure_channel(address, credentials, options=options)
+
+
+def probe(
+    address: str, settings: ProbeSettings, server_name: str = "", timeout: float = 3.0
+) -> str:
+    """The health status name of the server's overall health ("" service)."""
+    with channel(address, settings, server_name) as ch:
+        response = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout
+        )
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the status; exit 0 only for SERVING."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("address", nargs="?", default="127.0.0.1:50051")
+    parser.add_argument("--server-name", default="", help="TLS name to verify instead")
+    parser.add_argument("--timeout", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    try:
+        status = probe(args.address, ProbeSettings(), args.server_name, args.timeout)
+    except grpc.RpcError as exc:
+        print(f"{args.address}: {exc.code().name}", file=sys.stderr)  # type: ignore[attr-defined]
+        return 1
+    print(f"{args.address}: {status}")
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

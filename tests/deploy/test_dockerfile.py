@@ -1,0 +1,104 @@
+"""deploy/docker/Dockerfile parses, copies only paths that exist and the build context
+keeps, runs as a non-root user with a gRPC health check; the project wheel it installs
+carries the migrations."""
+
+from __future__ import annotations
+
+import fnmatch
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from dockerfile_parse import DockerfileParser
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO_ROOT / "deploy" / "docker" / "Dockerfile"
+
+
+def _instructions() -> list[dict]:
+    parser = DockerfileParser(fileobj=DOCKERFILE.open("rb"))
+    return parser.structure
+
+
+def _ignored(path: str) -> bool:
+    patterns = [
+        line.strip()
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    parts = Path(path).parts
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(
+        fnmatch.fnmatch(prefix, pattern.removeprefix("**/"))
+        or fnmatch.fnmatch(Path(prefix).name, pattern.removeprefix("**/"))
+        for pattern in patterns
+        for prefix in prefixes
+    )
+
+
+def test_every_copied_path_exists_in_the_build_context() -> None:
+    copies = [i for i in _instructions() if i["instruction"] == "COPY"]
+    assert copies
+    checked = 0
+    for copy in copies:
+        args = copy["value"].split()
+        if any(a.startswith("--from=") for a in args):
+            continue
+        sources = [a for a in args if not a.startswith("--")][:-1]
+        for source in sources:
+            assert (REPO_ROOT / source).exists(), f"COPY {source}: no such path"
+            assert not _ignored(source), f"COPY {source}: excluded by .dockerignore"
+            checked += 1
+    assert checked >= 5
+
+
+def test_multi_stage_non_root_one_image_with_grpc_healthcheck() -> None:
+    instructions = _instructions()
+    stages = [i["value"] for i in instructions if i["instruction"] == "FROM"]
+    assert len(stages) == 3 and all(" AS " in s for s in stages), stages
+    users = [i["value"] for i in instructions if i["instruction"] == "USER"]
+    assert users and users[-1].split(":")[0] not in {"0", "root"}
+    health = [i["value"] for i in instructions if i["instruction"] == "HEALTHCHECK"]
+    assert health and "services.common.health_probe" in health[0]
+    entry = [i["value"] for i in instructions if i["instruction"] == "ENTRYPOINT"]
+    assert entry == ['["python", "-m"]']
+    # The services the command can name exist as runnable modules.
+    for name in ("upload", "locks", "notify"):
+        assert (REPO_ROOT / "services" / name / "__main__.py").exists()
+
+
+def test_dockerignore_keeps_local_state_and_secrets_out() -> None:
+    for path in (".venv/bin/python", ".data/upload.db", "gen/x.py", "tls/server.key", ".git/HEAD"):
+        assert _ignored(path), path
+    for path in ("services/upload/app.py", "protos", "merge_core/src"):
+        assert not _ignored(path), path
+
+
+def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(REPO_ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("serentak-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for service in ("upload", "notify", "upload/sync"):
+        assert any(
+            n.startswith(f"services/{service}/migrations/versions/") and n.endswith(".py")
+            for n in names
+        ), service
+        assert f"services/{service}/migrations/script.py.mako" in names
+    assert any(n.startswith("services/common/runtime_migrations/versions/") for n in names)
+    assert not any("__pycache__" in n for n in names)
