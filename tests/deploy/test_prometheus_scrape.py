@@ -105,6 +105,12 @@ def test_rules_and_dashboards_read_live_metrics_and_an_alert_fires(
         }
         assert dead == {}, f"queries read metrics nobody exports: {dead}"
 
+        # Every query parses and evaluates on the live server.
+        exprs = [r["expr"] for r in alert_rules()]
+        exprs += [e for board in dashboard_exprs().values() for e in board]
+        for expr in exprs:
+            assert get_json(f"{url}/api/v1/query?query={quote(expr)}")["resultType"], expr
+
         # Healthy stack: the fault's alert is silent.
         assert _firing(url, FAULT_ALERT) == []
         _corrupt_merge(stack, tmp_path)

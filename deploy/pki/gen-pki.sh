@@ -1,0 +1,90 @@
+#!/bin/sh
+# Make a throwaway PKI for trying Serentak (compose's one-shot `pki` service runs this; run
+# it by hand for Kubernetes): a CA; etcd member certificates (server + peer); server/client
+# certificates for upload, locks and notify (mTLS between them); an etcd client certificate
+# for locks; an RS256 key with its JWKS (public/jwks.json), tokens for a demo user and each
+# service.
+#
+#   sh deploy/pki/gen-pki.sh OUT_DIR      (POSIX sh + openssl; idempotent: keeps an existing CA)
+#
+# Env: NAMESPACE (Kubernetes namespace for the service DNS names, default serentak),
+# ETCD_MEMBERS (default "etcd-1 etcd-2 etcd-3"), JWT_ISSUER, JWT_AUDIENCE, DAYS.
+# Production: use your own CA and identity provider; these keys sit in plain files.
+set -eu
+
+OUT=${1:?usage: gen-pki.sh OUT_DIR}
+NAMESPACE=${NAMESPACE:-serentak}
+ETCD_MEMBERS=${ETCD_MEMBERS:-"etcd-1 etcd-2 etcd-3"}
+JWT_ISSUER=${JWT_ISSUER:-https://pki.serentak.local}
+JWT_AUDIENCE=${JWT_AUDIENCE:-serentak}
+DAYS=${DAYS:-365}
+mkdir -p "$OUT/tokens"
+umask 077
+cd "$OUT"
+
+if [ ! -f ca.pem ]; then
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca-key.pem -out ca.pem -days "$DAYS" \
+    -subj "/CN=serentak-dev-ca" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+fi
+
+# cert NAME SANS: a key and a certificate for both server and client use, signed by the CA.
+cert() {
+  printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n' "$2" > "$1.ext"
+  openssl req -newkey rsa:2048 -nodes -keyout "$1-key.pem" -out "$1.csr" -subj "/CN=$1" 2>/dev/null
+  openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days "$DAYS" \
+    -extfile "$1.ext" -out "$1.pem" 2>/dev/null
+  rm -f "$1.csr" "$1.ext"
+}
+
+for member in $ETCD_MEMBERS; do
+  cert "$member" "DNS:$member,DNS:$member.etcd,DNS:$member.etcd.$NAMESPACE.svc,DNS:$member.etcd.$NAMESPACE.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
+done
+cert etcd-client "DNS:etcd-client"
+for service in upload locks notify; do
+  cert "$service" "DNS:$service,DNS:$service.$NAMESPACE.svc,DNS:$service.$NAMESPACE.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
+done
+
+# --- JWT: an RS256 key, its JWKS, and tokens -------------------------------------------
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+if [ ! -f jwt-key.pem ]; then
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out jwt-key.pem 2>/dev/null
+fi
+openssl pkey -in jwt-key.pem -pubout -out jwt-pub.pem
+# The modulus of a 2048-bit key sits at bytes 33..288 of its DER SubjectPublicKeyInfo.
+openssl pkey -pubin -in jwt-pub.pem -outform DER -out jwt-pub.der
+N=$(dd if=jwt-pub.der bs=1 skip=33 count=256 2>/dev/null | b64url)
+KID=$(printf '%s' "$N" | openssl dgst -sha256 -binary | b64url | cut -c1-16)
+rm -f jwt-pub.der
+# public/: what may be served to anyone (the JWKS endpoint serves only this folder).
+mkdir -p public
+printf '{"keys":[{"kty":"RSA","use":"sig","alg":"RS256","kid":"%s","n":"%s","e":"AQAB"}]}\n' \
+  "$KID" "$N" > public/jwks.json
+cp ca.pem public/ca.pem
+
+# token FILE CLAIMS_JSON_FRAGMENT: an RS256 JWT valid for DAYS days.
+token() {
+  now=$(date +%s)
+  header=$(printf '{"alg":"RS256","typ":"JWT","kid":"%s"}' "$KID" | b64url)
+  payload=$(printf '{"iss":"%s","aud":"%s","iat":%s,"nbf":%s,"exp":%s,%s}' \
+    "$JWT_ISSUER" "$JWT_AUDIENCE" "$now" "$now" "$((now + DAYS * 86400))" "$2" | b64url)
+  signature=$(printf '%s.%s' "$header" "$payload" | openssl dgst -sha256 -sign jwt-key.pem | b64url)
+  printf '%s.%s.%s\n' "$header" "$payload" "$signature" > "tokens/$1"
+}
+token alice.jwt '"sub":"alice","tenant_id":"acme","roles":[]'
+token bob.jwt '"sub":"bob","tenant_id":"acme","roles":[]'
+for service in upload locks notify ops; do
+  token "$service.jwt" "\"sub\":\"serentak-$service\",\"client_id\":\"serentak-$service\""
+done
+
+# Certificates, the JWKS and tokens readable by all; private keys only by their owner: the
+# services' non-root user (uid 10001) when run as root (compose's init), else the caller.
+# The CA and JWT signing keys never leave this directory.
+chmod 0755 . tokens public
+chmod 0644 ./*.pem public/* tokens/*
+chmod 0600 ./*-key.pem tokens/*
+if [ "$(id -u)" = 0 ]; then
+  chown 10001:10001 ./*-key.pem tokens/*
+  chown 0:0 ca-key.pem jwt-key.pem
+fi
+echo "PKI in $OUT: ca.pem, etcd-*, upload/locks/notify certificates, public/jwks.json, tokens/"

@@ -1,0 +1,114 @@
+"""deploy/compose/compose.yaml: valid against the compose spec; the topology the README
+promises (3 etcd members with client and peer TLS, two replicas per service after a
+migrations step, Prometheus with the alerts, Grafana provisioned); every file it mounts
+exists; its Prometheus config passes promtool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from support.prometheus import ALERTS, require
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
+COMPOSE = COMPOSE_DIR / "compose.yaml"
+SERVICES = ("upload", "locks", "notify")
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def test_validates_against_the_compose_spec() -> None:
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "check-jsonschema"),
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(COMPOSE),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_three_etcd_members_with_client_and_peer_tls() -> None:
+    services = _compose()
+    members = [name for name in services if name.startswith("etcd-")]
+    assert members == ["etcd-1", "etcd-2", "etcd-3"]
+    for name in members:
+        args = services[name]["command"]
+        assert "--client-cert-auth" in args and "--peer-client-cert-auth" in args
+        assert (
+            f"--cert-file=/pki/{name}.pem" in args and f"--peer-cert-file=/pki/{name}.pem" in args
+        )
+        urls = [a for a in args if "-urls=" in a or a.startswith("--initial-cluster=")]
+        assert urls and all("http://" not in a for a in urls), urls
+    endpoints = services["locks"]["environment"]["SERENTAK_ETCD_ENDPOINTS"].split(",")
+    assert endpoints == [f"{m}:2379" for m in members]
+    assert services["locks"]["environment"]["SERENTAK_ETCD_CA_FILE"] == "/pki/ca.pem"
+
+
+def test_two_replicas_of_each_service_after_the_migrations_step() -> None:
+    services = _compose()
+    migrate = services["migrate"]
+    assert migrate["command"] == ["services.common.migrate", "all"]
+    assert (REPO_ROOT / "services" / "common" / "migrate.py").exists()
+    for name in SERVICES:
+        svc = services[name]
+        assert svc["command"] == [f"services.{name}"]
+        assert (REPO_ROOT / "services" / name / "__main__.py").exists()
+        assert svc["deploy"]["replicas"] == 2
+        assert svc["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert svc["read_only"] is True
+        env = svc["environment"]
+        assert env["SERENTAK_AUTH_MODE"] == "jwt"
+        assert env["SERENTAK_MIGRATE_ON_START"] == "false"
+        assert env["SERENTAK_TLS_CERT_FILE"] == f"/pki/{name}.pem"
+        assert env["SERENTAK_TLS_CLIENT_CA_FILE"] == "/pki/ca.pem"  # mutual TLS
+        probe = svc["healthcheck"]["test"]
+        assert probe[:4] == ["CMD", "python", "-m", "services.common.health_probe"]
+    upload = services["upload"]["environment"]
+    assert upload["SERENTAK_BLOB_URL"].startswith("s3://")
+    assert upload["SERENTAK_S3_ENDPOINT"] == "http://minio:9000"
+
+
+def test_secrets_come_from_the_env_file_not_the_compose_file() -> None:
+    text = COMPOSE.read_text()
+    for variable in ("POSTGRES_PASSWORD", "S3_SECRET_ACCESS_KEY", "GRAFANA_ADMIN_PASSWORD"):
+        assert f"${{{variable}:?" in text, variable
+    example = (COMPOSE_DIR / "example.env").read_text()
+    assert "POSTGRES_PASSWORD=" in example
+
+
+def test_every_mounted_file_exists() -> None:
+    mounted = 0
+    for name, svc in _compose().items():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (COMPOSE_DIR / source).exists(), f"{name}: {source}"
+                mounted += 1
+    assert mounted >= 6
+    dashboards = list((REPO_ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
+    assert len(dashboards) >= 5
+
+
+def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    promtool = require("promtool")
+    config = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    config["rule_files"] = [str(ALERTS)]  # where compose mounts it
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    assert {f"serentak-{name}" for name in SERVICES} <= jobs  # SerentakTargetDown's job=~
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,85 @@
+"""deploy/pki/gen-pki.sh: certificates that chain to its CA with the names the services
+dial, a JWKS whose key verifies the tokens it mints, private keys not world-readable."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "deploy" / "pki" / "gen-pki.sh"
+
+
+def _b64url(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    out = tmp_path_factory.mktemp("pki")
+    shell = shutil.which("dash") or "sh"  # POSIX sh, as in the alpine init container
+    subprocess.run([shell, str(SCRIPT), str(out)], check=True, capture_output=True)
+    return out
+
+
+def _openssl(*args: str) -> str:
+    return subprocess.run(["openssl", *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_certificates_chain_to_the_ca_with_service_names(pki: Path) -> None:
+    for name in ("etcd-1", "etcd-2", "etcd-3", "etcd-client", "upload", "locks", "notify"):
+        assert f"{name}.pem: OK" in _openssl(
+            "verify", "-CAfile", str(pki / "ca.pem"), str(pki / f"{name}.pem")
+        )
+    text = _openssl("x509", "-in", str(pki / "etcd-2.pem"), "-noout", "-text")
+    assert "DNS:etcd-2" in text and "TLS Web Server Authentication" in text
+    assert "TLS Web Client Authentication" in text  # peers authenticate each other
+    text = _openssl("x509", "-in", str(pki / "locks.pem"), "-noout", "-text")
+    assert "DNS:locks.serentak.svc.cluster.local" in text
+
+
+def test_private_keys_are_not_world_readable(pki: Path) -> None:
+    assert sorted(p.name for p in (pki / "public").iterdir()) == ["ca.pem", "jwks.json"]
+    for key in pki.glob("*-key.pem"):
+        assert key.stat().st_mode & 0o077 == 0, key.name
+    for token in (pki / "tokens").iterdir():
+        assert token.stat().st_mode & 0o077 == 0, token.name
+
+
+def test_jwks_verifies_the_minted_tokens(pki: Path) -> None:
+    (key,) = json.loads((pki / "public" / "jwks.json").read_text())["keys"]
+    modulus = _openssl("pkey", "-pubin", "-in", str(pki / "jwt-pub.pem"), "-noout", "-text")
+    assert key["kty"] == "RSA" and key["alg"] == "RS256" and key["e"] == "AQAB"
+    # openssl prints the modulus as colon-separated hex with a leading 00 byte.
+    hex_digits = "".join(
+        line.strip().replace(":", "")
+        for line in modulus.split("Modulus:")[1].split("Exponent")[0].splitlines()
+    )
+    assert int(hex_digits, 16) == int.from_bytes(_b64url(key["n"]), "big")
+
+    token = (pki / "tokens" / "alice.jwt").read_text().strip()
+    header, payload, signature = token.split(".")
+    assert json.loads(_b64url(header)) == {"alg": "RS256", "typ": "JWT", "kid": key["kid"]}
+    claims = json.loads(_b64url(payload))
+    assert (claims["sub"], claims["tenant_id"], claims["aud"]) == ("alice", "acme", "serentak")
+    assert claims["exp"] > claims["iat"]
+    (pki / "sig.bin").write_bytes(_b64url(signature))
+    (pki / "signed.txt").write_text(f"{header}.{payload}")
+    assert "Verified OK" in _openssl(
+        "dgst",
+        "-sha256",
+        "-verify",
+        str(pki / "jwt-pub.pem"),
+        "-signature",
+        str(pki / "sig.bin"),
+        str(pki / "signed.txt"),
+    )
+    service = json.loads(_b64url((pki / "tokens" / "upload.jwt").read_text().split(".")[1]))
+    assert service["client_id"] == "serentak-upload"
