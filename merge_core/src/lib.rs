@@ -12,6 +12,7 @@ pub mod merge;
 pub mod output;
 pub mod pool;
 pub mod sha256x2;
+pub mod stream;
 
 #[cfg(feature = "python")]
 mod bindings;
@@ -26,6 +27,7 @@ fn _merge_core(m: &pyo3::Bound<'_, pyo3::types::PyModule>) -> pyo3::PyResult<()>
     m.add_function(wrap_pyfunction!(bindings::checksum::checksum_file, m)?)?;
     m.add("ALGORITHMS", ("sha256", "blake3", "crc32c"))?;
     m.add_function(wrap_pyfunction!(bindings::merge::merge, m)?)?;
+    m.add_class::<bindings::stream::PyStreamingMerge>()?;
     m.add("BUFFER_BUDGET", merge::MergeOptions::default().buffer_budget())?;
     Ok(())
 }

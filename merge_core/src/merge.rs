@@ -453,7 +453,7 @@ fn hash(
 }
 
 /// The chunk's and the whole file's checksum over the same bytes.
-enum PairHasher {
+pub(crate) enum PairHasher {
     /// Both sha256 streams on one core, interleaved (see `sha256x2`).
     Sha256 {
         chunk: Sha256Stream,
@@ -466,14 +466,14 @@ enum PairHasher {
 }
 
 impl PairHasher {
-    fn new(algorithm: Algorithm) -> Self {
+    pub(crate) fn new(algorithm: Algorithm) -> Self {
         match algorithm {
             Algorithm::Sha256 => PairHasher::Sha256 { chunk: Sha256Stream::new(), file: Sha256Stream::new() },
             other => PairHasher::Other { chunk: Hasher::new(other), file: Hasher::new(other) },
         }
     }
 
-    fn update(&mut self, data: &[u8]) {
+    pub(crate) fn update(&mut self, data: &[u8]) {
         match self {
             PairHasher::Sha256 { chunk, file } => sha256x2::update_both(chunk, file, data),
             PairHasher::Other { chunk, file } => {
@@ -484,7 +484,7 @@ impl PairHasher {
     }
 
     /// The finished chunk's hex; starts the next chunk.
-    fn finish_chunk(&mut self) -> String {
+    pub(crate) fn finish_chunk(&mut self) -> String {
         match self {
             PairHasher::Sha256 { chunk, .. } => std::mem::take(chunk).hex(),
             PairHasher::Other { chunk, .. } => {
@@ -494,7 +494,7 @@ impl PairHasher {
         }
     }
 
-    fn finish_file(self) -> String {
+    pub(crate) fn finish_file(self) -> String {
         match self {
             PairHasher::Sha256 { file, .. } => file.hex(),
             PairHasher::Other { file, .. } => file.finalize_hex(),

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -21,8 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 import merge_core
 from services.common.logging import get_logger
 from services.upload import metrics
-from services.upload.blob_store import LocalBlobStore
+from services.upload.blob_store import BlobStore
 from services.upload.convert import STATUS
+from services.upload.errors import BlobStoreUnavailable
 from services.upload.models import (
     ABORTED,
     EXPIRED,
@@ -46,7 +45,7 @@ class UploadAudit:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        blobs: LocalBlobStore,
+        blobs: BlobStore,
         *,
         default_sample: int,
     ) -> None:
@@ -112,11 +111,9 @@ class UploadAudit:
             file_id=file_id, blob_key=blob_key, algorithm=algorithm, recorded_checksum=recorded
         )
         try:
-            # checksum_file releases the GIL; the thread keeps the server answering.
-            actual = await asyncio.to_thread(
-                merge_core.checksum_file, self._blobs.path(blob_key), algorithm or "sha256"
-            )
-        except (OSError, merge_core.MergeIOError, ValueError) as exc:
+            # Hashing releases the GIL and runs off the event loop in every store.
+            actual = await self._blobs.checksum(blob_key, algorithm or "sha256")
+        except (OSError, merge_core.MergeIOError, BlobStoreUnavailable, ValueError) as exc:
             check.error = f"{type(exc).__name__}: {exc}"
             return check
         check.actual_checksum = actual

@@ -138,14 +138,14 @@ class ChunkStore:
                 reason="UPLOAD_EXPIRED" if upload.status == EXPIRED else None,
             )
         key = chunk_key(upload.id, index)
-        staged = await asyncio.to_thread(self._blobs.stage, key, data)
+        staged = await self._blobs.stage(key, data)
         try:
             return await self._record(upload, index, len(data), actual, key, staged)
         except _AlreadyStored as lost:
             return await self._answer_existing(upload, lost.existing, index, len(data), actual)
         finally:
             # Shielded: a cancelled call must still remove its temp file.
-            await asyncio.shield(asyncio.to_thread(self._blobs.discard, staged))
+            await asyncio.shield(self._blobs.discard(staged))
 
     async def _existing(self, upload_id: str, index: int) -> ChunkRow | None:
         async with self._sessions() as session:
@@ -176,7 +176,7 @@ class ChunkStore:
         return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
 
     async def _record(
-        self, upload: UploadRow, index: int, size: int, checksum: str, key: str, staged: str
+        self, upload: UploadRow, index: int, size: int, checksum: str, key: str, staged: object
     ) -> ChunkOutcome:
         now = utcnow()
         async with self._sessions.begin() as session:
@@ -201,7 +201,7 @@ class ChunkStore:
                 assert existing is not None, "ON CONFLICT found a row"
                 raise _AlreadyStored(existing)
             # Our row: we are the only writer of this key (see the module docstring).
-            await asyncio.to_thread(self._blobs.publish, staged, key)
+            await self._blobs.publish(staged, key)
             counted = await session.execute(
                 update(UploadRow)
                 .where(UploadRow.id == upload.id, UploadRow.status == UPLOADING)

@@ -17,7 +17,7 @@ from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
 from services.common.page_tokens import PageTokens
-from services.upload.blob_store import LocalBlobStore
+from services.upload.blob_store import BlobStore, open_blob_store
 from services.upload.chunks import ChunkStore
 from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
 from services.upload.file_locks import FileLocks
@@ -38,7 +38,7 @@ class UploadComponents:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     auth: Authenticator
-    blobs: LocalBlobStore
+    blobs: BlobStore
     locks: FileLocks
     uploads: Uploads
     chunks: ChunkStore
@@ -54,6 +54,7 @@ class UploadComponents:
         for subscriber in self.subscribers:
             await subscriber.close()
         await self.locks.close()
+        await self.blobs.close()
         await self.engine.dispose()
 
 
@@ -73,7 +74,7 @@ def build_components(
         poll_interval=settings.worker_poll_seconds,
         stats_interval=settings.metrics_sample_seconds,
     )
-    blobs = LocalBlobStore(settings.blob_root, fsync=settings.blob_fsync)
+    blobs = open_blob_store(settings)
     locks = FileLocks(settings.locks_address, owner=f"upload-merge:{options.node_id}")
     tokens = PageTokens(settings.page_token_secret.get_secret_value())
     uploads = Uploads(sessions, settings, tokens)
@@ -94,7 +95,6 @@ def build_components(
             locks,
             lock_ttl_seconds=settings.merge_lock_ttl_seconds,
             lock_wait_seconds=settings.merge_lock_wait_ms / 1000,
-            fsync=settings.blob_fsync,
             retry=merge_retry,
         ),
         retry=merge_retry,

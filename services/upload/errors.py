@@ -9,6 +9,7 @@ from services.common.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Unavailable,
 )
 
 
@@ -70,3 +71,9 @@ class UploaderNotAllowed(PermissionDenied):
     """The upload's creator may no longer write its file or folder (unshared, moved away)."""
 
     reason = "UPLOADER_NOT_ALLOWED"
+
+
+class BlobStoreUnavailable(Unavailable):
+    """The object store (S3-compatible) failed or could not be reached; retry later."""
+
+    reason = "BLOB_STORE_UNAVAILABLE"

@@ -91,7 +91,7 @@ async def clean_batch(
     if not ids:
         return result
     for upload_id in ids:
-        result.chunk_files_deleted += blobs.delete_prefix(upload_prefix(upload_id))
+        result.chunk_files_deleted += await blobs.delete_prefix(upload_prefix(upload_id))
     async with sessions.begin() as session:
         # Re-select under the write: only uploads still in a final, cleanable status.
         still = select(UploadRow.id).where(UploadRow.id.in_(ids), UploadRow.status.in_(CLEANABLE))

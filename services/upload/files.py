@@ -7,7 +7,7 @@ the listing cache is invalidated only after the commit (invariant 11).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
@@ -19,7 +19,7 @@ from services.common.auth import Identity
 from services.common.errors import InvalidArgument
 from services.common.page_tokens import PageTokens
 from services.upload import convert, pagination
-from services.upload.blob_store import LocalBlobStore
+from services.upload.blob_store import BlobStore
 from services.upload.errors import FileDeleted, FileNotFound, WrongKind
 from services.upload.events import record_file_event
 from services.upload.listing_cache import ListingCache, listing_key
@@ -38,7 +38,7 @@ class Files:
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
-        blobs: LocalBlobStore,
+        blobs: BlobStore,
         cache: ListingCache,
         tokens: PageTokens,
     ) -> None:
@@ -349,7 +349,7 @@ class Files:
 
     async def open_download(
         self, identity: Identity, request: upload_pb2.DownloadRequest
-    ) -> tuple[FileRow, Iterator[bytes]]:
+    ) -> tuple[FileRow, AsyncIterator[bytes]]:
         """The file row and an iterator over its content from `offset`."""
         file, _ = await self.get(identity, request.file_id)
         if file.kind != FILE:

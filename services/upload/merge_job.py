@@ -8,9 +8,10 @@ uploads would wait behind a merge):
 1. In a short read transaction of its own, load the upload and its chunk rows; anything
    but `merging` means the merge already happened (or the job is a redelivery): do
    nothing (invariant 3). The rows must be exactly indexes 0..N-1.
-2. `merge_core.merge` (in a thread; it releases the GIL) streams the chunks in index
+2. The blob store's merge (merge_core, off the event loop) streams the chunks in index
    order into `files/{file_id}/{upload_id}`, verifying every chunk's size and checksum
-   and the whole file's, via temp + rename (invariant 4).
+   and the whole file's, and makes the output visible only once verified: temp + rename
+   locally, a multipart upload completed after verification on S3 (invariant 4).
 3. Take `file:{file_id}` from the lock service.
 4. Only now touch the job's transaction (`ctx.session`): re-check the upload is still
    `merging`, then commit with the fencing check (invariant 7), bumping the version,
@@ -30,8 +31,6 @@ runtime's crash-loop guard) is caught by the sweep in `stuck_merges.py`.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import time
 from typing import Any
 
@@ -50,10 +49,14 @@ from services.common.jobs import (
 )
 from services.common.jobs.errors import PERMANENT, error_class_of
 from services.common.logging import get_logger
-from services.common.private_files import FILE_MODE, private_dirs
 from services.upload import metrics
-from services.upload.blob_store import BlobStore, content_key
-from services.upload.errors import FileDeleted, StaleFencingToken, UploaderNotAllowed
+from services.upload.blob_store import BlobStore, ChunkRef, Merged, content_key
+from services.upload.errors import (
+    BlobStoreUnavailable,
+    FileDeleted,
+    StaleFencingToken,
+    UploaderNotAllowed,
+)
 from services.upload.events import record_file_event
 from services.upload.file_locks import FileLocks
 from services.upload.models import (
@@ -117,14 +120,12 @@ class MergeHandler:
         *,
         lock_ttl_seconds: int,
         lock_wait_seconds: float,
-        fsync: bool = True,
         retry: RetryPolicy | None = None,
     ) -> None:
         self._blobs = blobs
         self._locks = locks
         self._lock_ttl = lock_ttl_seconds
         self._lock_wait = lock_wait_seconds
-        self._fsync = fsync
         # Must be the policy the job type is registered with: it says which attempt is last.
         self._retry = retry or RetryPolicy()
 
@@ -159,15 +160,16 @@ class MergeHandler:
             await self._fail(ctx.session, upload, str(failure))
             ctx.effect = {"failed": str(failure)[:500]}
             return
-        except merge_core.MergeIOError as exc:
-            # A disk or file-system hiccup may pass; the last attempt gives up (__call__).
+        except (merge_core.MergeIOError, BlobStoreUnavailable) as exc:
+            # A disk, file-system or object-store hiccup may pass; the last attempt gives
+            # up (__call__).
             raise TransientError(f"merge I/O error: {exc}") from exc
         try:
             file = await self._commit(ctx.session, upload, result)
         except MergeRefused as refused:
             await self._fail(ctx.session, upload, str(refused))
             # The merged bytes were never published; nothing refers to them.
-            self._blobs.path(content_key(upload.file_id, upload.id)).unlink(missing_ok=True)
+            await self._blobs.delete(content_key(upload.file_id, upload.id))
             ctx.effect = {"failed": str(refused)[:500]}
             return
         if file is None:
@@ -186,7 +188,7 @@ class MergeHandler:
         )
         ctx.effect = {"file_id": file.id, "version": file.version}
 
-    async def _merge(self, upload: UploadRow, rows: list[ChunkRow]) -> merge_core.MergeResult:
+    async def _merge(self, upload: UploadRow, rows: list[ChunkRow]) -> Merged:
         indexes = [r.chunk_index for r in rows]
         if indexes != list(range(upload.total_chunks)):
             missing = sorted(set(range(upload.total_chunks)) - set(indexes))
@@ -194,21 +196,15 @@ class MergeHandler:
             raise MergeFailed(
                 f"chunk rows are not 0..{upload.total_chunks - 1}; missing {missing[:10]}"
             )
-        chunks = [
-            merge_core.Chunk(r.chunk_index, self._blobs.path(r.blob_key), r.size, r.checksum)
-            for r in rows
-        ]
-        output = self._blobs.path(content_key(upload.file_id, upload.id))
-        private_dirs(output.parent)
+        chunks = [ChunkRef(r.chunk_index, r.blob_key, r.size, r.checksum) for r in rows]
         try:
-            # merge_core releases the GIL; a thread keeps the event loop (heartbeats) going.
-            result = await asyncio.to_thread(
-                merge_core.merge,
+            # Every store hashes off the event loop (merge_core releases the GIL), so the
+            # job runtime's heartbeats keep going during a long merge.
+            return await self._blobs.merge(
                 chunks,
-                output,
+                content_key(upload.file_id, upload.id),
                 upload.checksum_algorithm,
                 upload.expected_checksum or None,
-                self._fsync,
             )
         except (
             merge_core.ChunkChecksumMismatch,
@@ -219,10 +215,6 @@ class MergeHandler:
         ) as exc:
             metrics.MERGE_FAILURES.labels(_FAILURE_REASONS[type(exc)]).inc()
             raise MergeFailed(f"{type(exc).__name__}: {exc}") from exc
-        # merge_core creates its output under the umask; the 0700 folder already keeps
-        # others out, this makes the file itself 0600 too.
-        os.chmod(output, FILE_MODE)
-        return result
 
     async def _fail(self, session: AsyncSession, upload: UploadRow, reason: str) -> None:
         moved = await transition(
@@ -267,7 +259,7 @@ class MergeHandler:
             log.warning("merge_failed", upload_id=upload_id, reason=reason)
 
     async def _commit(
-        self, session: AsyncSession, upload: UploadRow, result: merge_core.MergeResult
+        self, session: AsyncSession, upload: UploadRow, result: Merged
     ) -> FileRow | None:
         """Commit under the file lock; None if the upload left `merging` meanwhile."""
         try:

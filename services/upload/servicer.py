@@ -202,7 +202,7 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         identity = self._auth.require_user(context)
         file, blocks = await self._files.open_download(identity, request)
         offset = request.offset
-        for block in blocks:
+        async for block in blocks:
             yield upload_pb2.DownloadChunk(offset=offset, data=block)
             offset += len(block)
         context.set_trailing_metadata(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 
 from services.common.config import CommonSettings, sqlite_url
 
@@ -20,6 +21,26 @@ class UploadSettings(CommonSettings):
     )
     blob_dir: Path | None = Field(
         None, description="Chunks and merged files; default data_dir/blobs."
+    )
+    blob_url: str | None = Field(
+        None,
+        description="Where blobs live: file:///path (default: blob_dir) or s3://bucket/prefix.",
+    )
+    s3_endpoint: str | None = Field(
+        None, description="S3-compatible endpoint URL (MinIO, Ceph RGW, R2...); None: AWS."
+    )
+    s3_region: str = Field("us-east-1", description="S3 region (signing).")
+    s3_access_key_id: str | None = Field(None, description="S3 access key id.")
+    s3_secret_access_key: SecretStr | None = Field(None, description="S3 secret access key.")
+    s3_allow_http: bool = Field(False, description="Allow a plain-HTTP S3 endpoint (tests).")
+    s3_path_style: bool = Field(
+        True, description="Path-style requests (endpoint/bucket/key); False: virtual-hosted."
+    )
+    s3_part_size: int = Field(
+        8 * MIB, ge=5 * MIB, description="Multipart part size of merged files on S3 (>= 5 MiB)."
+    )
+    s3_merge_concurrency: int = Field(
+        4, ge=1, description="Multipart parts in flight per merge (memory: this x part size)."
     )
     blob_fsync: bool = Field(
         True, description="fsync chunk and merged files (off only for throwaway test data)."
@@ -59,6 +80,18 @@ class UploadSettings(CommonSettings):
         True, description="Relay outbox events to the notify service's Ingest at notify_address."
     )
 
+    @field_validator("blob_url")
+    @classmethod
+    def _known_blob_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme == "file" and parts.path:
+            return value
+        if parts.scheme == "s3" and parts.netloc:
+            return value
+        raise ValueError("blob_url must be file:///absolute/path or s3://bucket[/prefix]")
+
     @property
     def database_url(self) -> str:
         """The configured database, or the embedded SQLite default."""
@@ -66,5 +99,14 @@ class UploadSettings(CommonSettings):
 
     @property
     def blob_root(self) -> Path:
-        """Where the local blob store keeps its objects."""
+        """Where the local blob store keeps its objects (a file:// blob_url wins)."""
+        if self.blob_url and urlsplit(self.blob_url).scheme == "file":
+            return Path(urlsplit(self.blob_url).path)
         return self.blob_dir or (self.data_dir / "blobs")
+
+    @property
+    def blob_backend(self) -> str:
+        """ "s3" or "local", from blob_url."""
+        if self.blob_url and urlsplit(self.blob_url).scheme == "s3":
+            return "s3"
+        return "local"

@@ -39,12 +39,12 @@ class GatedBlobs(LocalBlobStore):
         self.entered = asyncio.Event()
         self.gate = threading.Event()
 
-    def stage(self, key: str, data: bytes) -> str:
+    def stage_sync(self, key: str, data: bytes) -> str:
         if key == self._gated_key:
             self._loop.call_soon_threadsafe(self.entered.set)
             if not self.gate.wait(GATE_TIMEOUT_S):
                 raise RuntimeError("gate never opened: the event loop was blocked")
-        return super().stage(key, data)
+        return super().stage_sync(key, data)
 
 
 @pytest.fixture

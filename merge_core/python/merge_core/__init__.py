@@ -5,6 +5,13 @@ typed Python face of it. See `merge` for the guarantees.
 
     from merge_core import Chunk, merge
     result = merge([Chunk(0, "c0", 5, "..."), Chunk(1, "c1", 3, "...")], "out.bin")
+
+`StreamingMerge` runs the same checks over bytes the caller feeds in index order
+(chunks held in an object store), so no chunk has to be copied to a local file:
+
+    m = StreamingMerge([Chunk(0, "key0", 5, "..."), Chunk(1, "key1", 3, "...")])
+    m.update(first_bytes); m.end_chunk(); m.update(second_bytes); m.end_chunk()
+    size, checksum, algorithm, chunk_count = m.finish()
 """
 
 from merge_core._merge import Chunk, ChunkLike, MergeResult, as_chunk, merge
@@ -19,6 +26,7 @@ from merge_core._merge_core import (
     MergeError,
     MergeIOError,
     MissingChunk,
+    StreamingMerge,
     __version__,
     checksum_file,
 )
@@ -37,6 +45,7 @@ __all__ = [
     "MergeIOError",
     "MergeResult",
     "MissingChunk",
+    "StreamingMerge",
     "__version__",
     "as_chunk",
     "checksum_file",

@@ -22,6 +22,12 @@ pub struct PyChunk {
     checksum: String,
 }
 
+impl PyChunk {
+    pub fn into_chunk(self) -> Chunk {
+        Chunk { index: self.index, path: self.path, size: self.size, checksum: self.checksum }
+    }
+}
+
 /// Low-level merge; `merge_core.merge` is the public wrapper. Returns
 /// `(output_path, size, checksum, algorithm, chunk_count)`.
 #[pyfunction]
@@ -46,7 +52,7 @@ pub fn merge(
     };
     let chunks: Vec<Chunk> = chunks
         .into_iter()
-        .map(|c| Chunk { index: c.index, path: c.path, size: c.size, checksum: c.checksum })
+        .map(PyChunk::into_chunk)
         .collect();
 
     let mut raised: Option<PyErr> = None;

@@ -4,3 +4,4 @@
 pub mod checksum;
 pub mod errors;
 pub mod merge;
+pub mod stream;

@@ -1,0 +1,150 @@
+"""The local-folder blob store: objects as files under one root (the embedded default).
+
+Writes go to a temporary name, are fsynced and renamed into place, so a reader never sees
+a partial object. File I/O and merge_core run on worker threads (merge_core releases the
+GIL), so an fsync never stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import merge_core
+from services.common.private_files import FILE_MODE, private_dirs
+from services.upload.blob_store.base import ChunkRef, Merged
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalBlobStore:
+    """Objects as files under `root`; temp + fsync + rename for every write."""
+
+    def __init__(self, root: Path, *, fsync: bool = True) -> None:
+        self.root = private_dirs(Path(root).resolve())
+        self._fsync = fsync
+
+    def path(self, key: str) -> Path:
+        """The file behind `key`; refuses keys that would escape the root."""
+        p = (self.root / key).resolve()
+        if self.root not in p.parents:
+            raise ValueError(f"blob key escapes the store: {key!r}")
+        return p
+
+    async def stage(self, key: str, data: bytes) -> object:
+        """Write `data` beside `key` under a temporary name, fsynced (on a thread)."""
+        return await asyncio.to_thread(self.stage_sync, key, data)
+
+    def stage_sync(self, key: str, data: bytes) -> str:
+        """Write `data` to `.{name}.{random}.tmp` beside `key` and fsync it."""
+        final = self.path(key)
+        private_dirs(final.parent)
+        staged = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        # 0600 from the first byte (not after a chmod): blobs are every tenant's data.
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        with open(fd, "wb") as f:
+            f.write(data)
+            if self._fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        return str(staged)
+
+    async def publish(self, staged: object, key: str) -> None:
+        """Rename the staged file over `key` and fsync the directory entry."""
+        await asyncio.to_thread(self._publish_sync, str(staged), key)
+
+    def _publish_sync(self, staged: str, key: str) -> None:
+        final = self.path(key)
+        os.replace(staged, final)
+        if self._fsync:
+            _fsync_dir(final.parent)
+
+    async def discard(self, staged: object) -> None:
+        """Remove a staged file (missing, e.g. already renamed, is fine)."""
+        await asyncio.to_thread(self._discard_sync, str(staged))
+
+    @staticmethod
+    def _discard_sync(staged: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
+
+    async def exists(self, key: str) -> bool:
+        """True if a file is stored under `key`."""
+        return self.path(key).is_file()
+
+    async def size(self, key: str) -> int:
+        """Size of the file under `key`."""
+        return self.path(key).stat().st_size
+
+    async def read(self, key: str, offset: int = 0, length: int = -1) -> bytes:
+        """Read `length` bytes (all when -1) of `key` from `offset`."""
+        return await asyncio.to_thread(self._read_sync, key, offset, length)
+
+    def _read_sync(self, key: str, offset: int, length: int) -> bytes:
+        with open(self.path(key), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    async def iter_read(self, key: str, offset: int, block: int) -> AsyncIterator[bytes]:
+        """Yield `key`'s bytes from `offset` in blocks of `block` (each read on a thread)."""
+        f = await asyncio.to_thread(open, self.path(key), "rb")
+        try:
+            f.seek(offset)
+            while data := await asyncio.to_thread(f.read, block):
+                yield data
+        finally:
+            f.close()
+
+    async def delete(self, key: str) -> None:
+        """Remove the file under `key` (missing is fine)."""
+        await asyncio.to_thread(self.path(key).unlink, missing_ok=True)
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete the folder behind `prefix`; returns the number of files removed."""
+        return await asyncio.to_thread(self._delete_prefix_sync, prefix)
+
+    def _delete_prefix_sync(self, prefix: str) -> int:
+        folder = self.path(prefix)
+        if not folder.is_dir():
+            return 0
+        count = sum(1 for p in folder.rglob("*") if p.is_file())
+        shutil.rmtree(folder, ignore_errors=True)
+        return count
+
+    async def merge(
+        self,
+        chunks: Sequence[ChunkRef],
+        key: str,
+        algorithm: str,
+        expected_checksum: str | None,
+    ) -> Merged:
+        """merge_core's file merge: chunk files to a temp file, verified, renamed to `key`."""
+        files = [merge_core.Chunk(c.index, self.path(c.key), c.size, c.checksum) for c in chunks]
+        output = self.path(key)
+        private_dirs(output.parent)
+        # merge_core releases the GIL; a thread keeps the event loop (heartbeats) going.
+        result = await asyncio.to_thread(
+            merge_core.merge, files, output, algorithm, expected_checksum, self._fsync
+        )
+        # merge_core creates its output under the umask; the 0700 folder already keeps
+        # others out, this makes the file itself 0600 too.
+        os.chmod(output, FILE_MODE)
+        return Merged(key, result.size, result.checksum, result.algorithm, result.chunk_count)
+
+    async def checksum(self, key: str, algorithm: str) -> str:
+        """merge_core's checksum of the file (GIL released, on a thread)."""
+        return await asyncio.to_thread(merge_core.checksum_file, self.path(key), algorithm)
+
+    async def close(self) -> None:
+        """Nothing to release."""
