@@ -66,11 +66,11 @@ async def test_blobs_and_database_files_are_private(cluster, database_url: str) 
             assert _mode(path) == 0o600, f"{path} is {oct(_mode(path))}"
 
 
-def test_staged_temp_files_are_private(tmp_path: Path) -> None:
+async def test_staged_temp_files_are_private(tmp_path: Path) -> None:
     store = LocalBlobStore(tmp_path / "a" / "b" / "blobs")
-    staged = Path(store.stage("uploads/u1/0", b"secret"))
+    staged = Path(str(await store.stage("uploads/u1/0", b"secret")))
     assert _mode(staged) == 0o600
     for folder in (tmp_path / "a", tmp_path / "a" / "b", store.root, staged.parent):
         assert _mode(folder) == 0o700, folder
-    store.publish(str(staged), "uploads/u1/0")
+    await store.publish(str(staged), "uploads/u1/0")
     assert _mode(store.path("uploads/u1/0")) == 0o600
