@@ -38,6 +38,9 @@ class CommonSettings(BaseSettings):
     upload_metrics_port: int = 9101
     locks_metrics_port: int = 9102
     notify_metrics_port: int = 9103
+    health_port: int = Field(
+        0, ge=0, description="Plaintext port serving only gRPC Health (kubelet probes); 0: off."
+    )
     upload_address: str = "127.0.0.1:50051"
     locks_address: str = "127.0.0.1:50052"
     notify_address: str = "127.0.0.1:50053"

@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.health_port import start_health_server
 from services.common.interceptors import CorrelationIdInterceptor, ErrorMappingInterceptor
 from services.common.logging import get_logger
 from services.common.metrics import start_metrics_endpoint
@@ -50,6 +51,8 @@ class ServiceApp:
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = ()
     grace_seconds: float = 5.0
     max_message_bytes: int = 64 * 1024 * 1024
+    # Plaintext Health-only port for the kubelet's gRPC probes (health_port.py); 0: none.
+    health_port: int = 0
     # Filled in by start(): the port actually bound (useful with port 0 in tests).
     bound_port: int = field(default=0, init=False)
 
@@ -62,6 +65,7 @@ class RunningService:
         self.server = server
         self.health = health_servicer
         self.tasks: list[asyncio.Task[None]] = []
+        self.health_server: grpc.aio.Server | None = None
 
     async def stop(self) -> None:
         """Graceful stop: NOT_SERVING, cancel background work, let calls finish."""
@@ -72,6 +76,8 @@ class RunningService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.server.stop(self.app.grace_seconds)
+        if self.health_server is not None:
+            await self.health_server.stop(None)
         for hook in self.app.on_shutdown:
             await hook()
         log.info("service_stopped", port=self.app.bound_port)
@@ -105,6 +111,10 @@ async def start(app: ServiceApp) -> RunningService:
         raise OSError(f"cannot listen on {app.host}:{app.port}")
     await server.start()
     running = RunningService(app, server, health_servicer)
+    if app.health_port:
+        running.health_server = await start_health_server(
+            app.host, app.health_port, health_servicer
+        )
     for coro_fn in app.background:
         running.tasks.append(asyncio.create_task(_supervised(coro_fn)))
     for name in ["", *names]:
@@ -154,4 +164,6 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
     # Databases, blobs and temp files: readable by this user only (0600 / 0700).
     os.umask(0o077)
     configure_logging(name, settings.log_format, settings.log_level)
-    asyncio.run(serve(build_app(settings)))
+    app = build_app(settings)
+    app.health_port = settings.health_port
+    asyncio.run(serve(app))
