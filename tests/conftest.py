@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.etcd import EtcdServer, etcd_binary
+from support.etcd import EtcdCluster, EtcdServer, etcd_binary
 from support.postgres import PostgresDatabases
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -51,6 +51,19 @@ def etcd_factory(tmp_path: Path) -> Iterator[Callable[[], EtcdServer]]:
     yield make
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A fresh 3-member etcd cluster over TLS (client certificates) with auth enabled."""
+    if etcd_binary() is None:
+        _unavailable("etcd")
+    cluster = EtcdCluster(tmp_path / "etcd-cluster", n=3, tls=True, auth=True)
+    try:
+        cluster.start_all()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

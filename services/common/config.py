@@ -44,7 +44,24 @@ class CommonSettings(BaseSettings):
     upload_address: str = "127.0.0.1:50051"
     locks_address: str = "127.0.0.1:50052"
     notify_address: str = "127.0.0.1:50053"
-    etcd_endpoint: str = Field("127.0.0.1:2379", description="host:port of one etcd member.")
+    etcd_endpoint: str = Field(
+        "127.0.0.1:2379", description="host:port of one etcd member (when etcd_endpoints is empty)."
+    )
+    etcd_endpoints: str = Field(
+        "",
+        description="Comma list of etcd members, host:port (DNS names or IPs; https:// for TLS).",
+    )
+    etcd_ca_file: Path | None = Field(None, description="CA bundle for etcd TLS (enables TLS).")
+    etcd_cert_file: Path | None = Field(None, description="Client certificate for etcd (mTLS).")
+    etcd_key_file: Path | None = Field(None, description="Client key for etcd (mTLS).")
+    etcd_username: str | None = Field(None, description="etcd auth user (token refreshed).")
+    etcd_password: SecretStr | None = Field(None, description="etcd auth password.")
+    etcd_prefer_first_endpoint: bool = Field(
+        False, description="Use the first etcd endpoint while it answers, not a random one."
+    )
+    etcd_keepalive_seconds: float = Field(
+        10.0, ge=5, description="gRPC keepalive ping interval to etcd (etcd allows >= 5 s)."
+    )
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
     shutdown_grace_seconds: float = Field(5.0, ge=0, description="In-flight calls get this long.")

@@ -6,6 +6,7 @@ from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
 from services.common.grpc_server import ServiceApp, Servicer
 from services.locks.etcd_client import Etcd
+from services.locks.etcd_connection import options_from_settings
 from services.locks.keys import KeySpace
 from services.locks.mutex import Mutex
 from services.locks.reaper import LeaseReaper
@@ -21,7 +22,7 @@ def build_app(settings: LocksSettings) -> ServiceApp:
     etcd is contacted lazily: the server starts (and reports SERVING) even when etcd is
     not up yet; RPCs answer UNAVAILABLE / ETCD_UNAVAILABLE until it is.
     """
-    etcd = Etcd(settings.etcd_endpoint, settings.etcd_call_timeout_seconds)
+    etcd = Etcd(options_from_settings(settings, settings.etcd_call_timeout_seconds))
     reaper = LeaseReaper(etcd)
     mutex = Mutex(etcd, KeySpace(settings.lock_prefix), reaper)
     servicer = LockServicer(

@@ -28,3 +28,15 @@ class EtcdUnavailable(Unavailable):
     """etcd did not answer in time (UNAVAILABLE / ETCD_UNAVAILABLE); safe to retry."""
 
     reason = "ETCD_UNAVAILABLE"
+
+
+class EtcdAuthFailed(EtcdUnavailable):
+    """etcd refused the configured username/password (UNAVAILABLE / ETCD_AUTH_FAILED)."""
+
+    reason = "ETCD_AUTH_FAILED"
+
+
+class EtcdPermissionDenied(EtcdUnavailable):
+    """etcd refused the request for this user/certificate (ETCD_PERMISSION_DENIED)."""
+
+    reason = "ETCD_PERMISSION_DENIED"

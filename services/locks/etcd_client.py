@@ -1,12 +1,13 @@
-"""The one module that talks to etcd, so the client library can be swapped.
+"""The one module the lock code uses to talk to etcd, so the client library can be swapped.
 
-It wraps `aetcd` (connection, channel, generated stubs) but sends the raw etcd v3
-requests itself: the mutex needs range options aetcd's helpers do not expose (sort by
-create revision, limit, max create revision) inside a transaction, and a watch stream
-per waiter whose start revision closes the gap between "read" and "watch".
+It sends raw etcd v3 requests (etcd3aio's generated stubs, over `EtcdConnection`: several
+members, TLS with client certificates, auth tokens, keepalive, failover): the mutex needs
+range options client helpers rarely expose (sort by create revision, limit, max create
+revision) inside a transaction, and a watch stream per waiter whose start revision
+closes the gap between "read" and "watch".
 
-Not supported yet: TLS, authentication, several endpoints (one member only).
-Every transport failure becomes `EtcdUnavailable` (UNAVAILABLE / ETCD_UNAVAILABLE).
+Every transport failure, after failover to the other members, becomes
+`EtcdUnavailable` (UNAVAILABLE / ETCD_UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -15,19 +16,20 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aetcd
 import grpc
-from aetcd import rpc
+from etcd3aio import prefix_range_end
+from etcd3aio._protobuf import kv_pb2, rpc_pb2_grpc
+from etcd3aio._protobuf import rpc_pb2 as rpc
 
-from services.locks.errors import EtcdUnavailable
-
-# The channel reconnects by itself; keep its backoff short so a restarted etcd is
-# usable again within about a second.
-_CHANNEL_OPTIONS = {
-    "grpc.initial_reconnect_backoff_ms": 100,
-    "grpc.min_reconnect_backoff_ms": 100,
-    "grpc.max_reconnect_backoff_ms": 1000,
-}
+from services.locks.errors import EtcdPermissionDenied, EtcdUnavailable
+from services.locks.etcd_connection import (
+    REQUIRE_LEADER,
+    EtcdConnection,
+    EtcdOptions,
+    parse_endpoints,
+    retryable,
+    token_invalid,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class KeyValue:
     lease: int
 
     @classmethod
-    def from_pb(cls, kv: rpc.KeyValue) -> KeyValue:
+    def from_pb(cls, kv: kv_pb2.KeyValue) -> KeyValue:
         return cls(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
 
 
@@ -56,74 +58,87 @@ class ClaimResult:
 
 def prefix_end(prefix: bytes) -> bytes:
     """The range end that selects every key starting with `prefix`."""
-    return aetcd.utils.prefix_range_end(prefix)
+    return prefix_range_end(prefix)
+
+
+def _kv(channel: grpc.aio.Channel) -> rpc_pb2_grpc.KVStub:
+    return rpc_pb2_grpc.KVStub(channel)
+
+
+def _lease(channel: grpc.aio.Channel) -> rpc_pb2_grpc.LeaseStub:
+    return rpc_pb2_grpc.LeaseStub(channel)
 
 
 class Etcd:
     """A small async etcd v3 client: leases, mutex transactions, delete watches."""
 
-    def __init__(self, endpoint: str, call_timeout: float) -> None:
-        host, _, port = endpoint.rpartition(":")
-        self._client = aetcd.Client(
-            host=host or "127.0.0.1", port=int(port), options=_CHANNEL_OPTIONS
+    def __init__(
+        self, endpoints: str | Sequence[str] | EtcdOptions, call_timeout: float = 5.0
+    ) -> None:
+        options = (
+            endpoints
+            if isinstance(endpoints, EtcdOptions)
+            else EtcdOptions(parse_endpoints(endpoints), call_timeout=call_timeout)
         )
-        self._timeout = call_timeout
+        # Channels are made on first use, inside the event loop; nothing touches the
+        # network here, so the service starts even when etcd is not up yet.
+        self.connection = EtcdConnection(options)
+        self._timeout = options.call_timeout
 
     async def close(self) -> None:
-        """Close the channel (pending calls fail)."""
-        await self._client.close()
+        """Close the channels (pending calls fail)."""
+        await self.connection.close()
 
-    async def _stubs(self) -> aetcd.Client:
-        # connect() only builds the channel; it never touches the network, so the
-        # service starts even when etcd is not up yet.
-        await self._client.connect()
-        return self._client
+    async def _txn(self, request: rpc.TxnRequest) -> rpc.TxnResponse:
+        return await self.connection.unary(lambda ch: _kv(ch).Txn, request)
 
-    async def _call(self, fn, request, call_timeout: float | None = None):  # type: ignore[no-untyped-def]
-        try:
-            return await fn(request, timeout=call_timeout or self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc) from exc
+    async def _range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
+        return await self.connection.unary(lambda ch: _kv(ch).Range, request)
 
     # -- leases ---------------------------------------------------------------
 
     async def grant_lease(self, ttl: int) -> int:
-        """A new lease with `ttl` seconds; returns its id."""
-        c = await self._stubs()
-        resp = await self._call(c.leasestub.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl))
+        """A new lease with `ttl` seconds; returns its id.
+
+        Re-sent on another member after a failure; a lease granted by a lost answer
+        has no keys and expires by itself.
+        """
+        resp = await self.connection.unary(
+            lambda ch: _lease(ch).LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl)
+        )
         return int(resp.ID)
 
     async def keep_alive(self, lease_id: int, call_timeout: float | None = None) -> int:
         """Renew a lease once; returns the new TTL, or 0 when the lease no longer exists."""
-        c = await self._stubs()
-        try:
-            call = c.leasestub.LeaseKeepAlive(
-                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
-                timeout=call_timeout or self._timeout,
+
+        async def once(channel: grpc.aio.Channel, md: object, budget: float) -> int:
+            call = _lease(channel).LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=budget, metadata=md
             )
-            async for reply in call:
-                return int(reply.TTL)
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc) from exc
-        raise EtcdUnavailable("etcd closed the keepalive stream without an answer")
+            try:
+                async for reply in call:
+                    return int(reply.TTL)
+            finally:
+                call.cancel()
+            raise EtcdUnavailable("etcd closed the keepalive stream without an answer")
+
+        return int(await self.connection.with_failover(once, call_timeout or self._timeout))
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Revoke a lease (deleting its keys); a lease that is already gone is fine."""
-        c = await self._stubs()
         try:
-            await c.leasestub.LeaseRevoke(
-                rpc.LeaseRevokeRequest(ID=lease_id), timeout=self._timeout
+            await self.connection.unary(
+                lambda ch: _lease(ch).LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id)
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return
-            raise _translate(exc) from exc
+            raise
 
     async def lease_remaining(self, lease_id: int) -> int:
         """Seconds left on a lease, or -1 when it has expired or was revoked."""
-        c = await self._stubs()
-        resp = await self._call(
-            c.leasestub.LeaseTimeToLive, rpc.LeaseTimeToLiveRequest(ID=lease_id)
+        resp = await self.connection.unary(
+            lambda ch: _lease(ch).LeaseTimeToLive, rpc.LeaseTimeToLiveRequest(ID=lease_id)
         )
         return int(resp.TTL)
 
@@ -135,7 +150,6 @@ class Etcd:
         `if create_revision(my_key) == 0 then put(my_key) else get(my_key)`, both
         branches also fetching the key with the lowest create revision under `prefix`.
         """
-        c = await self._stubs()
         get_holder = rpc.RequestOp(request_range=_first_created(prefix))
         req = rpc.TxnRequest(
             compare=[_create_revision_is(my_key, 0)],
@@ -145,7 +159,7 @@ class Etcd:
             ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=my_key)), get_holder],
         )
-        resp = await self._call(c.kvstub.Txn, req)
+        resp = await self._txn(req)
         if resp.succeeded:
             my_rev = resp.header.revision
         else:
@@ -156,8 +170,7 @@ class Etcd:
 
     async def first_created(self, prefix: bytes) -> KeyValue | None:
         """The key under `prefix` with the lowest create revision (the lock holder)."""
-        c = await self._stubs()
-        resp = await self._call(c.kvstub.Range, _first_created(prefix))
+        resp = await self._range(_first_created(prefix))
         return KeyValue.from_pb(resp.kvs[0]) if resp.kvs else None
 
     async def last_created_before(
@@ -168,7 +181,6 @@ class Etcd:
         Returns it (or None) and the store revision of the read, from which a watch
         must start so that no deletion in between is missed.
         """
-        c = await self._stubs()
         req = rpc.RangeRequest(
             key=prefix,
             range_end=prefix_end(prefix),
@@ -177,13 +189,12 @@ class Etcd:
             max_create_revision=max_create_revision,
             limit=1,
         )
-        resp = await self._call(c.kvstub.Range, req)
+        resp = await self._range(req)
         kv = KeyValue.from_pb(resp.kvs[0]) if resp.kvs else None
         return kv, int(resp.header.revision)
 
     async def by_create_revision(self, prefix: bytes, limit: int = 0) -> list[KeyValue]:
         """Every key under `prefix`, oldest create revision first."""
-        c = await self._stubs()
         req = rpc.RangeRequest(
             key=prefix,
             range_end=prefix_end(prefix),
@@ -191,30 +202,45 @@ class Etcd:
             sort_target=rpc.RangeRequest.CREATE,
             limit=limit,
         )
-        resp = await self._call(c.kvstub.Range, req)
+        resp = await self._range(req)
         return [KeyValue.from_pb(kv) for kv in resp.kvs]
 
     async def put_if_created_at(
         self, key: bytes, create_revision: int, value: bytes, lease_id: int
     ) -> bool:
         """Overwrite `key` only if it still has `create_revision`; False when it does not."""
-        c = await self._stubs()
         req = rpc.TxnRequest(
             compare=[_create_revision_is(key, create_revision)],
             success=[
                 rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease_id))
             ],
         )
-        return bool((await self._call(c.kvstub.Txn, req)).succeeded)
+        return bool((await self._txn(req)).succeeded)
 
     async def delete_if_created_at(self, key: bytes, create_revision: int) -> bool:
-        """Delete `key` only if it still has `create_revision` (one transaction)."""
-        c = await self._stubs()
+        """Delete `key` only if it still has `create_revision` (one transaction).
+
+        A failover can re-send the transaction after the first copy was applied (the
+        answer was lost with the member). The re-sent copy then finds the key gone; that
+        counts as deleted, since nothing can re-create a key with an old create revision.
+        """
         req = rpc.TxnRequest(
             compare=[_create_revision_is(key, create_revision)],
             success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=True))],
         )
-        return bool((await self._call(c.kvstub.Txn, req)).succeeded)
+        attempts = 0
+
+        async def send(channel: grpc.aio.Channel, md: object, budget: float) -> rpc.TxnResponse:
+            nonlocal attempts
+            attempts += 1
+            return await _kv(channel).Txn(req, timeout=budget, metadata=md)
+
+        resp = await self.connection.with_failover(send)
+        if resp.succeeded:
+            return True
+        key_gone = not resp.responses[0].response_range.kvs
+        return attempts > 1 and key_gone
 
     async def wait_deleted(
         self, keys: Sequence[bytes], start_revision: int
@@ -223,38 +249,76 @@ class Etcd:
 
         Returns the deleted key's previous value (its lease tells who it was) and the
         revision of the deletion. One watch stream, one watch per key, delete events only.
+        When the stream breaks (a member died, lost its leader, forgot the token) the
+        watch is opened again on another member from the same start revision, so no
+        deletion is missed; EtcdUnavailable once no member took it for a call timeout.
         """
-        c = await self._stubs()
-        stub = rpc.WatchStub(c.channel)
-        requests: asyncio.Queue[rpc.WatchRequest | None] = asyncio.Queue()
-        for key in keys:
-            create = rpc.WatchCreateRequest(
-                key=key,
-                start_revision=start_revision,
-                filters=[rpc.WatchCreateRequest.FilterType.NOPUT],
-                prev_kv=True,
-            )
-            requests.put_nowait(rpc.WatchRequest(create_request=create))
+        loop = asyncio.get_running_loop()
+        conn = self.connection
+        refreshed = False
+        failing_since: float | None = None
+        while True:
+            index, channel = conn.pick()
+            md = await conn.metadata()
+            try:
+                found = await _watch_once(channel, (*md, REQUIRE_LEADER), keys, start_revision)
+            except grpc.aio.AioRpcError as exc:
+                if token_invalid(exc) and not refreshed:
+                    refreshed = True
+                    await conn.token_rejected(md)
+                    continue
+                if not retryable(exc):
+                    raise
+                found = None
+            if found is not None:
+                return found
+            # The stream broke without an answer: try the next member.
+            conn.failed(index)
+            now = loop.time()
+            failing_since = failing_since or now
+            if now - failing_since > self._timeout:
+                raise EtcdUnavailable("etcd: no member kept a watch stream open")
+            await asyncio.sleep(0.1)  # retry timer between members, not a sync point
 
-        async def request_stream():  # type: ignore[no-untyped-def]
-            while (item := await requests.get()) is not None:
-                yield item
 
-        call = stub.Watch(request_stream())
-        try:
-            async for resp in call:
-                if resp.compact_revision:
-                    raise RevisionCompacted(int(resp.compact_revision))
-                for event in resp.events:
-                    if event.type == rpc.Event.DELETE:
-                        prev = event.prev_kv if event.HasField("prev_kv") else event.kv
-                        return KeyValue.from_pb(prev), int(event.kv.mod_revision)
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc) from exc
-        finally:
-            requests.put_nowait(None)
-            call.cancel()
-        raise EtcdUnavailable("etcd ended the watch stream")
+async def _watch_once(
+    channel: grpc.aio.Channel,
+    metadata: tuple[tuple[str, str], ...],
+    keys: Sequence[bytes],
+    start_revision: int,
+) -> tuple[KeyValue, int] | None:
+    """One watch stream: the first delete event, or None when the stream ends early."""
+    requests: asyncio.Queue[rpc.WatchRequest | None] = asyncio.Queue()
+    for key in keys:
+        create = rpc.WatchCreateRequest(
+            key=key,
+            start_revision=start_revision,
+            filters=[rpc.WatchCreateRequest.FilterType.NOPUT],
+            prev_kv=True,
+        )
+        requests.put_nowait(rpc.WatchRequest(create_request=create))
+
+    async def request_stream():  # type: ignore[no-untyped-def]
+        while (item := await requests.get()) is not None:
+            yield item
+
+    call = rpc_pb2_grpc.WatchStub(channel).Watch(request_stream(), metadata=metadata)
+    try:
+        async for resp in call:
+            if resp.compact_revision:
+                raise RevisionCompacted(int(resp.compact_revision))
+            if resp.canceled:
+                if "permission denied" in resp.cancel_reason:
+                    raise EtcdPermissionDenied(f"etcd refused the watch: {resp.cancel_reason}")
+                return None  # e.g. the member lost its leader: watch elsewhere
+            for event in resp.events:
+                if event.type == kv_pb2.Event.DELETE:
+                    prev = event.prev_kv if event.HasField("prev_kv") else event.kv
+                    return KeyValue.from_pb(prev), int(event.kv.mod_revision)
+    finally:
+        requests.put_nowait(None)
+        call.cancel()
+    return None
 
 
 class RevisionCompacted(Exception):
@@ -278,14 +342,3 @@ def _create_revision_is(key: bytes, revision: int) -> rpc.Compare:
         target=rpc.Compare.CREATE,
         create_revision=revision,
     )
-
-
-def _translate(exc: grpc.aio.AioRpcError) -> Exception:
-    """Transport trouble -> EtcdUnavailable; anything else is a bug worth seeing."""
-    if exc.code() in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-    ):
-        return EtcdUnavailable(f"etcd: {exc.code().name}: {exc.details()}")
-    return exc
