@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from support.ports import free_port
 
-from services.common.health_probe import main
+from services.common.health_probe import ProbeSettings, main, probe
 
 
 @pytest.fixture
@@ -38,3 +38,37 @@ def test_nothing_listening_exits_one(capsys) -> None:
     assert main([f"127.0.0.1:{free_port()}", "--timeout", "1"]) == 1
     err = capsys.readouterr().err
     assert "UNAVAILABLE" in err or "DEADLINE_EXCEEDED" in err
+
+
+@pytest.fixture
+def mtls_health_server(pki) -> Iterator[str]:
+    """A health server with the PKI's `upload` certificate, requiring client certificates."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    credentials = grpc.ssl_server_credentials(
+        [((pki / "upload-key.pem").read_bytes(), (pki / "upload.pem").read_bytes())],
+        root_certificates=(pki / "ca.pem").read_bytes(),
+        require_client_auth=True,
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_probe_speaks_mutual_tls_with_the_compose_pki(mtls_health_server, pki, capsys) -> None:
+    # What compose's healthcheck runs: the service's own client certificate, 127.0.0.1 in SAN.
+    settings = ProbeSettings(
+        tls_ca_file=pki / "ca.pem",
+        tls_client_cert_file=pki / "locks.pem",
+        tls_client_key_file=pki / "locks-key.pem",
+    )
+    assert probe(mtls_health_server, settings) == "SERVING"
+    # Without a client certificate the server refuses the handshake.
+    with pytest.raises(grpc.RpcError) as refused:
+        probe(mtls_health_server, ProbeSettings(tls_ca_file=pki / "ca.pem"), timeout=3)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    # Plaintext against a TLS port fails too, and the exit status says so.
+    assert main([mtls_health_server, "--timeout", "2"]) == 1

@@ -5,28 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import subprocess
 from pathlib import Path
-
-import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "deploy" / "pki" / "gen-pki.sh"
 
 
 def _b64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed")
-    out = tmp_path_factory.mktemp("pki")
-    shell = shutil.which("dash") or "sh"  # POSIX sh, as in the alpine init container
-    subprocess.run([shell, str(SCRIPT), str(out)], check=True, capture_output=True)
-    return out
 
 
 def _openssl(*args: str) -> str:
