@@ -42,7 +42,7 @@ for member in $ETCD_MEMBERS; do
 done
 cert etcd-client "DNS:etcd-client"
 for service in upload locks notify; do
-  cert "$service" "DNS:$service,DNS:$service.$NAMESPACE.svc,DNS:$service.$NAMESPACE.svc.cluster.local,DNS:localhost,IP:127.0.0.1"
+  cert "$service" "DNS:$service,DNS:$service.$NAMESPACE.svc,DNS:$service.$NAMESPACE.svc.cluster.local,DNS:$service-headless,DNS:$service-headless.$NAMESPACE.svc,DNS:localhost,IP:127.0.0.1"
 done
 
 # --- JWT: an RS256 key, its JWKS, and tokens -------------------------------------------

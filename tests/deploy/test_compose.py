@@ -112,3 +112,32 @@ def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_service_addresses_spread_over_replicas_and_match_certificate_names(pki: Path) -> None:
+    services = _compose()
+    env = services["upload"]["environment"]
+    k8s = yaml.safe_load_all((REPO_ROOT / "deploy" / "k8s" / "base" / "config.yaml").read_text())
+    k8s_env = next(d for d in k8s if d["kind"] == "ConfigMap")["data"]
+    for name in SERVICES:
+        for address in (
+            env[f"SERENTAK_{name.upper()}_ADDRESS"],
+            k8s_env[f"SERENTAK_{name.upper()}_ADDRESS"],
+        ):
+            assert address.startswith("dns:///"), address  # every replica, round-robin
+            host = address.removeprefix("dns:///").rsplit(":", 1)[0]
+            text = subprocess.run(
+                [
+                    "openssl",
+                    "x509",
+                    "-in",
+                    str(pki / f"{name}.pem"),
+                    "-noout",
+                    "-ext",
+                    "subjectAltName",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            assert f"DNS:{host}," in text or text.rstrip().endswith(f"DNS:{host}"), (name, host)
