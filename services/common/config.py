@@ -66,6 +66,9 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     shutdown_grace_seconds: float = Field(5.0, ge=0, description="In-flight calls get this long.")
     max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message accepted.")
+    # dev: the fixed dev tokens and dev secrets of `make run` are acceptable; anything else
+    # refuses known dev secrets (e.g. the sync webhook's default clientState) at start-up.
+    auth_mode: Literal["dev", "jwt"] = Field("dev", description="dev (make run) or jwt.")
     auth_tokens: dict[str, dict[str, str]] = Field(
         default_factory=lambda: dict(DEFAULT_AUTH_TOKENS)
     )

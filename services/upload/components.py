@@ -106,7 +106,14 @@ def build_components(
     )
     auth = Authenticator(settings.auth_tokens, settings.service_token)
     sync_config = sync_settings or load(SyncSettings)
-    sync = wire_sync(sync_config, sessions, registry, auth, settings.data_dir / "sync-cache")
+    sync = wire_sync(
+        sync_config,
+        sessions,
+        registry,
+        auth,
+        settings.data_dir / "sync-cache",
+        auth_mode=settings.auth_mode,
+    )
     schedules = [expiry_schedule(settings.expiry_interval_seconds)]
     if sync_config.enabled:
         schedules.extend(sync.schedules)

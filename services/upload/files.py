@@ -100,7 +100,7 @@ class Files:
         async with self._sessions() as session:
             # Permission first: another tenant learns nothing about the file.
             found = await readable(session, identity, _required(file_id))
-            await raise_if_tombstoned(session, file_id)
+            await raise_if_tombstoned(session, identity.tenant_id, file_id)
             return found
 
     async def list_folder(
@@ -135,7 +135,7 @@ class Files:
                 FileRow.tenant_id == identity.tenant_id,
                 FileRow.parent_id == folder.id,
                 # Tombstoned synced files stay in the database but leave every listing.
-                not_tombstoned(FileRow.__table__.c.id),
+                not_tombstoned(FileRow.__table__.c.id, FileRow.__table__.c.tenant_id),
             )
             if not request.include_deleted:
                 query = query.where(FileRow.deleted_at.is_(None))

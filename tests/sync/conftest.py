@@ -1,4 +1,8 @@
-"""Fixtures of the sync engine tests: migrated DB (both backends), fake provider, worker."""
+"""Fixtures of the sync engine tests: migrated DB (both backends), fake provider, worker.
+
+The database carries the whole upload schema (files, shares, jobs, sync tables): linking
+a file checks the caller's role on it in the upload service's own tables.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,13 @@ from pathlib import Path
 
 import pytest
 from sync.fake_provider import FakeProvider
-from sync.sync_world import SyncWorld, settings
+from sync.sync_world import TOKENS, SyncWorld, settings
 
 from services.common.db import create_engine, session_factory
 from services.common.jobs.registry import JobRegistry
 from services.common.jobs.worker import Worker
-from services.common.migrate import upgrade
-from services.common.runtime_migrations import migration_location as runtime_location
+from services.upload.database import migrate
 from services.upload.sync.cache import LocalByteCache
-from services.upload.sync.database import migration_location
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.graph import GraphProvider
 from services.upload.sync.settings import SyncSettings
@@ -42,10 +44,10 @@ async def world(
     database_url: str, fake: FakeProvider, tmp_path: Path, sync_settings: SyncSettings
 ) -> AsyncIterator[SyncWorld]:
     """Everything wired on a fresh database (each backend)."""
-    upgrade(database_url, [runtime_location(), migration_location()])
+    migrate(database_url)
     db = create_engine(database_url, sqlite_synchronous="NORMAL")
     sessions = session_factory(db)
-    provider = GraphProvider(fake.base_url, "test-token", timeout_seconds=5.0)
+    provider = GraphProvider(fake.base_url, TOKENS, timeout_seconds=5.0)
     cache = LocalByteCache(tmp_path / "cache")
     engine = SyncEngine(settings=sync_settings, sessions=sessions, provider=provider, cache=cache)
     registry = JobRegistry()

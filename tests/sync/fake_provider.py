@@ -6,7 +6,8 @@
   a full enumeration) chained by @odata.nextLink, the last one with an @odata.deltaLink
   for `next_token`; `expire(drive, token)` answers 410 for that cursor.
 - `hold(drive, item)` parks GETs of that item until the test releases them.
-- Every request lands in `calls` with a monotonic timestamp.
+- `set_page(drive, token, body)` serves any body for a cursor (e.g. a foreign nextLink).
+- Every request lands in `calls` with a monotonic timestamp and its bearer token.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from typing import Any
 from aiohttp import web
 
 
+def _bearer(request: web.Request) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token if scheme.lower() == "bearer" else ""
+
+
 @dataclass(frozen=True)
 class Call:
     """One request the fake received."""
@@ -28,6 +34,7 @@ class Call:
     drive: str
     key: str  # item id or delta token
     at: float
+    token: str = ""  # the bearer token the request carried
 
 
 @dataclass
@@ -94,6 +101,10 @@ class FakeProvider:
                 body["@odata.deltaLink"] = self.delta_url(drive, next_token)
             self.delta[(drive, key)] = body
 
+    def set_page(self, drive: str, token: str, body: dict[str, Any]) -> None:
+        """Serve `body` verbatim for cursor `token`."""
+        self.delta[(drive, token)] = body
+
     def expire(self, drive: str, token: str) -> None:
         """The cursor `token` answers 410 Gone (expired)."""
         self.delta[(drive, token)] = Scripted(410)
@@ -114,7 +125,7 @@ class FakeProvider:
     # -- server ----------------------------------------------------------------------
     async def _item(self, request: web.Request) -> web.Response:
         drive, item = request.match_info["drive"], request.match_info["item"]
-        self.calls.append(Call("item", drive, item, time.monotonic()))
+        self.calls.append(Call("item", drive, item, time.monotonic(), _bearer(request)))
         held = self.held.get((drive, item))
         if held is not None:
             held.arrived.set()
@@ -135,7 +146,7 @@ class FakeProvider:
     async def _delta(self, request: web.Request) -> web.Response:
         drive = request.match_info["drive"]
         token = request.query.get("token", "")
-        self.calls.append(Call("delta", drive, token, time.monotonic()))
+        self.calls.append(Call("delta", drive, token, time.monotonic(), _bearer(request)))
         answer = self.delta.get((drive, token))
         if answer is None:
             return web.json_response({"error": {"code": "unknownCursor"}}, status=400)

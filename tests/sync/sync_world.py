@@ -23,6 +23,10 @@ from services.upload.sync.settings import SyncSettings
 DRIVE = "drv-1"
 ACCOUNT = "acct-1"
 TENANT = "acme"
+OTHER_TENANT = "evil"
+# Each tenant's own provider credential (the dev tokens map alice/bob/carol to acme and
+# mallory to evil).
+TOKENS = {TENANT: "token-acme", OTHER_TENANT: "token-evil"}
 
 
 @dataclass
@@ -102,6 +106,7 @@ def settings(**overrides: Any) -> SyncSettings:
         "webhook_dedupe_seconds": 0.5,
         "client_state": "s3cret",
         "webhook_port": 0,
+        "provider_tokens": TOKENS,
     }
     base.update(overrides)
     return SyncSettings(**base)

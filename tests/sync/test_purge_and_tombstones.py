@@ -102,9 +102,11 @@ async def test_tombstone_helpers(world: SyncWorld) -> None:
     await _tombstone(world, gone, timedelta(0))
     async with world.sessions() as s:
         with pytest.raises(FileRetentionExpired) as err:
-            await raise_if_tombstoned(s, "g" * 32)
-        await raise_if_tombstoned(s, "k" * 32)
-        await raise_if_tombstoned(s, "n" * 32)
+            await raise_if_tombstoned(s, "acme", "g" * 32)
+        await raise_if_tombstoned(s, "acme", "k" * 32)
+        await raise_if_tombstoned(s, "acme", "n" * 32)
+        # Another tenant's file of the same id is not hidden by acme's tombstone.
+        await raise_if_tombstoned(s, "other", "g" * 32)
         assert await hidden_file_ids(s, "acme") == {"g" * 32}
         assert await hidden_file_ids(s, "acme", ["k" * 32]) == set()
         assert await hidden_file_ids(s, "other") == set()

@@ -3,66 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
-from support.services import running_app
+from sync.sync_server import ALICE, MALLORY, sync_server
 from sync.sync_world import DRIVE, SyncWorld
 
 from services.common.auth import Authenticator
 from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
-from services.common.grpc_server import ServiceApp, Servicer
-from services.upload.sync.servicer import SyncServicer
-from services.upload.sync.tombstones import raise_if_tombstoned
-
-ALICE = (("authorization", "Bearer dev-alice"),)
-MALLORY = (("authorization", "Bearer dev-mallory"),)
-
-
-class TombstoneAwareFiles(upload_pb2_grpc.FileServiceServicer):
-    """GetFile doing exactly what the upload service's GetFile must do first."""
-
-    def __init__(self, world: SyncWorld) -> None:
-        self.world = world
-
-    async def GetFile(
-        self, request: upload_pb2.GetFileRequest, context: grpc.aio.ServicerContext
-    ) -> upload_pb2.File:
-        async with self.world.sessions() as session:
-            await raise_if_tombstoned(session, request.file_id)
-        return upload_pb2.File()
 
 
 @pytest.fixture
-async def channel(world: SyncWorld) -> AsyncIterator[grpc.aio.Channel]:
-    """A channel to a server running SyncService and the tombstone-aware GetFile."""
-    auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
-    sync_name = sync_pb2.DESCRIPTOR.services_by_name["SyncService"].full_name
-    files_name = upload_pb2.DESCRIPTOR.services_by_name["FileService"].full_name
-    app = ServiceApp(
-        name="upload-sync-test",
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        servicers=[
-            Servicer(
-                sync_pb2_grpc.add_SyncServiceServicer_to_server,
-                SyncServicer(world.engine, auth),
-                sync_name,
-            ),
-            Servicer(
-                upload_pb2_grpc.add_FileServiceServicer_to_server,
-                TombstoneAwareFiles(world),
-                files_name,
-            ),
-        ],
-    )
-    async with running_app(app) as svc:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.app.bound_port}") as ch:
-            yield ch
+async def channel(world: SyncWorld, tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
+    """A channel to a server running SyncService and the upload service's FileService."""
+    async with sync_server(world, tmp_path) as ch:
+        yield ch
+
+
+async def _folder(channel: grpc.aio.Channel, name: str = "synced") -> str:
+    """A folder alice owns (the local file a synced item backs)."""
+    files = upload_pb2_grpc.FileServiceStub(channel)
+    made = await files.CreateFolder(upload_pb2.CreateFolderRequest(name=name), metadata=ALICE)
+    return made.file_id
 
 
 def _error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
@@ -78,7 +44,7 @@ async def test_tombstoned_file_answers_file_retention_expired(
 ) -> None:
     sync = sync_pb2_grpc.SyncServiceStub(channel)
     files = upload_pb2_grpc.FileServiceStub(channel)
-    file_id = "f" * 32
+    file_id = await _folder(channel)
     world.fake.always(DRIVE, "gone-9", 410)
     item = await sync.LinkItem(
         sync_pb2.LinkItemRequest(

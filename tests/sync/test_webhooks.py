@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -11,7 +12,7 @@ from sync.sync_world import ACCOUNT, DRIVE, TENANT, SyncWorld
 
 from services.upload.sync.jobs import DELTA_JOB
 from services.upload.sync.models import linked_drives, utcnow
-from services.upload.sync.webhooks import WebhookServer
+from services.upload.sync.webhooks import MAX_BODY_BYTES, MAX_VALIDATION_TOKEN, WebhookServer
 
 
 @pytest.fixture
@@ -85,4 +86,73 @@ async def test_unknown_drive_is_accepted_but_polls_nothing(world: SyncWorld, hoo
     async with httpx.AsyncClient() as client:
         r = await client.post(hook, json=_notification("s3cret", drive="someone-else"))
     assert r.status_code == 202
+    assert await world.open_jobs() == []
+
+
+# -- issue 11 item 11: edges --------------------------------------------------------------
+
+
+async def test_malformed_or_deeply_nested_bodies_are_400_never_500(
+    world: SyncWorld, hook: str
+) -> None:
+    deep = b"[" * 200_000 + b"]" * 200_000
+    bodies = [
+        deep,
+        b'{"value": ' + deep + b"}",
+        # Under the parser's limit, but nested where a string is expected.
+        json.dumps({"value": [{"clientState": "s3cret", "resource": _nested(500)}]}).encode(),
+        b'{"value": [1, 2]}',
+        b'{"value": "x"}',
+        b"[]",
+        b"\xff\xfe",
+        b'{"value": [{"clientState": "s3cret", "resource": "drives/%s/root"}]' % DRIVE.encode(),
+    ]
+    async with httpx.AsyncClient() as client:
+        for body in bodies:
+            r = await client.post(hook, content=body)
+            assert r.status_code == 400, (body[:40], r.status_code, r.text[:200])
+            assert r.headers["x-content-type-options"] == "nosniff"
+    assert await world.open_jobs() == []
+
+
+def _nested(depth: int) -> object:
+    value: object = "drives/x/root"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_every_response_says_nosniff(world: SyncWorld, hook: str) -> None:
+    world.fake.set_delta(DRIVE, "", [[]], next_token="t1")
+    base = hook.rsplit("/", 2)[0]
+    async with httpx.AsyncClient() as client:
+        answers = [
+            await client.post(hook, params={"validationToken": "<script>x</script>"}),
+            await client.post(hook, json=_notification("s3cret")),
+            await client.post(hook, json=_notification("wrong")),
+            await client.post(hook, content=b"{"),
+            await client.get(hook),
+            await client.post(base + "/elsewhere", content=b"{}"),
+            await client.post(hook, content=b"x" * (MAX_BODY_BYTES + 1)),
+        ]
+    assert [r.status_code for r in answers] == [200, 202, 403, 400, 405, 404, 413]
+    for r in answers:
+        assert r.headers.get("x-content-type-options") == "nosniff", r.status_code
+
+
+async def test_a_validation_token_carries_no_notification(world: SyncWorld, hook: str) -> None:
+    """The handshake echoes the token and does nothing else, whatever the body says."""
+    async with httpx.AsyncClient() as client:
+        bad = await client.post(
+            hook, params={"validationToken": "tok"}, json=_notification("wrong")
+        )
+        good = await client.post(
+            hook, params={"validationToken": "tok"}, json=_notification("s3cret")
+        )
+        long = await client.post(hook, params={"validationToken": "t" * (MAX_VALIDATION_TOKEN + 1)})
+        empty = await client.post(hook, params={"validationToken": ""})
+    for r in (bad, good):
+        assert r.status_code == 200 and r.text == "tok"
+        assert r.headers["content-type"].startswith("text/plain")
+    assert long.status_code == 400 and empty.status_code == 400
     assert await world.open_jobs() == []

@@ -45,7 +45,7 @@ def sync_settings(fake: FakeProvider) -> SyncSettings:
     return SyncSettings(
         webhook_port=0,
         provider_base_url=fake.base_url,
-        provider_token="test-token",
+        provider_tokens={"acme": "test-token"},
         transient_backoff_base_seconds=0.05,
     )
 

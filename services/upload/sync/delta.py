@@ -5,6 +5,11 @@ the drive's cursor in the same transaction as every change the pages carried: a 
 poll leaves the old cursor, and replaying pages is harmless (applying an entry twice
 gives the same row; a tombstone stays a tombstone).
 
+Links are followed only on the provider's own origin (`graph.py` checks them): a foreign
+next/delta link is a permanent error, counted, the link never fetched nor stored.
+Every lookup is scoped by the drive's tenant: a poll never reads or writes another
+tenant's rows, even for the same account and upstream ids.
+
 A 410 on the cursor is not a deletion: the cursor expired. The poll enumerates the drive
 from scratch, applies what it sees, and for items it knew but did not see queues an item
 sync (the item GET decides: 410 tombstones, 404 retries); the 410 itself tombstones
@@ -35,7 +40,7 @@ from services.upload.sync.models import (
     synced_items,
     utcnow,
 )
-from services.upload.sync.provider import UpstreamError, UpstreamItem
+from services.upload.sync.provider import ForeignLink, UpstreamError, UpstreamItem
 from services.upload.sync.sync_job import job_context, tombstone_item
 
 log = get_logger(__name__)
@@ -75,7 +80,7 @@ async def apply_entry(
     engine: SyncEngine, session: AsyncSession, drive: RowMapping, entry: UpstreamItem
 ) -> str:
     """Apply one delta entry; returns inserted, updated, tombstoned or ignored."""
-    row = await items.find_upstream(session, drive["account_id"], entry.id)
+    row = await items.find_upstream(session, drive["tenant_id"], drive["account_id"], entry.id)
     now = utcnow()
     if entry.removed:
         if row is None:
@@ -120,7 +125,9 @@ async def _follow(
     link = cursor
     for _ in range(engine.settings.max_delta_pages):
         try:
-            page = await engine.provider.delta_page(drive["upstream_drive_id"], link)
+            page = await engine.provider.delta_page(
+                drive["tenant_id"], drive["upstream_drive_id"], link
+            )
         except UpstreamError as exc:
             if decide_delta(exc.status) is DeltaAction.FULL_RESYNC and link is not None:
                 raise CursorExpired(str(exc)) from exc
@@ -189,6 +196,11 @@ async def poll_drive(engine: SyncEngine, session: AsyncSession, drive_id: str) -
     except UpstreamError as exc:
         _raise_for(exc, drive_id)
         raise  # unreachable: _raise_for always raises
+    except ForeignLink as exc:
+        metrics.FOREIGN_LINKS.inc()
+        metrics.DEAD_LETTERS.labels("foreign_link").inc()
+        log.warning("sync_delta_foreign_link", drive_id=drive_id, url=exc.url[:200])
+        raise PermanentError(f"delta of drive {drive_id}: {exc}") from exc
     now = utcnow()
     values: dict[str, object] = {"delta_link": delta_link, "last_delta_at": now, "updated_at": now}
     if result.full_resync:

@@ -17,3 +17,9 @@ class SyncedItemNotFound(NotFound):
 
 class LinkedDriveNotFound(NotFound):
     reason = "LINKED_DRIVE_NOT_FOUND"
+
+
+class SyncProviderNotConfigured(FailedPrecondition):
+    """The caller's tenant has no provider credential: a link could only fail upstream."""
+
+    reason = "SYNC_PROVIDER_NOT_CONFIGURED"

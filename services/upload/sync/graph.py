@@ -2,7 +2,10 @@
 
 Endpoints used: `GET {base}/drives/{drive}/items/{item}` and
 `GET {base}/drives/{drive}/root/delta` (then the returned `@odata.nextLink` /
-`@odata.deltaLink` URLs verbatim). Every call is counted by status in metrics.
+`@odata.deltaLink` URLs verbatim, but only on the base URL's own origin: a link to any
+other scheme, host or port is refused unfetched with `ForeignLink`, so a provider answer
+can never aim our bearer token, or a request from inside our network, elsewhere). Each
+call carries the calling tenant's own token. Every call is counted by status in metrics.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from services.upload.sync import metrics
 from services.upload.sync.decisions import parse_retry_after
 from services.upload.sync.provider import (
     DeltaPage,
+    ForeignLink,
+    NoCredential,
     UpstreamError,
     UpstreamItem,
     UpstreamTimeout,
@@ -60,28 +65,54 @@ def _drive_of(resource: str) -> str | None:
     return None
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> tuple[str, str, int | None] | None:
+    """(scheme, host, port) of an absolute URL, default ports filled in; None if unparsable."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return None
+    scheme = parsed.scheme.lower()
+    if not scheme or not parsed.host:
+        return None
+    return (scheme, parsed.host.lower(), parsed.port or _DEFAULT_PORTS.get(scheme))
+
+
 class GraphProvider:
-    """`Provider` over HTTP; one pooled httpx client per instance."""
+    """`Provider` over HTTP; one pooled httpx client per instance, a token per tenant."""
 
     def __init__(
         self,
         base_url: str,
-        token: str,
+        tokens: Mapping[str, str],
         *,
         timeout_seconds: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {"Accept": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         self.base_url = base_url.rstrip("/")
+        self._origin = origin(self.base_url)
+        self._tokens = {tenant: token for tenant, token in tokens.items() if token}
         self._client = httpx.AsyncClient(
-            headers=headers, timeout=timeout_seconds, transport=transport
+            headers={"Accept": "application/json"}, timeout=timeout_seconds, transport=transport
         )
 
-    async def _get(self, operation: str, url: str) -> dict[str, Any]:
+    def _own(self, url: str) -> str:
+        """`url` if it is on the provider's origin; else ForeignLink (never fetched)."""
+        if self._origin is None or origin(url) != self._origin:
+            raise ForeignLink(url)
+        return url
+
+    async def _get(self, operation: str, tenant_id: str, url: str) -> dict[str, Any]:
+        token = self._tokens.get(tenant_id)
+        if token is None:
+            metrics.UPSTREAM_CALLS.labels(operation, "no_credential").inc()
+            raise NoCredential(tenant_id)
         try:
-            response = await self._client.get(url)
+            response = await self._client.get(
+                self._own(url), headers={"Authorization": f"Bearer {token}"}
+            )
         except httpx.TimeoutException as exc:
             metrics.UPSTREAM_CALLS.labels(operation, "timeout").inc()
             raise UpstreamTimeout(f"{operation} timed out", url=url) from exc
@@ -105,20 +136,24 @@ class GraphProvider:
             raise UpstreamError(502, f"{operation}: body is not a JSON object", url=url)
         return body
 
-    async def get_item(self, drive_id: str, item_id: str) -> UpstreamItem:
-        """GET one driveItem."""
+    async def get_item(self, tenant_id: str, drive_id: str, item_id: str) -> UpstreamItem:
+        """GET one driveItem with the tenant's token."""
         url = f"{self.base_url}/drives/{quote(drive_id, safe='')}/items/{quote(item_id, safe='')}"
-        return item_from_json(await self._get("get_item", url))
+        return item_from_json(await self._get("get_item", tenant_id, url))
 
-    async def delta_page(self, drive_id: str, cursor: str | None) -> DeltaPage:
-        """GET one delta page: from `cursor` (a link the provider gave us) or from scratch."""
+    async def delta_page(self, tenant_id: str, drive_id: str, cursor: str | None) -> DeltaPage:
+        """GET one delta page: from `cursor` (a link the provider gave us) or from scratch.
+
+        Links in the answer are checked here, before anyone stores or follows them.
+        """
         url = cursor or f"{self.base_url}/drives/{quote(drive_id, safe='')}/root/delta"
-        body = await self._get("delta", url)
+        body = await self._get("delta", tenant_id, url)
         values = body.get("value") or []
+        next_link, delta_link = body.get("@odata.nextLink"), body.get("@odata.deltaLink")
         return DeltaPage(
             items=[item_from_json(v) for v in values if isinstance(v, Mapping) and "id" in v],
-            next_link=body.get("@odata.nextLink"),
-            delta_link=body.get("@odata.deltaLink"),
+            next_link=self._own(next_link) if next_link else None,
+            delta_link=self._own(delta_link) if delta_link else None,
         )
 
     def notified_drives(self, payload: Mapping[str, Any], client_state: str) -> list[str]:
@@ -138,7 +173,10 @@ class GraphProvider:
                 given.encode(), client_state.encode()
             ):
                 raise WebhookRefused("clientState does not match", status=403)
-            drive = _drive_of(str(n.get("resource", "")))
+            resource = n.get("resource")
+            if not isinstance(resource, str):
+                raise WebhookRefused("notification resource is not a string")
+            drive = _drive_of(resource)
             if drive is None:
                 raise WebhookRefused("notification resource names no drive")
             if drive not in drives:

@@ -119,10 +119,11 @@ async def mark_pending_retry(
 
 
 async def find_upstream(
-    session: AsyncSession, account_id: str, upstream_item_id: str
+    session: AsyncSession, tenant_id: str, account_id: str, upstream_item_id: str
 ) -> RowMapping | None:
-    """The synced item for an upstream id in one provider account."""
+    """The tenant's synced item for an upstream id in one provider account."""
     stmt = select(synced_items).where(
+        synced_items.c.tenant_id == tenant_id,
         synced_items.c.account_id == account_id,
         synced_items.c.upstream_item_id == upstream_item_id,
     )

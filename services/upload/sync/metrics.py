@@ -21,12 +21,16 @@ RETRIES = Counter(
 )
 DEAD_LETTERS = Counter(
     "serentak_sync_gave_up_total",
-    "Syncs handed to the dead-letter queue, by cause (not_found, auth, permanent).",
+    "Syncs handed to the dead-letter queue, by cause (not_found, auth, foreign_link, permanent).",
     ["cause"],
 )
 AUTH_FAILURES = Counter(
     "serentak_sync_auth_failures_total",
     "Upstream 401/403 answers: credentials need an operator (alert on any).",
+)
+FOREIGN_LINKS = Counter(
+    "serentak_sync_foreign_links_total",
+    "Next/delta links off the provider's origin, refused unfetched (alert on any).",
 )
 DELTA_PAGES = Counter("serentak_sync_delta_pages_total", "Delta pages fetched.")
 FULL_RESYNCS = Counter(

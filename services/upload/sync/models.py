@@ -1,5 +1,8 @@
 """Tables of the sync engine: linked drives (with their delta cursor) and synced items.
 
+Every row carries its tenant, and every uniqueness and lookup includes it: two tenants
+may link the same provider account and ids without ever seeing each other's rows.
+
 They sit on their own `MetaData` and Alembic folder (`sync/migrations`, version table
 `alembic_version_upload_sync`). A synced item names the upload service's file by id only.
 """
@@ -45,7 +48,9 @@ linked_drives = Table(
     Column("full_resync_count", Integer, nullable=False, default=0),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
-    UniqueConstraint("account_id", "upstream_drive_id", name="uq_sync_linked_drives_upstream"),
+    UniqueConstraint(
+        "tenant_id", "account_id", "upstream_drive_id", name="uq_sync_linked_drives_upstream"
+    ),
     Index("ix_sync_linked_drives_upstream_drive_id", "upstream_drive_id"),
 )
 
@@ -81,10 +86,13 @@ synced_items = Table(
     Column("last_synced_at", UtcDateTime, nullable=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
-    UniqueConstraint("account_id", "upstream_item_id", name="uq_sync_synced_items_upstream"),
+    UniqueConstraint(
+        "tenant_id", "account_id", "upstream_item_id", name="uq_sync_synced_items_upstream"
+    ),
     # Offline expiry sweep and purge: "not tombstoned and expired", "tombstoned long ago".
     Index("ix_sync_synced_items_status_expires_at", "status", "expires_at"),
     Index("ix_sync_synced_items_status_tombstoned_at", "status", "tombstoned_at"),
-    Index("ix_sync_synced_items_file_id", "file_id"),
+    # Tombstone lookups behind GetFile/Download/ListFolder: (file, tenant).
+    Index("ix_sync_synced_items_file_id", "file_id", "tenant_id"),
     Index("ix_sync_synced_items_drive_id", "drive_id"),
 )

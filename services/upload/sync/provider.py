@@ -47,7 +47,7 @@ class UpstreamError(Exception):
         self.status = status
         self.message = message
         self.retry_after = retry_after
-        self.url = url
+        self.url = str(url)
 
 
 class UpstreamTimeout(UpstreamError):
@@ -55,6 +55,21 @@ class UpstreamTimeout(UpstreamError):
 
     def __init__(self, message: str, *, url: str = "") -> None:
         super().__init__(0, message, url=url)
+
+
+class NoCredential(UpstreamError):
+    """The tenant has no provider credential: nothing was sent (permanent, like a 401)."""
+
+    def __init__(self, tenant_id: str) -> None:
+        super().__init__(401, f"no provider credential for tenant {tenant_id!r}")
+
+
+class ForeignLink(Exception):
+    """A next/delta link off the provider's own origin: never fetched (permanent)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"link leaves the provider's origin: {str(url)[:200]!r}")
+        self.url = str(url)
 
 
 class WebhookRefused(Exception):
@@ -68,12 +83,16 @@ class WebhookRefused(Exception):
 class Provider(Protocol):
     """What the sync engine needs from an upstream storage provider."""
 
-    async def get_item(self, drive_id: str, item_id: str) -> UpstreamItem:
-        """The item's current metadata; raises UpstreamError on any non-2xx answer."""
+    async def get_item(self, tenant_id: str, drive_id: str, item_id: str) -> UpstreamItem:
+        """The item's metadata with the tenant's credential; UpstreamError on any non-2xx."""
         ...
 
-    async def delta_page(self, drive_id: str, cursor: str | None) -> DeltaPage:
-        """One delta page from `cursor` (a next/delta link), or a full enumeration if None."""
+    async def delta_page(self, tenant_id: str, drive_id: str, cursor: str | None) -> DeltaPage:
+        """One delta page from `cursor` (a next/delta link), or a full enumeration if None.
+
+        Raises ForeignLink, before any request, for a cursor off the provider's origin, and
+        for a page whose next/delta link is.
+        """
         ...
 
     def notified_drives(self, payload: Mapping[str, Any], client_state: str) -> list[str]:

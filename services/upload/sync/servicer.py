@@ -1,4 +1,11 @@
-"""gRPC surface of `serentak.upload.v1.SyncService` (operators and internal callers)."""
+"""gRPC surface of `serentak.upload.v1.SyncService` (operators and internal callers).
+
+Access: every row is the caller's tenant's (another tenant's ids are NOT_FOUND). Linking
+a file, or a drive into a folder, needs write access to it (`permissions.writable`: a
+viewer gets PERMISSION_DENIED, a stranger NOT_FOUND). A tenant without a provider
+credential cannot link or trigger anything: FAILED_PRECONDITION /
+SYNC_PROVIDER_NOT_CONFIGURED, and no job is queued.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +21,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Authenticator, Identity
 from services.common.errors import AlreadyExists, InvalidArgument
+from services.upload import permissions
+from services.upload.errors import WrongKind
+from services.upload.models import FOLDER
 from services.upload.sync import items
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.errors import (
     FileRetentionExpired,
     LinkedDriveNotFound,
     SyncedItemNotFound,
+    SyncProviderNotConfigured,
 )
 from services.upload.sync.jobs import enqueue_delta_poll, enqueue_item_sync
 from services.upload.sync.models import (
@@ -119,6 +130,14 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
             raise SyncedItemNotFound(f"synced item {item_id} not found", synced_item_id=item_id)
         return row
 
+    def _require_provider(self, who: Identity) -> None:
+        """FAILED_PRECONDITION unless the caller's tenant has a provider credential."""
+        if not self.engine.settings.provider_configured(who.tenant_id):
+            raise SyncProviderNotConfigured(
+                "no upstream provider credential is configured for this tenant",
+                tenant_id=who.tenant_id,
+            )
+
     async def _drive(self, session: AsyncSession, who: Identity, drive_id: str) -> RowMapping:
         row = await items.load_drive(session, _required("linked_drive_id", drive_id, 32))
         if row is None or row["tenant_id"] != who.tenant_id:
@@ -136,8 +155,12 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         file_id = request.file_id.strip() or None
         if file_id is not None and len(file_id) > 32:
             raise InvalidArgument("file_id", "is longer than 32 characters")
+        self._require_provider(who)
         try:
             async with self.engine.sessions() as session, session.begin():
+                if file_id is not None:
+                    # Backing a file with upstream content changes it: write access needed.
+                    await permissions.writable(session, who, file_id)
                 item_id = await items.insert_item(
                     session,
                     tenant_id=who.tenant_id,
@@ -182,10 +205,18 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         account = _required("account_id", request.account_id, 128)
         upstream = _required("upstream_drive_id", request.upstream_drive_id)
         folder = request.folder_id.strip() or None
+        if folder is not None and len(folder) > 32:
+            raise InvalidArgument("folder_id", "is longer than 32 characters")
+        self._require_provider(who)
         now = utcnow()
         drive_id = items.new_id()
         try:
             async with self.engine.sessions() as session, session.begin():
+                if folder is not None:
+                    # Mirroring a drive into a folder writes into it: write access needed.
+                    target, _ = await permissions.writable(session, who, folder)
+                    if target.kind != FOLDER:
+                        raise WrongKind("folder_id is not a folder", file_id=folder)
                 await session.execute(
                     insert(linked_drives).values(
                         id=drive_id,
@@ -235,6 +266,9 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         """Queue an item sync or a drive delta poll; a tombstone is never synced again."""
         who = self.auth.require_user(context)
         target = request.WhichOneof("target")
+        if target is None:
+            raise InvalidArgument("target", "set synced_item_id or linked_drive_id")
+        self._require_provider(who)
         async with self.engine.sessions() as session, session.begin():
             if target == "synced_item_id":
                 row = await self._item(session, who, request.synced_item_id)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DAY_SECONDS = 24 * 3600
+# Known to everyone who reads this file: accepted only in dev auth mode (`make run`).
+DEV_CLIENT_STATE = "dev-sync-client-state"
 
 
 class SyncSettings(BaseSettings):
@@ -17,14 +19,20 @@ class SyncSettings(BaseSettings):
     provider_base_url: str = Field(
         "https://graph.microsoft.com/v1.0", description="Graph-style API root (no trailing /)."
     )
-    provider_token: str = Field("", description="Bearer token sent to the provider.")
+    # One credential per tenant (JSON object in SERENTAK_SYNC_PROVIDER_TOKENS, e.g.
+    # '{"acme": "..."}'): a tenant's sync calls carry only its own token, and a tenant with
+    # none cannot link anything (FAILED_PRECONDITION / SYNC_PROVIDER_NOT_CONFIGURED).
+    provider_tokens: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Tenant id -> bearer token sent to the provider."
+    )
     provider_timeout_seconds: float = Field(10.0, gt=0, description="Per upstream HTTP call.")
     webhook_host: str = Field("127.0.0.1", description="Interface of the webhook endpoint.")
     # 8181: next to the service ports, clear of 8080/8081 that dev tools like to take.
     webhook_port: int = Field(8181, ge=0, description="Port of the webhook endpoint (0: any).")
     webhook_path: str = Field("/webhooks/graph", description="Path the provider posts to.")
     client_state: str = Field(
-        "dev-sync-client-state", description="Shared secret echoed in every notification."
+        DEV_CLIENT_STATE,
+        description="Shared secret echoed in every notification (the default: dev auth only).",
     )
     max_not_found_retries: int = Field(5, ge=0, description="404s tolerated before dead-letter.")
     not_found_backoff_base_seconds: float = Field(
@@ -48,3 +56,8 @@ class SyncSettings(BaseSettings):
     purge_interval_seconds: float = Field(3600.0, gt=0, description="Purge job period.")
     purge_batch_size: int = Field(500, ge=1, description="Tombstones purged per transaction.")
     max_delta_pages: int = Field(10_000, ge=1, description="Guard against a next-link loop.")
+
+    def provider_configured(self, tenant_id: str) -> bool:
+        """True when `tenant_id` has a provider credential (and there is a provider URL)."""
+        token = self.provider_tokens.get(tenant_id)
+        return bool(self.provider_base_url and token is not None and token.get_secret_value())

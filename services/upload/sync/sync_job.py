@@ -85,7 +85,7 @@ async def sync_item(engine: SyncEngine, ctx: JobContext) -> str:
     if not is_expired(seen["expires_at"], utcnow()):
         try:
             upstream = await engine.provider.get_item(
-                seen["upstream_drive_id"], seen["upstream_item_id"]
+                seen["tenant_id"], seen["upstream_drive_id"], seen["upstream_item_id"]
             )
         except UpstreamError as exc:
             failure = exc

@@ -3,6 +3,7 @@
 GetFile / Download / ListFolder of a tombstoned synced file answer FAILED_PRECONDITION
 with reason FILE_RETENTION_EXPIRED and `status=expired` in the ErrorInfo metadata.
 Tombstoned files stay in the database (no hard delete); listings leave them out.
+Every lookup is scoped by tenant: only the file's own tenant's tombstone can hide it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from services.upload.sync.errors import FileRetentionExpired
 from services.upload.sync.models import TOMBSTONED, synced_items
 
 
-async def raise_if_tombstoned(session: AsyncSession, file_id: str) -> None:
-    """Raise FileRetentionExpired if `file_id` is a tombstoned synced file."""
+async def raise_if_tombstoned(session: AsyncSession, tenant_id: str, file_id: str) -> None:
+    """Raise FileRetentionExpired if `file_id` is one of the tenant's tombstoned synced files."""
     row = (
         await session.execute(
             select(synced_items.c.tombstoned_at, synced_items.c.tombstone_reason)
-            .where(synced_items.c.file_id == file_id, synced_items.c.status == TOMBSTONED)
+            .where(
+                synced_items.c.file_id == file_id,
+                synced_items.c.tenant_id == tenant_id,
+                synced_items.c.status == TOMBSTONED,
+            )
             .limit(1)
         )
     ).first()
@@ -52,8 +57,12 @@ async def hidden_file_ids(
     return {fid for fid in (await session.execute(stmt)).scalars() if fid}
 
 
-def not_tombstoned(file_id_column: ColumnElement[str]) -> ColumnElement[bool]:
-    """A WHERE clause for listing queries: the file is not a tombstoned synced file."""
+def not_tombstoned(
+    file_id_column: ColumnElement[str], tenant_id_column: ColumnElement[str]
+) -> ColumnElement[bool]:
+    """A WHERE clause for listings: the file is not a tombstoned synced file of its tenant."""
     return ~exists().where(
-        synced_items.c.file_id == file_id_column, synced_items.c.status == TOMBSTONED
+        synced_items.c.file_id == file_id_column,
+        synced_items.c.tenant_id == tenant_id_column,
+        synced_items.c.status == TOMBSTONED,
     )

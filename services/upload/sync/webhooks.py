@@ -1,6 +1,11 @@
 """The provider's webhook endpoint (aiohttp, in the upload service's process).
 
-- Validation handshake: `?validationToken=...` is echoed back as text/plain, 200.
+- Validation handshake: `?validationToken=...` (at most MAX_VALIDATION_TOKEN characters)
+  is echoed back as text/plain, 200, and nothing else happens: the body of such a request
+  is never read, so a token cannot carry a notification past the clientState check.
+- Every response, errors included, carries `X-Content-Type-Options: nosniff` (the echo
+  is caller-chosen text: no browser may sniff it into HTML).
+- Bodies that are not a JSON object (malformed, too deep, wrong shape) are 400, never 500.
 - Change notifications: every entry's `clientState` must equal the shared secret (else
   403, nothing queued). The body is never trusted as state: it only names drives, and
   each known drive gets a delta poll with dedupe_key `delta:{drive_id}`, so duplicates
@@ -24,6 +29,20 @@ from services.upload.sync.provider import WebhookRefused
 log = get_logger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
+# Graph's tokens are well under this; a longer one is not a handshake.
+MAX_VALIDATION_TOKEN = 1024
+
+
+async def _nosniff(request: web.Request, response: web.StreamResponse) -> None:
+    """On every response the app prepares (handler answers and aiohttp's own 404/405/413)."""
+    response.headers["X-Content-Type-Options"] = "nosniff"
+
+
+def _refused(exc: WebhookRefused) -> web.Response:
+    """A 4xx for a notification that must not be acted on (counted and logged)."""
+    metrics.WEBHOOK_DELIVERIES.labels("refused" if exc.status == 403 else "invalid").inc()
+    log.warning("sync_webhook_refused", status=exc.status, error=str(exc))
+    return web.Response(status=exc.status, text=str(exc))
 
 
 def webhook_app(engine: SyncEngine) -> web.Application:
@@ -32,6 +51,9 @@ def webhook_app(engine: SyncEngine) -> web.Application:
     async def notify(request: web.Request) -> web.Response:
         token = request.query.get("validationToken")
         if token is not None:
+            if not token or len(token) > MAX_VALIDATION_TOKEN:
+                metrics.WEBHOOK_DELIVERIES.labels("invalid").inc()
+                return web.Response(status=400, text="validationToken is empty or too long")
             metrics.WEBHOOK_DELIVERIES.labels("validated").inc()
             return web.Response(text=token, content_type="text/plain")
         try:
@@ -39,12 +61,13 @@ def webhook_app(engine: SyncEngine) -> web.Application:
             if not isinstance(payload, dict):
                 raise WebhookRefused("body is not a JSON object")
             upstream_drives = engine.provider.notified_drives(payload, engine.settings.client_state)
-        except (ValueError, WebhookRefused) as exc:
-            status = exc.status if isinstance(exc, WebhookRefused) else 400
-            outcome = "refused" if status == 403 else "invalid"
-            metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
-            log.warning("sync_webhook_refused", status=status, error=str(exc))
-            return web.Response(status=status, text=str(exc))
+        except RecursionError:
+            # json's C scanner (or a later walk) gave up on a deeply nested body: bad input.
+            return _refused(WebhookRefused("body is nested too deeply"))
+        except ValueError as exc:
+            return _refused(WebhookRefused(f"body is not JSON: {exc}"))
+        except WebhookRefused as exc:
+            return _refused(exc)
         async with engine.sessions() as session, session.begin():
             drive_ids = (
                 (
@@ -69,6 +92,7 @@ def webhook_app(engine: SyncEngine) -> web.Application:
         return web.Response(status=202)
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.on_response_prepare.append(_nosniff)
     app.router.add_post(engine.settings.webhook_path, notify)
     return app
 

@@ -33,7 +33,7 @@ from services.upload.sync.jobs import (
 from services.upload.sync.purge import purge_handler
 from services.upload.sync.reconcile import reconcile_handler
 from services.upload.sync.servicer import SyncServicer
-from services.upload.sync.settings import SyncSettings
+from services.upload.sync.settings import DEV_CLIENT_STATE, SyncSettings
 from services.upload.sync.sync_job import item_handler
 from services.upload.sync.webhooks import WebhookServer
 
@@ -50,6 +50,23 @@ def register_sync_jobs(registry: JobRegistry, engine: SyncEngine) -> None:
     )
     registry.register(RECONCILE_JOB, reconcile_handler(engine), retry=policy)
     registry.register(PURGE_JOB, purge_handler(engine), retry=policy)
+
+
+class InsecureSyncSettings(ValueError):
+    """Sync settings the service refuses to start with."""
+
+
+def check_settings(settings: SyncSettings, auth_mode: str) -> None:
+    """Refuse a webhook secret anyone could know: empty, or the default outside dev mode."""
+    if not settings.enabled:
+        return
+    if not settings.client_state:
+        raise InsecureSyncSettings("SERENTAK_SYNC_CLIENT_STATE must not be empty")
+    if settings.client_state == DEV_CLIENT_STATE and auth_mode != "dev":
+        raise InsecureSyncSettings(
+            "SERENTAK_SYNC_CLIENT_STATE is the published dev default; set a secret "
+            "(or SERENTAK_SYNC_ENABLED=false) outside SERENTAK_AUTH_MODE=dev"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +89,17 @@ def wire_sync(
     authenticator: Authenticator,
     cache_root: Path,
     retire_files: RetireFiles | None = None,
+    *,
+    auth_mode: str = "dev",
 ) -> SyncWiring:
-    """Build the engine, register its jobs, and return the pieces for the ServiceApp."""
+    """Build the engine, register its jobs, and return the pieces for the ServiceApp.
+
+    Raises InsecureSyncSettings (the service does not start) on a guessable clientState.
+    """
+    check_settings(settings, auth_mode)
     provider = GraphProvider(
         settings.provider_base_url,
-        settings.provider_token,
+        {tenant: token.get_secret_value() for tenant, token in settings.provider_tokens.items()},
         timeout_seconds=settings.provider_timeout_seconds,
     )
     engine = SyncEngine(

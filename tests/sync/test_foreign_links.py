@@ -1,0 +1,117 @@
+"""Issue 11 item 3: next/delta links are followed only on the provider's own origin.
+
+A second fake provider on another port plays the foreign host: it must never receive a
+request (our bearer token would go with it), and the poll is a counted permanent error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import REGISTRY
+from sqlalchemy import insert, select
+from sync.fake_provider import FakeProvider
+from sync.sync_world import ACCOUNT, DRIVE, TENANT, SyncWorld
+
+from services.upload.sync.graph import origin
+from services.upload.sync.jobs import enqueue_delta_poll
+from services.upload.sync.models import linked_drives, synced_items, utcnow
+
+LINK = "link-f"
+
+
+@pytest.fixture
+async def foreign() -> AsyncIterator[FakeProvider]:
+    """Another host (port) that a malicious or confused provider might point us to."""
+    provider = FakeProvider()
+    await provider.start()
+    yield provider
+    await provider.stop()
+
+
+async def _drive(world: SyncWorld, delta_link: str | None = None) -> None:
+    now = utcnow()
+    async with world.sessions() as s, s.begin():
+        await s.execute(
+            insert(linked_drives).values(
+                id=LINK,
+                tenant_id=TENANT,
+                account_id=ACCOUNT,
+                upstream_drive_id=DRIVE,
+                delta_link=delta_link,
+                full_resync_count=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+
+
+async def _poll(world: SyncWorld) -> None:
+    async with world.sessions() as s, s.begin():
+        await enqueue_delta_poll(s, LINK, reason="test", dedupe_window_seconds=0)
+    await world.drain()
+
+
+def _refused() -> float:
+    return REGISTRY.get_sample_value("serentak_sync_foreign_links_total") or 0.0
+
+
+async def _cursor(world: SyncWorld) -> str | None:
+    async with world.sessions() as s:
+        return await s.scalar(select(linked_drives.c.delta_link).where(linked_drives.c.id == LINK))
+
+
+@pytest.mark.parametrize("which", ["@odata.nextLink", "@odata.deltaLink"])
+async def test_a_foreign_link_is_refused_unfetched_and_counted(
+    world: SyncWorld, foreign: FakeProvider, which: str
+) -> None:
+    await _drive(world)
+    foreign.set_delta(DRIVE, "p2", [[{"id": "evil"}]], next_token="t9")
+    world.fake.set_page(
+        DRIVE, "", {"value": [{"id": "a", "name": "a"}], which: foreign.delta_url(DRIVE, "p2")}
+    )
+    before = _refused()
+    await _poll(world)
+    assert foreign.calls == []
+    assert _refused() == before + 1
+    dead = await world.dead()
+    assert len(dead) == 1 and "origin" in dead[0]["error_message"]
+    # Nothing of the poll is kept: no cursor pointing away, no rows from the page.
+    assert await _cursor(world) is None
+    async with world.sessions() as s:
+        assert (await s.execute(select(synced_items.c.id))).first() is None
+
+
+async def test_a_stored_foreign_cursor_is_never_fetched(
+    world: SyncWorld, foreign: FakeProvider
+) -> None:
+    """A cursor stored before links were checked is refused before any request."""
+    await _drive(world, delta_link=foreign.delta_url(DRIVE, "old"))
+    await _poll(world)
+    assert foreign.calls == [] and world.fake.calls == []
+    assert len(await world.dead()) == 1
+
+
+async def test_links_on_the_providers_own_origin_are_followed(world: SyncWorld) -> None:
+    await _drive(world)
+    world.fake.set_delta(DRIVE, "", [[{"id": "a"}], [{"id": "b"}]], next_token="t1")
+    await _poll(world)
+    assert [c.key for c in world.fake.delta_calls(DRIVE)] == ["", "~p1"]
+    assert await _cursor(world) == world.fake.delta_url(DRIVE, "t1")
+
+
+def test_origin_compares_scheme_host_and_port() -> None:
+    base = origin("https://graph.example.com/v1.0")
+    assert base == ("https", "graph.example.com", 443)
+    assert origin("https://GRAPH.example.com:443/v1.0/drives/x/root/delta?token=1") == base
+    for other in (
+        "http://graph.example.com/v1.0",
+        "https://graph.example.com:8443/v1.0",
+        "https://graph.example.com.evil.net/v1.0",
+        "https://graph.example.com@evil.net/v1.0",
+        "https://evil.net/graph.example.com",
+    ):
+        assert origin(other) != base, other
+    for junk in ("", "/drives/x/root/delta", "not a url", "https://"):
+        assert origin(junk) is None or origin(junk) != base, junk

@@ -1,0 +1,31 @@
+"""Issue 11 item 11: the published default clientState is refused outside dev auth mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.upload.app import build_app
+from services.upload.settings import UploadSettings
+from services.upload.sync.settings import DEV_CLIENT_STATE, SyncSettings
+from services.upload.sync.wiring import InsecureSyncSettings, check_settings
+
+
+def test_default_client_state_is_refused_outside_dev_mode() -> None:
+    default = SyncSettings()
+    assert default.client_state == DEV_CLIENT_STATE
+    with pytest.raises(InsecureSyncSettings, match="SERENTAK_SYNC_CLIENT_STATE"):
+        check_settings(default, "jwt")
+    check_settings(default, "dev")  # make run
+    check_settings(SyncSettings(client_state="a-real-secret"), "jwt")
+    check_settings(SyncSettings(enabled=False), "jwt")  # no webhook server: nothing to guard
+    with pytest.raises(InsecureSyncSettings):
+        check_settings(SyncSettings(client_state=""), "dev")
+
+
+def test_the_upload_service_refuses_to_start_with_it(tmp_path: Path) -> None:
+    """build_app (what `python -m services.upload` runs) raises before serving anything."""
+    settings = UploadSettings(data_dir=tmp_path, auth_mode="jwt")
+    with pytest.raises(InsecureSyncSettings):
+        build_app(settings, sync_settings=SyncSettings())

@@ -1,0 +1,267 @@
+"""Issue 11 item 3: upstream sync never crosses tenants.
+
+Linking needs write access to the file (another tenant: NOT_FOUND, a viewer:
+PERMISSION_DENIED); one tenant's tombstone never hides another tenant's file; a delta
+poll reads and writes only its own tenant's rows, with its own tenant's credential; a
+tenant without a credential gets FAILED_PRECONDITION and nothing is queued.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
+from sqlalchemy import insert, select
+from support.grpc_errors import error_info
+from sync.sync_server import ALICE, BOB, MALLORY, sync_server
+from sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld
+
+from services.upload.sync import items
+from services.upload.sync.jobs import enqueue_delta_poll
+from services.upload.sync.models import SYNCED, linked_drives, synced_items, utcnow
+
+
+@pytest.fixture
+async def channel(world: SyncWorld, tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
+    """SyncService + FileService on loopback."""
+    async with sync_server(world, tmp_path) as ch:
+        yield ch
+
+
+async def _expect(call, code: grpc.StatusCode, reason: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    assert caught.value.code() == code, caught.value.details()
+    assert error_info(caught.value).reason == reason
+
+
+async def _shared_folder(channel: grpc.aio.Channel) -> str:
+    """A folder of alice's, shared with bob as a viewer."""
+    files = upload_pb2_grpc.FileServiceStub(channel)
+    folder = await files.CreateFolder(upload_pb2.CreateFolderRequest(name="docs"), metadata=ALICE)
+    await files.ShareFile(
+        upload_pb2.ShareFileRequest(
+            file_id=folder.file_id, user_id="bob", role=upload_pb2.ROLE_VIEWER
+        ),
+        metadata=ALICE,
+    )
+    return folder.file_id
+
+
+def _link(file_id: str, item: str = "up-1") -> sync_pb2.LinkItemRequest:
+    return sync_pb2.LinkItemRequest(
+        account_id=ACCOUNT, upstream_drive_id=DRIVE, upstream_item_id=item, file_id=file_id
+    )
+
+
+async def test_link_item_needs_write_access_on_the_file(
+    world: SyncWorld, channel: grpc.aio.Channel
+) -> None:
+    sync = sync_pb2_grpc.SyncServiceStub(channel)
+    folder = await _shared_folder(channel)
+    # Another tenant (with its own provider credential) learns nothing about the file.
+    await _expect(
+        sync.LinkItem(_link(folder), metadata=MALLORY), grpc.StatusCode.NOT_FOUND, "FILE_NOT_FOUND"
+    )
+    # A viewer may read the file but not back it with upstream content.
+    await _expect(
+        sync.LinkItem(_link(folder), metadata=BOB),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "INSUFFICIENT_ROLE",
+    )
+    # Nor mirror a drive into it.
+    await _expect(
+        sync.LinkDrive(
+            sync_pb2.LinkDriveRequest(
+                account_id=ACCOUNT, upstream_drive_id=DRIVE, folder_id=folder
+            ),
+            metadata=BOB,
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "INSUFFICIENT_ROLE",
+    )
+    await _expect(
+        sync.LinkDrive(
+            sync_pb2.LinkDriveRequest(
+                account_id=ACCOUNT, upstream_drive_id=DRIVE, folder_id=folder
+            ),
+            metadata=MALLORY,
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "FILE_NOT_FOUND",
+    )
+    assert await world.open_jobs() == []
+    async with world.sessions() as s:
+        assert (await s.execute(select(synced_items.c.id))).first() is None
+    # The owner may.
+    linked = await sync.LinkItem(_link(folder), metadata=ALICE)
+    assert linked.file_id == folder
+    assert len(await world.open_jobs()) == 1
+
+
+async def test_a_tombstone_of_one_tenant_never_hides_another_tenants_file(
+    world: SyncWorld, channel: grpc.aio.Channel
+) -> None:
+    files = upload_pb2_grpc.FileServiceStub(channel)
+    parent = await files.CreateFolder(upload_pb2.CreateFolderRequest(name="p"), metadata=ALICE)
+    child = await files.CreateFolder(
+        upload_pb2.CreateFolderRequest(parent_id=parent.file_id, name="c"), metadata=ALICE
+    )
+    # A tombstone in tenant "evil" naming acme's file id (as a cross-tenant LinkItem used
+    # to be able to create).
+    async with world.sessions() as s, s.begin():
+        item_id = await items.insert_item(
+            s,
+            tenant_id=OTHER_TENANT,
+            account_id=ACCOUNT,
+            upstream_drive_id=DRIVE,
+            upstream_item_id="evil-1",
+            file_id=child.file_id,
+            now=utcnow(),
+        )
+        await items.tombstone(s, item_id, "gone", utcnow())
+    got = await files.GetFile(upload_pb2.GetFileRequest(file_id=child.file_id), metadata=ALICE)
+    assert got.file_id == child.file_id
+    page = await files.ListFolder(
+        upload_pb2.ListFolderRequest(folder_id=parent.file_id), metadata=ALICE
+    )
+    assert [f.file_id for f in page.files] == [child.file_id]
+    # acme's own tombstone does hide it.
+    async with world.sessions() as s, s.begin():
+        own = await items.insert_item(
+            s,
+            tenant_id=TENANT,
+            account_id=ACCOUNT,
+            upstream_drive_id=DRIVE,
+            upstream_item_id="acme-1",
+            file_id=child.file_id,
+            now=utcnow(),
+        )
+        await items.tombstone(s, own, "gone", utcnow())
+    await _expect(
+        files.GetFile(upload_pb2.GetFileRequest(file_id=child.file_id), metadata=ALICE),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "FILE_RETENTION_EXPIRED",
+    )
+    page = await files.ListFolder(
+        upload_pb2.ListFolderRequest(folder_id=parent.file_id), metadata=ALICE
+    )
+    assert list(page.files) == []
+
+
+async def _drive(world: SyncWorld, link_id: str, tenant: str) -> None:
+    now = utcnow()
+    async with world.sessions() as s, s.begin():
+        await s.execute(
+            insert(linked_drives).values(
+                id=link_id,
+                tenant_id=tenant,
+                account_id=ACCOUNT,
+                upstream_drive_id=DRIVE,
+                full_resync_count=0,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+
+
+async def _poll(world: SyncWorld, link_id: str) -> None:
+    async with world.sessions() as s, s.begin():
+        await enqueue_delta_poll(s, link_id, reason="test", dedupe_window_seconds=0)
+    await world.drain()
+
+
+async def _rows(world: SyncWorld, tenant: str) -> dict[str, dict[str, object]]:
+    async with world.sessions() as s:
+        rows = (
+            await s.execute(select(synced_items).where(synced_items.c.tenant_id == tenant))
+        ).mappings()
+        return {r["upstream_item_id"]: dict(r) for r in rows}
+
+
+async def test_a_delta_poll_never_touches_another_tenants_rows(world: SyncWorld) -> None:
+    """Two tenants link the same account id and drive: each poll sees only its own rows."""
+    await _drive(world, "link-a", TENANT)
+    await _drive(world, "link-b", OTHER_TENANT)
+    # Tenant B knows items "x" and "y" (synced earlier with B's credential).
+    world.fake.set_delta(
+        DRIVE, "", [[{"id": "x", "name": "b-x"}, {"id": "y", "name": "b-y"}]], next_token="b1"
+    )
+    await _poll(world, "link-b")
+    before = await _rows(world, OTHER_TENANT)
+    assert {k: v["status"] for k, v in before.items()} == {"x": SYNCED, "y": SYNCED}
+    # Tenant A's delta says "x" is removed and renames "y".
+    world.fake.set_delta(
+        DRIVE,
+        "",
+        [[{"id": "x", "@removed": {"reason": "deleted"}}, {"id": "y", "name": "a-y"}]],
+        next_token="a1",
+    )
+    await _poll(world, "link-a")
+    assert await _rows(world, OTHER_TENANT) == before
+    mine = await _rows(world, TENANT)
+    # "x" was never A's: nothing to tombstone; "y" is A's own new row.
+    assert set(mine) == {"y"}
+    assert mine["y"]["name"] == "a-y" and mine["y"]["drive_id"] == "link-a"
+    # Each poll carried its own tenant's credential.
+    tokens = [c.token for c in world.fake.delta_calls(DRIVE)]
+    assert tokens == [TOKENS[OTHER_TENANT], TOKENS[TENANT]]
+
+
+async def test_a_tenant_without_a_credential_sends_nothing_upstream(world: SyncWorld) -> None:
+    """A drive whose tenant has no credential (any more) dead-letters without a request."""
+    await _drive(world, "link-c", "nocred")
+    await _poll(world, "link-c")
+    assert world.fake.calls == []
+    dead = await world.dead()
+    assert len(dead) == 1 and "no provider credential" in dead[0]["error_message"]
+
+
+async def test_no_provider_credential_is_failed_precondition_and_queues_nothing(
+    world: SyncWorld, tmp_path: Path
+) -> None:
+    bare = dataclasses.replace(
+        world.engine, settings=world.engine.settings.model_copy(update={"provider_tokens": {}})
+    )
+    async with sync_server(world, tmp_path, engine=bare) as channel:
+        sync = sync_pb2_grpc.SyncServiceStub(channel)
+        files = upload_pb2_grpc.FileServiceStub(channel)
+        folder = await files.CreateFolder(upload_pb2.CreateFolderRequest(name="d"), metadata=ALICE)
+        calls = [
+            sync.LinkDrive(
+                sync_pb2.LinkDriveRequest(account_id=ACCOUNT, upstream_drive_id=DRIVE),
+                metadata=ALICE,
+            ),
+            sync.LinkItem(_link(folder.file_id), metadata=ALICE),
+            sync.LinkItem(_link("", item="up-2"), metadata=ALICE),
+        ]
+        for call in calls:
+            await _expect(call, grpc.StatusCode.FAILED_PRECONDITION, "SYNC_PROVIDER_NOT_CONFIGURED")
+    assert await world.open_jobs() == []
+    async with world.sessions() as s:
+        assert (await s.execute(select(linked_drives.c.id))).first() is None
+        assert (await s.execute(select(synced_items.c.id))).first() is None
+    assert world.fake.calls == []
+
+
+async def test_two_tenants_may_link_the_same_upstream_ids(
+    world: SyncWorld, channel: grpc.aio.Channel
+) -> None:
+    """Uniqueness is per tenant: one tenant's link never blocks (or reveals) another's."""
+    sync = sync_pb2_grpc.SyncServiceStub(channel)
+    request = sync_pb2.LinkDriveRequest(account_id=ACCOUNT, upstream_drive_id=DRIVE)
+    a = await sync.LinkDrive(request, metadata=ALICE)
+    b = await sync.LinkDrive(request, metadata=MALLORY)
+    assert a.linked_drive_id != b.linked_drive_id
+    item = sync_pb2.LinkItemRequest(
+        account_id=ACCOUNT, upstream_drive_id=DRIVE, upstream_item_id="i"
+    )
+    await sync.LinkItem(item, metadata=ALICE)
+    await sync.LinkItem(item, metadata=MALLORY)
+    async with world.sessions() as s:
+        tenants = (await s.execute(select(synced_items.c.tenant_id))).scalars().all()
+    assert sorted(tenants) == sorted([TENANT, OTHER_TENANT])
