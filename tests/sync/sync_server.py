@@ -14,6 +14,7 @@ from sync.sync_world import SyncWorld
 from services.common.auth import Authenticator
 from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
 from services.common.grpc_server import ServiceApp, Servicer
+from services.common.page_tokens import PageTokens
 from services.upload.blob_store import LocalBlobStore
 from services.upload.files import Files
 from services.upload.listing_cache import ListingCache
@@ -33,7 +34,12 @@ async def sync_server(
     """A channel to SyncService (over `engine`, default the world's) and FileService."""
     auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
     services = upload_pb2.DESCRIPTOR.services_by_name
-    files = Files(world.sessions, LocalBlobStore(tmp_path / "blobs", fsync=False), ListingCache(64))
+    files = Files(
+        world.sessions,
+        LocalBlobStore(tmp_path / "blobs", fsync=False),
+        ListingCache(64),
+        PageTokens("sync-tests-page-token-secret"),
+    )
     app = ServiceApp(
         name="upload-sync-test",
         host="127.0.0.1",
