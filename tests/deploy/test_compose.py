@@ -79,7 +79,12 @@ def test_two_replicas_of_each_service_after_the_migrations_step() -> None:
 
 def test_secrets_come_from_the_env_file_not_the_compose_file() -> None:
     text = COMPOSE.read_text()
-    for variable in ("POSTGRES_PASSWORD", "S3_SECRET_ACCESS_KEY", "GRAFANA_ADMIN_PASSWORD"):
+    for variable in (
+        "POSTGRES_PASSWORD",
+        "S3_SECRET_ACCESS_KEY",
+        "GRAFANA_ADMIN_PASSWORD",
+        "SYNC_CLIENT_STATE",
+    ):
         assert f"${{{variable}:?" in text, variable
     example = (COMPOSE_DIR / "example.env").read_text()
     assert "POSTGRES_PASSWORD=" in example
