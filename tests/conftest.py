@@ -1,6 +1,7 @@
-"""Fixtures shared by every test: real etcd, real PostgreSQL, fresh databases.
+"""Fixtures shared by every test: real etcd, real PostgreSQL, a real S3-compatible server
+(s3s-fs), fresh databases.
 
-When CI=true, a test that needs PostgreSQL or etcd fails if they are absent; elsewhere
+When CI=true, a test that needs PostgreSQL, etcd or s3s-fs fails if they are absent; elsewhere
 it is skipped with the reason, so a laptop without them can still run the unit tests.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.etcd import EtcdCluster, EtcdServer, etcd_binary
 from support.postgres import PostgresDatabases
+from support.s3 import S3Server, s3s_binary
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 PG_DSN_ENV = "SERENTAK_TEST_PG_DSN"
@@ -64,6 +66,36 @@ def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One real S3-compatible server (s3s-fs) for the session; tests use their own prefixes
+    (`s3.blob_url()` / `s3.upload_settings()` make a fresh one each call)."""
+    if s3s_binary() is None:
+        _unavailable("s3s-fs (cargo install --locked s3s-fs@0.14.1 --features binary)")
+    server = S3Server(tmp_path_factory.mktemp("s3") / "root")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_factory(tmp_path: Path) -> Iterator[Callable[[], S3Server]]:
+    """Start private S3 servers (for tests that stop, kill or restart one)."""
+    if s3s_binary() is None:
+        _unavailable("s3s-fs (cargo install --locked s3s-fs@0.14.1 --features binary)")
+    started: list[S3Server] = []
+
+    def make() -> S3Server:
+        server = S3Server(tmp_path / f"s3-{len(started)}")
+        server.start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,8 @@
 """Fixtures for the upload service: a real lock service (real etcd), the upload service
-in-process on a fresh SQLite or PostgreSQL database, and per-user gRPC stubs."""
+in-process on a fresh SQLite or PostgreSQL database, and per-user gRPC stubs.
+
+Blobs live in the local store unless a test parametrizes `blob_backend` with "s3" (a
+real S3-compatible server, s3s-fs); tests reach the bytes through `cluster.blobs`."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from services.common.jobs import RuntimeOptions
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.upload.app import build_app as build_upload_app
+from services.upload.blob_store import BlobStore, open_blob_store
 from services.upload.settings import UploadSettings
 from services.upload.sync.settings import SyncSettings
 
@@ -44,6 +48,8 @@ class UploadCluster:
     address: str
     settings: UploadSettings
     channel: grpc.aio.Channel
+    # The service's blob store, opened again for the test (local folder or S3 prefix).
+    blobs: BlobStore
     clients: dict[str, Client] = field(default_factory=dict)
 
     def __getitem__(self, user: str) -> Client:
@@ -94,6 +100,12 @@ def settings_overrides() -> dict[str, Any]:
 
 
 @pytest.fixture
+def blob_backend() -> str:
+    """Where the service keeps blobs: "local"; a test parametrizes ["local", "s3"]."""
+    return "local"
+
+
+@pytest.fixture
 def sync_settings() -> SyncSettings:
     """Sync engine settings: webhook endpoint on any free port (a module may override)."""
     return SyncSettings(webhook_port=0)
@@ -107,9 +119,14 @@ async def cluster(
     runtime_options: RuntimeOptions,
     settings_overrides: dict[str, Any],
     sync_settings: SyncSettings,
+    blob_backend: str,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[UploadCluster]:
     """The upload service in-process on a fresh database (SQLite and PostgreSQL)."""
-    settings = upload_settings(database_url, tmp_path, locks_address, **settings_overrides)
+    overrides = dict(settings_overrides)
+    if blob_backend == "s3":
+        overrides = {**request.getfixturevalue("s3").upload_settings(), **overrides}
+    settings = upload_settings(database_url, tmp_path, locks_address, **overrides)
     app = build_upload_app(settings, runtime_options, sync_settings)
     async with running_app(app) as service:
         address = f"127.0.0.1:{service.app.bound_port}"
@@ -120,7 +137,7 @@ async def cluster(
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ],
         )
-        c = UploadCluster(address, settings, channel)
+        c = UploadCluster(address, settings, channel, open_blob_store(settings))
         for user, token in TOKENS.items():
             c.clients[user] = Client(
                 upload_pb2_grpc.UploadServiceStub(channel),
@@ -131,3 +148,4 @@ async def cluster(
             yield c
         finally:
             await channel.close()
+            await c.blobs.close()

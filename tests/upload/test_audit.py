@@ -8,12 +8,14 @@ import asyncio
 import os
 
 import grpc
+import pytest
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from sqlalchemy import delete, update
 from upload.upload_helpers import chunk_request, create_request, expect_error, split, wait_status
 
 from services.cli import main
 from services.common.db import create_engine, session_factory
+from services.upload.blob_store import content_key
 from services.upload.models import ChunkRow, UploadRow
 
 CHUNK = 1024
@@ -31,6 +33,7 @@ async def _complete(client, data: bytes, name: str) -> upload_pb2.Upload:
     return await wait_status(client, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_audit_reports_corruption_and_count_drift(cluster, capsys) -> None:
     alice = cluster["alice"]
     admin = upload_pb2_grpc.UploadAdminServiceStub(cluster.channel)
@@ -58,9 +61,11 @@ async def test_audit_reports_corruption_and_count_drift(cluster, capsys) -> None
     assert [(r.start, r.end) for r in missing.missing_ranges] == [(1, 2)]
 
     # Bit rot in a's merged blob; b loses a chunk row; the open upload's count drifts.
-    merged = cluster.settings.blob_root / "files" / a.file_id / a.upload_id
-    raw = merged.read_bytes()
-    merged.write_bytes(bytes([raw[0] ^ 0x01]) + raw[1:])
+    merged = content_key(a.file_id, a.upload_id)
+    raw = await cluster.blobs.read(merged)
+    await cluster.blobs.publish(
+        await cluster.blobs.stage(merged, bytes([raw[0] ^ 0x01]) + raw[1:]), merged
+    )
     engine = create_engine(cluster.settings.database_url)
     try:
         async with session_factory(engine).begin() as session:

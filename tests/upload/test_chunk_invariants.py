@@ -8,16 +8,19 @@ import os
 import random
 
 import grpc
+import pytest
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import func, select
 from upload.upload_helpers import chunk_request, create_request, expect_error, split
 
 from services.common.db import create_engine, session_factory
+from services.upload.blob_store import chunk_key
 from services.upload.models import ChunkRow, UploadRow
 
 CHUNK = 1024
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_conflicting_chunk_is_refused_and_the_original_stays(cluster) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 3)
@@ -32,14 +35,14 @@ async def test_conflicting_chunk_is_refused_and_the_original_stays(cluster) -> N
         grpc.StatusCode.ALREADY_EXISTS,
         "CHUNK_CONFLICT",
     )
-    stored = cluster.settings.blob_root / "uploads" / upload.upload_id / "0"
-    assert stored.read_bytes() == original
+    assert await cluster.blobs.read(chunk_key(upload.upload_id, 0)) == original
     again = await alice.uploads.PutChunk(
         chunk_request(upload.upload_id, 0, original), metadata=alice.metadata
     )
     assert again.duplicate and again.received_chunk_count == 1
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_bad_checksum_stores_nothing(cluster) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 2)
@@ -56,9 +59,10 @@ async def test_bad_checksum_stores_nothing(cluster) -> None:
         upload_pb2.GetUploadRequest(upload_id=upload.upload_id), metadata=alice.metadata
     )
     assert got.received_chunk_count == 0
-    assert not (cluster.settings.blob_root / "uploads" / upload.upload_id / "1").exists()
+    assert not await cluster.blobs.exists(chunk_key(upload.upload_id, 1))
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_racing_first_stores_of_one_index_have_one_winner(cluster) -> None:
     """Many senders race different bytes for the same index: one wins, its bytes stay."""
     alice = cluster["alice"]
@@ -86,8 +90,7 @@ async def test_racing_first_stores_of_one_index_have_one_winner(cluster) -> None
         # Everyone who sent the winner's bytes succeeded; everyone else was refused.
         for kind, payload in results:
             assert (kind != "conflict") == (payload == winners[0])
-        stored = cluster.settings.blob_root / "uploads" / upload.upload_id / "0"
-        assert stored.read_bytes() == winners[0]
+        assert await cluster.blobs.read(chunk_key(upload.upload_id, 0)) == winners[0]
         got = await alice.uploads.GetUpload(
             upload_pb2.GetUploadRequest(upload_id=upload.upload_id), metadata=alice.metadata
         )

@@ -7,6 +7,7 @@ import asyncio
 import os
 
 import grpc
+import pytest
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import (
     chunk_request,
@@ -33,6 +34,7 @@ async def _upload_file(client, data: bytes, name: str = "doc.bin", folder_id: st
     return done.file_id
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_download_and_new_version(cluster) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 2 + 5)
@@ -42,6 +44,8 @@ async def test_download_and_new_version(cluster) -> None:
     assert trailing["x-checksum"] == sha256(data) and trailing["x-checksum-algorithm"] == "sha256"
     tail, _ = await download(alice, file_id, offset=CHUNK)
     assert tail == data[CHUNK:]
+    end, trailing = await download(alice, file_id, offset=len(data))
+    assert end == b"" and trailing["x-checksum"] == sha256(data)
     # A new version of the same file.
     v2 = os.urandom(100)
     up = await alice.uploads.CreateUpload(

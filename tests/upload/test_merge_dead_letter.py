@@ -26,6 +26,7 @@ from services.common.jobs.dead_letters import list_dead_letters, replay_dead_let
 from services.common.jobs.queue import claim_jobs
 from services.common.jobs.worker import Worker
 from services.locks.client import LockClient
+from services.upload.blob_store import chunk_key, content_key
 from services.upload.components import build_components
 from services.upload.database import migrate
 from services.upload.merge_job import MERGE_JOB
@@ -66,6 +67,7 @@ async def _merge_dead_letters(database_url: str, upload_id: str) -> list[dict[st
         await engine.dispose()
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_unreadable_chunk_blob_fails_the_upload_after_the_last_attempt(cluster) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 3)
@@ -75,9 +77,9 @@ async def test_unreadable_chunk_blob_fails_the_upload_after_the_last_attempt(clu
         await alice.uploads.PutChunk(
             chunk_request(upload.upload_id, i, chunks[i]), metadata=alice.metadata
         )
-    # The stored chunk vanishes from disk: merge_core cannot open it (MergeIOError, which
-    # is transient and retried up to the bound).
-    (cluster.settings.blob_root / "uploads" / upload.upload_id / "1").unlink()
+    # The stored chunk vanishes from the store: the merge cannot read it (MergeIOError
+    # locally, BlobStoreUnavailable on S3; both transient and retried up to the bound).
+    await cluster.blobs.delete(chunk_key(upload.upload_id, 1))
     await alice.uploads.PutChunk(
         chunk_request(upload.upload_id, 2, chunks[2]), metadata=alice.metadata
     )
@@ -90,7 +92,7 @@ async def test_unreadable_chunk_blob_fails_the_upload_after_the_last_attempt(clu
     assert failed.file_version == 0
     dead = await _merge_dead_letters(cluster.settings.database_url, upload.upload_id)
     assert [(d["attempts"], d["error_class"]) for d in dead] == [(2, "transient")]
-    assert not (cluster.settings.blob_root / "files" / upload.file_id / upload.upload_id).exists()
+    assert not await cluster.blobs.exists(content_key(upload.file_id, upload.upload_id))
 
 
 async def test_file_lock_held_past_every_attempt_fails_the_upload(cluster, locks_address) -> None:

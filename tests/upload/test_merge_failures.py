@@ -13,6 +13,7 @@ from upload.upload_helpers import chunk_request, create_request, split, wait_sta
 
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
+from services.upload.blob_store import chunk_key, content_key
 from services.upload.errors import StaleFencingToken
 from services.upload.models import FileRow
 from services.upload.versions import commit_fenced
@@ -20,6 +21,7 @@ from services.upload.versions import commit_fenced
 CHUNK = 1024
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 3)
@@ -32,9 +34,11 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
     checksum_failures = REGISTRY.get_sample_value(
         "serentak_upload_merge_failures_total", {"reason": "checksum"}
     )
-    # Bit rot on disk after the chunk was accepted.
-    stored = cluster.settings.blob_root / "uploads" / upload.upload_id / "1"
-    stored.write_bytes(bytes([chunks[1][0] ^ 0xFF]) + chunks[1][1:])
+    # Bit rot in the store after the chunk was accepted.
+    key = chunk_key(upload.upload_id, 1)
+    await cluster.blobs.publish(
+        await cluster.blobs.stage(key, bytes([chunks[1][0] ^ 0xFF]) + chunks[1][1:]), key
+    )
     await alice.uploads.PutChunk(
         chunk_request(upload.upload_id, 2, chunks[2]), metadata=alice.metadata
     )
@@ -49,7 +53,7 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
         == (checksum_failures or 0) + 1
     )
     assert failed.file_version == 0
-    assert not (cluster.settings.blob_root / "files" / upload.file_id / upload.upload_id).exists()
+    assert not await cluster.blobs.exists(content_key(upload.file_id, upload.upload_id))
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import grpc
+import pytest
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import (
     chunk_request,
@@ -15,9 +16,12 @@ from upload.upload_helpers import (
     wait_status,
 )
 
+from services.upload.blob_store import content_key
+
 CHUNK = 1024
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_upload_merges_to_a_new_file_version(cluster) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 3 + 100)
@@ -48,8 +52,7 @@ async def test_upload_merges_to_a_new_file_version(cluster) -> None:
     assert done.file_version == 1
     assert done.final_checksum == sha256(data)
     assert done.HasField("merge_started_at") and done.HasField("merge_finished_at")
-    merged = cluster.settings.blob_root / "files" / done.file_id / done.upload_id
-    assert merged.read_bytes() == data
+    assert await cluster.blobs.read(content_key(done.file_id, done.upload_id)) == data
 
 
 async def test_create_upload_is_idempotent_per_client_request_id(cluster) -> None:

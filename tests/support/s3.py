@@ -1,0 +1,147 @@
+"""A real S3-compatible server (s3s-fs) on 127.0.0.1, in a folder of its own.
+
+s3s-fs (`cargo install --locked s3s-fs@0.14.1 --features binary`; `.ci/run` installs it)
+serves every folder under its root as a bucket, with SigV4 authentication, multipart
+uploads and range reads. Known gap: it answers 403 to AbortMultipartUpload, so an aborted
+merge leaves its parts to the bucket's lifecycle rule (README, "Blob store").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from support.ports import free_port
+
+START_TIMEOUT_S = 30.0
+BINARY_ENV = "S3S_FS_BIN"
+DEFAULT_BUCKET = "serentak"
+
+
+def s3s_binary() -> str | None:
+    """The s3s-fs executable: $S3S_FS_BIN, on PATH, or in ~/.cargo/bin."""
+    candidates = [os.environ.get(BINARY_ENV), shutil.which("s3s-fs")]
+    candidates.append(str(Path.home() / ".cargo" / "bin" / "s3s-fs"))
+    for found in candidates:
+        if found and os.access(found, os.X_OK):
+            return found
+    return None
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class S3Server:
+    """One s3s-fs process. `stop()` then `start()` keeps its data and port (a restart)."""
+
+    def __init__(self, root: Path, binary: str | None = None) -> None:
+        found = binary or s3s_binary()
+        if found is None:
+            raise RuntimeError("no s3s-fs binary: set S3S_FS_BIN or run .ci/run")
+        self.binary = found
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.access_key = f"test-{uuid.uuid4().hex[:8]}"
+        self.secret_key = uuid.uuid4().hex
+        self.region = "us-east-1"
+        self.bucket = self.create_bucket(DEFAULT_BUCKET)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = root.parent / f"{root.name}.log"
+
+    @property
+    def endpoint(self) -> str:
+        """The http:// endpoint URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def create_bucket(self, name: str) -> str:
+        """Make a bucket (a folder under the root); returns its name."""
+        (self.root / name).mkdir(exist_ok=True)
+        return name
+
+    def blob_url(self, prefix: str | None = None) -> str:
+        """`s3://bucket/prefix` under a fresh prefix unless one is given."""
+        return f"s3://{self.bucket}/{prefix or 't-' + uuid.uuid4().hex[:12]}"
+
+    def upload_settings(self, prefix: str | None = None) -> dict[str, Any]:
+        """UploadSettings overrides that put the blobs on this server."""
+        return {
+            "blob_url": self.blob_url(prefix),
+            "s3_endpoint": self.endpoint,
+            "s3_region": self.region,
+            "s3_access_key_id": self.access_key,
+            "s3_secret_access_key": self.secret_key,
+            "s3_allow_http": True,
+        }
+
+    def env(self, prefix: str | None = None) -> dict[str, str]:
+        """The same as SERENTAK_* environment variables (for service processes)."""
+        return {
+            f"SERENTAK_{name.upper()}": str(value)
+            for name, value in self.upload_settings(prefix).items()
+        }
+
+    def object_path(self, key: str) -> Path:
+        """Where s3s-fs keeps the object `key` of the default bucket (for inspection)."""
+        return self.root / self.bucket / key
+
+    def start(self) -> None:
+        """Start (or restart) and return once the port accepts connections."""
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--access-key",
+                self.access_key,
+                "--secret-key",
+                self.secret_key,
+                str(self.root),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"s3s-fs exited: {self.log_path.read_text()[-2000:]}")
+            if _answers(self.port):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"s3s-fs did not start listening: {self.log_path}")
+            time.sleep(0.05)  # polling an observable condition (the port), bounded
+
+    def stop(self) -> None:
+        """Stop gracefully (SIGTERM), killing it if it does not exit."""
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None

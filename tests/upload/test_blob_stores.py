@@ -1,0 +1,186 @@
+"""Both blob stores keep the same guarantees: atomic chunk writes, range reads, and a
+merge that verifies every chunk and the whole file while streaming and leaves no object
+behind when anything fails. The S3 store runs against a real S3-compatible server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import merge_core
+from services.upload.blob_store import (
+    BlobStore,
+    ChunkRef,
+    LocalBlobStore,
+    chunk_key,
+    open_blob_store,
+)
+from services.upload.errors import BlobStoreUnavailable
+from services.upload.settings import UploadSettings
+
+MIB = 1024 * 1024
+
+
+def digest(data: bytes, algorithm: str = "sha256") -> str:
+    hasher = merge_core.Hasher(algorithm)
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
+def settings_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> UploadSettings:
+    values: dict[str, Any] = {"data_dir": tmp_path / "data", "blob_fsync": False}
+    if kind == "s3":
+        values.update(request.getfixturevalue("s3").upload_settings())
+        # The smallest part S3 allows, so a few MiB already make a multipart upload.
+        values["s3_part_size"] = 5 * MIB
+    return UploadSettings(**values)
+
+
+@pytest.fixture(params=["local", "s3"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BlobStore]:
+    """A fresh store of each kind (S3: a fresh prefix on the session's server)."""
+    opened = open_blob_store(settings_for(request.param, tmp_path, request))
+    yield opened
+    await opened.close()
+
+
+async def put_chunks(store: BlobStore, upload_id: str, parts: list[bytes]) -> list[ChunkRef]:
+    refs = []
+    for i, part in enumerate(parts):
+        key = chunk_key(upload_id, i)
+        staged = await store.stage(key, part)
+        await store.publish(staged, key)
+        await store.discard(staged)
+        refs.append(ChunkRef(i, key, len(part), digest(part)))
+    return refs
+
+
+async def test_open_blob_store_follows_the_url(tmp_path: Path, s3: Any) -> None:
+    local = open_blob_store(UploadSettings(blob_url=f"file://{tmp_path}/b"))
+    assert isinstance(local, LocalBlobStore) and local.root == tmp_path / "b"
+    remote = open_blob_store(UploadSettings(**s3.upload_settings("p")))
+    assert type(remote).__name__ == "S3BlobStore"
+    with pytest.raises(ValueError, match="blob_url"):
+        UploadSettings(blob_url="ftp://x/y")
+    with pytest.raises(ValueError, match="blob_url"):
+        UploadSettings(blob_url="s3:///no-bucket")
+
+
+async def test_staged_bytes_are_invisible_until_published(store: BlobStore) -> None:
+    key = chunk_key("u-stage", 0)
+    staged = await store.stage(key, b"abc")
+    assert not await store.exists(key)
+    await store.publish(staged, key)
+    await store.discard(staged)
+    assert await store.exists(key) and await store.size(key) == 3
+    replaced = await store.stage(key, b"xyz!")
+    await store.publish(replaced, key)
+    assert await store.read(key) == b"xyz!"
+    dropped = await store.stage(key, b"never")
+    await store.discard(dropped)
+    assert await store.read(key) == b"xyz!"
+
+
+async def test_range_reads_in_bounded_blocks(store: BlobStore) -> None:
+    data = os.urandom(3 * MIB + 17)
+    await put_chunks(store, "u-range", [data])
+    key = chunk_key("u-range", 0)
+    assert await store.read(key, 5, 10) == data[5:15]
+    blocks = [b async for b in store.iter_read(key, 1000, MIB)]
+    assert all(len(b) <= MIB for b in blocks)
+    assert b"".join(blocks) == data[1000:]
+    assert [b async for b in store.iter_read(key, len(data), MIB)] == []
+    assert await store.checksum(key, "blake3") == digest(data, "blake3")
+
+
+async def test_delete_prefix_removes_one_uploads_chunks(store: BlobStore) -> None:
+    await put_chunks(store, "u-del", [b"a", b"b", b"c"])
+    await put_chunks(store, "u-keep", [b"d"])
+    assert await store.delete_prefix("uploads/u-del") == 3
+    assert not await store.exists(chunk_key("u-del", 0))
+    assert await store.exists(chunk_key("u-keep", 0))
+    assert await store.delete_prefix("uploads/u-del") == 0
+    await store.delete(chunk_key("u-keep", 0))
+    await store.delete(chunk_key("u-keep", 0))
+    assert not await store.exists(chunk_key("u-keep", 0))
+
+
+async def test_merge_spanning_several_parts_is_verified(store: BlobStore) -> None:
+    parts = [os.urandom(n) for n in (3 * MIB, 4 * MIB + 5, 1, 2 * MIB)]
+    whole = b"".join(parts)
+    refs = await put_chunks(store, "u-merge", parts)
+    merged = await store.merge(refs[::-1], "files/f/u-merge", "sha256", digest(whole))
+    assert (merged.size, merged.checksum, merged.chunk_count) == (len(whole), digest(whole), 4)
+    assert await store.read("files/f/u-merge") == whole
+
+
+async def test_merge_of_no_chunks_is_an_empty_file(store: BlobStore) -> None:
+    merged = await store.merge([], "files/f/empty", "sha256", None)
+    assert merged.size == 0 and await store.read("files/f/empty") == b""
+
+
+@pytest.mark.parametrize("corrupt_index", [0, 2])
+async def test_a_corrupt_chunk_fails_the_merge_and_leaves_no_object(
+    store: BlobStore, corrupt_index: int
+) -> None:
+    parts = [os.urandom(3 * MIB) for _ in range(3)]
+    refs = await put_chunks(store, "u-corrupt", parts)
+    # The stored bytes change after their row was recorded (bit rot, a bad disk).
+    key = refs[corrupt_index].key
+    flipped = bytearray(parts[corrupt_index])
+    flipped[123] ^= 1
+    await store.publish(await store.stage(key, bytes(flipped)), key)
+    with pytest.raises(merge_core.ChunkChecksumMismatch) as caught:
+        await store.merge(refs, "files/f/u-corrupt", "sha256", None)
+    assert caught.value.index == corrupt_index
+    assert not await store.exists("files/f/u-corrupt")
+
+
+async def test_a_wrong_size_or_whole_file_checksum_leaves_no_object(store: BlobStore) -> None:
+    parts = [os.urandom(3 * MIB), os.urandom(3 * MIB)]
+    refs = await put_chunks(store, "u-size", parts)
+    lying = [refs[0], ChunkRef(1, refs[1].key, refs[1].size - 1, refs[1].checksum)]
+    with pytest.raises(merge_core.ChunkSizeMismatch):
+        await store.merge(lying, "files/f/u-size", "sha256", None)
+    assert not await store.exists("files/f/u-size")
+    with pytest.raises(merge_core.FileChecksumMismatch):
+        await store.merge(refs, "files/f/u-size", "sha256", digest(b"other"))
+    assert not await store.exists("files/f/u-size")
+
+
+async def test_missing_indexes_are_refused_before_any_read(store: BlobStore) -> None:
+    refs = await put_chunks(store, "u-gap", [b"a", b"b", b"c"])
+    with pytest.raises(merge_core.MissingChunk):
+        await store.merge([refs[0], refs[2]], "files/f/u-gap", "sha256", None)
+    with pytest.raises(merge_core.DuplicateChunk):
+        await store.merge([*refs, refs[1]], "files/f/u-gap", "sha256", None)
+    assert not await store.exists("files/f/u-gap")
+
+
+async def test_a_missing_chunk_object_is_a_retryable_store_error(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store = open_blob_store(settings_for("s3", tmp_path, request))
+    refs = await put_chunks(store, "u-lost", [b"a", b"b"])
+    await store.delete(refs[1].key)
+    with pytest.raises(BlobStoreUnavailable, match="missing"):
+        await store.merge(refs, "files/f/u-lost", "sha256", None)
+    assert not await store.exists("files/f/u-lost")
+
+
+async def test_an_unreachable_server_is_blob_store_unavailable(
+    tmp_path: Path, s3_factory: Any
+) -> None:
+    server = s3_factory()
+    store = open_blob_store(UploadSettings(**server.upload_settings()))
+    await store.publish(await store.stage("k", b"x"), "k")
+    server.stop()
+    with pytest.raises(BlobStoreUnavailable) as caught:
+        await store.publish(await store.stage("k", b"y"), "k")
+    assert caught.value.reason == "BLOB_STORE_UNAVAILABLE"
+    server.start()
+    assert await store.read("k") == b"x"
