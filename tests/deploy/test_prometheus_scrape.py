@@ -1,17 +1,20 @@
 """The real Prometheus scraping a running stack (locks, notify, upload as processes):
 every metric a rule or a dashboard panel reads exists in the scrape (no dead queries), and
-an alert fires when its fault is caused for real (a merge refused on a corrupt chunk)."""
+alerts fire when their faults are caused for real: a merge refused on a corrupt chunk, and
+a sync job dead-lettered because the upstream provider refuses our credentials."""
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
 import grpc
 import pytest
-from serentak.upload.v1 import upload_pb2_grpc
+from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2_grpc
 from support.prometheus import (
     ALERTS,
     alert_rules,
@@ -29,13 +32,38 @@ from upload.upload_helpers import chunk_request, create_request, split
 from services.upload.settings import UploadSettings
 
 FAULT_ALERT = "SerentakMergeFailedMissingOrCorrupt"
+DEAD_LETTER_ALERTS = ("SerentakDeadLettersGrowing", "SerentakSyncAuthFailures")
 CHUNK = 1024
+MD = (("authorization", "Bearer dev-alice"),)
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    """An upstream provider that answers 401 to everything (expired credentials)."""
+
+    def do_GET(self) -> None:
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 @pytest.fixture
-def stack(tmp_path: Path, etcd) -> Iterator[dict[str, ServiceProcess]]:
+def refusing_provider() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, etcd, refusing_provider: str) -> Iterator[dict[str, ServiceProcess]]:
     """locks, notify and upload as `python -m` processes on SQLite, metrics on."""
     env = {
+        "SERENTAK_SYNC_PROVIDER_BASE_URL": refusing_provider,
         "SERENTAK_ETCD_ENDPOINT": etcd.endpoint,
         "SERENTAK_METRICS_SAMPLE_SECONDS": "1",
         "SERENTAK_MIN_CHUNK_SIZE": str(CHUNK),
@@ -70,9 +98,21 @@ def _firing(url: str, name: str) -> list[dict]:
     return [a for a in alerts if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
 
+def _link_item(stack: dict[str, ServiceProcess]) -> None:
+    """Link an upstream item: its first sync meets a 401 and is dead-lettered."""
+    with grpc.insecure_channel(stack["upload"].address) as channel:
+        sync_pb2_grpc.SyncServiceStub(channel).LinkItem(
+            sync_pb2.LinkItemRequest(
+                account_id="acct", upstream_drive_id="drive", upstream_item_id="item"
+            ),
+            metadata=MD,
+            timeout=10,
+        )
+
+
 def _corrupt_merge(stack: dict[str, ServiceProcess], tmp_path: Path) -> None:
     """Upload three chunks, flipping a byte of the second on disk before the last arrives."""
-    md = (("authorization", "Bearer dev-alice"),)
+    md = MD
     data = os.urandom(CHUNK * 3)
     chunks = split(data, CHUNK)
     blob_root = UploadSettings(data_dir=tmp_path / "data").blob_root
@@ -119,3 +159,11 @@ def test_rules_and_dashboards_read_live_metrics_and_an_alert_fires(
         assert fired[0]["annotations"]["runbook"]
         query = quote('serentak_upload_merge_failures_total{reason="checksum"}')
         assert get_json(f"{url}/api/v1/query?query={query}")["result"]
+
+        for name in DEAD_LETTER_ALERTS:
+            assert _firing(url, name) == []
+        _link_item(stack)
+        for name in DEAD_LETTER_ALERTS:
+            wait_for(lambda name=name: _firing(url, name), f"{name} firing", 60)
+        grown = _firing(url, "SerentakDeadLettersGrowing")
+        assert [a["labels"]["job_type"] for a in grown] == ["upload.sync.item"]
