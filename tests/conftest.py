@@ -17,6 +17,9 @@ from support.postgres import PostgresDatabases
 from support.s3 import S3Server, s3s_binary
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# Services built or started by tests upgrade their own fresh databases, as under `make run`
+# (production runs `serentak-migrate` as a step instead; tests/foundation covers both).
+os.environ.setdefault("SERENTAK_MIGRATE_ON_START", "true")
 PG_DSN_ENV = "SERENTAK_TEST_PG_DSN"
 
 

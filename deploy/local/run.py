@@ -74,7 +74,12 @@ def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
 
 def start_service(name: str, logs: Path) -> subprocess.Popen[bytes]:
     """Start `python -m services.<name>`; its JSON log lines go to the terminal and a file."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")])}
+    env = {
+        # The embedded default migrates at start (production: `serentak-migrate` as a step).
+        "SERENTAK_MIGRATE_ON_START": "true",
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+    }
     return subprocess.Popen(
         [sys.executable, "-m", f"services.{name}"],
         cwd=REPO_ROOT,

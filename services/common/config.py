@@ -78,6 +78,12 @@ class CommonSettings(BaseSettings):
         min_length=16,
         description="HMAC key of page tokens; replicas must share it (default: random).",
     )
+    migrate_on_start: bool = Field(
+        False,
+        description="Upgrade the database schema at start-up (make run, tests). Production: "
+        "false, and run `serentak-migrate` as a deployment step; a replica then refuses to "
+        "start on a schema older than its code.",
+    )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )

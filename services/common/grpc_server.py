@@ -159,11 +159,17 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
     """`python -m services.<name>`: read settings once, configure logs, serve until a signal."""
     from services.common.config import load
     from services.common.logging import configure_logging
+    from services.common.migrate import SchemaOutdated
 
     settings = load(settings_cls)
     # Databases, blobs and temp files: readable by this user only (0600 / 0700).
     os.umask(0o077)
     configure_logging(name, settings.log_format, settings.log_level)
-    app = build_app(settings)
+    try:
+        app = build_app(settings)
+    except SchemaOutdated as exc:
+        # Refuse to serve: this code would fail on the old schema, call after call.
+        log.error("schema_outdated", message=str(exc), behind=exc.behind)
+        raise SystemExit(f"{name}: {exc}") from None
     app.health_port = settings.health_port
     asyncio.run(serve(app))

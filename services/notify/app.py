@@ -6,22 +6,35 @@ from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
 from services.common.admin import admin_servicer
 from services.common.grpc_server import ServiceApp, Servicer
+from services.common.logging import get_logger
 from services.notify.components import NotifyComponents, build_components
-from services.notify.database import migrate
+from services.notify.database import prepare
 from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
 
+log = get_logger(__name__)
 SERVICE_NAME = notify_pb2.DESCRIPTOR.services_by_name["NotifyService"].full_name
 
 
 def build_app(settings: NotifySettings, components: NotifyComponents | None = None) -> ServiceApp:
-    """The notify service as a `ServiceApp`; migrates its database first.
+    """The notify service as a `ServiceApp`; migrates or checks its schema first.
 
     The job runtime's workers run in this process: fan-out jobs publish to the streams
-    this process holds (see `streams.py` on replicas).
+    this process holds; on PostgreSQL the stream listener brings other replicas' commits
+    (see `streams.py` on replicas). On SQLite live delivery is in-process only.
     """
-    migrate(settings.database_url)
+    prepare(settings.database_url, migrate_on_start=settings.migrate_on_start)
     parts = components or build_components(settings)
+    background = [*parts.runtime.background(), parts.parked.run]
+    if parts.stream_listener is not None:
+        background.append(parts.stream_listener.run)
+        log.info("notify_replicas", mode="multi", delivery="postgresql LISTEN/NOTIFY")
+    else:
+        log.warning(
+            "notify_single_replica",
+            reason="SQLite: Subscribe streams only hear this process's commits; "
+            "run exactly one notify replica (use PostgreSQL for several)",
+        )
     servicer = NotifyServicer(settings, parts.auth, parts.sessions, parts.inbox, parts.streams)
     return ServiceApp(
         name="notify",
@@ -33,7 +46,7 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
             # Queue stats and dead letters of the job runtime (service credential only).
             admin_servicer(parts.sessions, parts.auth),
         ],
-        background=[*parts.runtime.background(), parts.parked.run],
+        background=background,
         on_shutdown=[parts.engine.dispose],
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,

@@ -12,14 +12,16 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from services.common.auth import Authenticator
-from services.common.db import create_engine, session_factory
+from services.common.db import create_engine, is_sqlite, session_factory
 from services.common.jobs import JobRegistry, RetryPolicy
+from services.common.jobs.listener import CommitListener
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.notify.fanout_job import FANOUT_JOB, FANOUT_RETRY, FanOutHandler
 from services.notify.inbox import Inbox
 from services.notify.parked import ParkedSampler
 from services.notify.retention import RETENTION_JOB, RetentionJob, retention_schedule
 from services.notify.settings import NotifySettings
+from services.notify.stream_listener import stream_listener
 from services.notify.streams import Broker, StreamReader
 
 
@@ -37,6 +39,8 @@ class NotifyComponents:
     registry: JobRegistry
     runtime: JobRuntime
     parked: ParkedSampler
+    # PostgreSQL: wakes this replica's streams on every replica's commits; None on SQLite.
+    stream_listener: CommitListener | None
 
 
 def build_components(
@@ -87,4 +91,7 @@ def build_components(
         registry=registry,
         runtime=runtime,
         parked=ParkedSampler(sessions, settings.parked_sample_seconds),
+        stream_listener=None
+        if is_sqlite(settings.database_url)
+        else stream_listener(engine.url, broker),
     )

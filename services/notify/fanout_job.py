@@ -42,6 +42,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import SessionTransaction
 
 from services.common.jobs import ConflictError, JobContext, NewJob, PermanentError, RetryPolicy
 from services.common.logging import get_logger
@@ -170,14 +171,24 @@ class FanOutHandler:
     def _publish_after_commit(
         self, session: AsyncSession, written: list[Written], duplicates: int, events: int
     ) -> None:
-        def published(_session: object) -> None:
-            self._broker.publish(written)
+        ended = self._broker.committing(written)
+        outcome = {"committed": False, "ended": False}
+
+        def committed(_session: object) -> None:
+            outcome["committed"] = True
             metrics.NOTIFICATIONS_WRITTEN.inc(len(written))
             metrics.DIGESTS_MERGED.inc(sum(1 for w in written if w.merged))
             metrics.FANOUT_EVENTS.inc(events)
             if duplicates:
                 metrics.DUPLICATES_PREVENTED.labels("notification").inc(duplicates)
 
-        # The runtime commits after the handler returns (with the idempotency record);
-        # a rollback (lost lease, lost idempotency race) never calls this.
-        sa_event.listen(session.sync_session, "after_commit", published, once=True)
+        def transaction_ended(_session: object, transaction: SessionTransaction) -> None:
+            if transaction.parent is None and not outcome["ended"]:
+                outcome["ended"] = True
+                # Publishes when committed; a rollback (lost lease, lost idempotency race)
+                # publishes nothing.
+                ended(outcome["committed"])
+
+        # The runtime commits after the handler returns (with the idempotency record).
+        sa_event.listen(session.sync_session, "after_commit", committed, once=True)
+        sa_event.listen(session.sync_session, "after_transaction_end", transaction_ended)

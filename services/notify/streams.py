@@ -1,26 +1,33 @@
 """Subscribe: per-user live delivery with a resumable cursor and bounded buffers.
 
-Broker. In-process: a fan-out publishes what it committed to the open streams of each
-user. Every stream owns a bounded queue; publishing never waits, so a slow subscriber
-cannot hold up the fan-out or other subscribers. When a stream's queue is full the
-stream is dropped with RESOURCE_EXHAUSTED (reason SUBSCRIBER_TOO_SLOW, carrying its last
-cursor) and the client resumes from that cursor.
+Broker. A fan-out publishes what it committed to the open streams of each user in its
+own process (the fast path: the message itself). Every stream owns a bounded queue;
+publishing never waits, so a slow subscriber cannot hold up the fan-out or other
+subscribers. When a stream's queue is full the stream is dropped with RESOURCE_EXHAUSTED
+(reason SUBSCRIBER_TOO_SLOW, carrying its last cursor) and the client resumes from that
+cursor.
 
 No gap, no duplicate. A stream registers its queue *before* reading the backlog from the
 database, so anything committed after the read is also in the queue; it then sends only
 seq values above the last one sent. Seq values of one user are assigned in commit order
 (`models.UserStream`), so a live item with seq == last + 1 is sent straight away; a
-larger jump (a digest moved a row forward, or another commit's publish has not run yet)
-triggers a read of `seq > last` from the database, which by then holds everything up to
-the live item.
+larger jump (a digest moved a row forward, another commit's publish has not run yet, or
+a wake-up) triggers a read of `seq > last` from the database, which by then holds
+everything up to the live item.
 
 A digest update arrives as the same `notification_id` with a new cursor: clients replace
 the notification they already show.
 
-Replicas. Streams are served by the process holding them, and the broker only hears
-fan-outs of its own process. With one notify replica (the embedded default) that is all
-of them. Several replicas would each need to learn of the others' commits — PostgreSQL
-LISTEN/NOTIFY on the user key, or a short poll of `read_after` — before being deployed.
+Replicas. On PostgreSQL every new stream position is NOTIFYed at commit (migration
+notify_0003) and each replica's `stream_listener` turns it into a wake-up (`Broker.wake`)
+of that user's streams: no message, only "read after your cursor". Wake-ups coalesce
+outside the buffer (a pending seq per stream), so remote commits never overflow it; a
+stream that reads slowly just reads more per wake-up. When the listener (re)connects it wakes every
+stream, covering whatever was committed while nobody listened. A replica's own commits
+reach its streams twice (publish, then the NOTIFY): its NOTIFY is held while it commits
+(`Broker.committing`) and queued deliveries are taken before a wake-up, so by then the
+cursor has passed it and it costs no read. On SQLite there is no cross-process signal:
+one notify replica.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from serentak.notify.v1 import notify_pb2
@@ -43,6 +50,8 @@ from services.notify.messages import to_message
 log = get_logger(__name__)
 REPLAY_PAGE = 200
 UserKey = tuple[str, str]
+# Wake-up seq that makes a stream read the database whatever its cursor.
+ANY_SEQ = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,22 +65,52 @@ class Delivery:
 
 @dataclass(eq=False)
 class Subscription:
-    """One open stream's queue."""
+    """One open stream's queue of deliveries, and its pending wake-up."""
 
     key: UserKey
     device_id: str
     queue: asyncio.Queue[Delivery]
     overflowed: bool = False
     opened_at: float = field(default_factory=time.perf_counter)
+    # The highest seq announced by wake-ups not yet taken (0: none pending). Outside the
+    # queue: wake-ups coalesce and never count against the buffer.
+    wake_seq: int = 0
+    # Set whenever there is something to look at: a delivery, a wake-up, an overflow.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def offer(self, delivery: Delivery) -> bool:
         """Queue `delivery` without waiting; False (and overflowed) when the buffer is full."""
+        self.changed.set()
         try:
             self.queue.put_nowait(delivery)
         except asyncio.QueueFull:
             self.overflowed = True
             return False
         return True
+
+    def wake(self, seq: int) -> None:
+        """Announce that the user's stream reached `seq`; never waits, never overflows."""
+        self.wake_seq = max(self.wake_seq, seq)
+        self.changed.set()
+
+    def take_wake(self) -> int:
+        """The seq announced by the wake-ups so far, clearing them."""
+        seq, self.wake_seq = self.wake_seq, 0
+        return seq
+
+    async def next(self) -> Delivery | int:
+        """The next queued delivery; when none is queued, the pending wake-up's seq.
+
+        Deliveries come first: they are this replica's own commits, whose NOTIFY may
+        arrive just before their publish, and by the time the queue is empty they have
+        moved the cursor past the wake-up (no database read needed)."""
+        while True:
+            if not self.queue.empty():
+                return self.queue.get_nowait()
+            if self.wake_seq:
+                return self.take_wake()
+            self.changed.clear()
+            await self.changed.wait()
 
 
 class Broker:
@@ -80,6 +119,10 @@ class Broker:
     def __init__(self, buffer_size: int) -> None:
         self._buffer_size = buffer_size
         self._streams: defaultdict[UserKey, set[Subscription]] = defaultdict(set)
+        # Seqs this process is committing right now, per user, and the wake-ups held back
+        # for them (see `committing`).
+        self._committing: defaultdict[UserKey, set[int]] = defaultdict(set)
+        self._held: dict[UserKey, int] = {}
 
     def open(self, tenant_id: str, user_id: str, device_id: str) -> Subscription:
         """Register a stream; it receives everything published from now on."""
@@ -107,10 +150,58 @@ class Broker:
         for w in written:
             for sub in list(self._streams.get((w.tenant_id, w.user_id), ())):
                 if not sub.offer(Delivery(w.seq, w.message, now)):
-                    # Drop it now: it stops collecting, and its handler ends on next wake.
-                    self.close(sub)
-                    metrics.STREAMS_DROPPED.inc()
-                    log.info("stream_dropped", user_id=w.user_id, device_id=sub.device_id)
+                    self._drop(sub)
+
+    def committing(self, written: Iterable[Written]) -> Callable[[bool], None]:
+        """Announce a fan-out's transaction about to commit `written`; call the result
+        once it has ended (True: committed, then it publishes them).
+
+        The transaction's own NOTIFY can arrive before its publish; a wake-up for a seq
+        still being committed here is held until the transaction ends, so own commits
+        reach streams as deliveries, never as database reads. A rollback releases the
+        held wake-ups (the seq may since have been committed by another replica)."""
+        batch = [((w.tenant_id, w.user_id), w.seq) for w in written]
+        for key, seq in batch:
+            self._committing[key].add(seq)
+
+        def ended(committed: bool) -> None:
+            if committed:
+                self.publish(written)
+            for key, seq in batch:
+                seqs = self._committing.get(key)
+                if seqs is not None:
+                    seqs.discard(seq)
+                    if not seqs:
+                        del self._committing[key]
+                if key not in self._committing and key in self._held:
+                    self._wake(key, self._held.pop(key))
+
+        return ended
+
+    def wake(self, tenant_id: str, user_id: str, seq: int) -> None:
+        """Tell the user's streams that their stream reached `seq` (committed, maybe by
+        another replica); each reads the database after its cursor. Never waits."""
+        key = (tenant_id, user_id)
+        if seq in self._committing.get(key, ()):
+            self._held[key] = max(self._held.get(key, 0), seq)
+            return
+        self._wake(key, seq)
+
+    def _wake(self, key: UserKey, seq: int) -> None:
+        for sub in self._streams.get(key, ()):
+            sub.wake(seq)
+
+    def wake_all(self) -> None:
+        """Make every open stream read the database after its cursor (notifications may
+        have been committed while no wake-up could arrive)."""
+        for key in list(self._streams):
+            self._wake(key, ANY_SEQ)
+
+    def _drop(self, sub: Subscription) -> None:
+        # Drop it now: it stops collecting, and its handler ends on next wake.
+        self.close(sub)
+        metrics.STREAMS_DROPPED.inc()
+        log.info("stream_dropped", user_id=sub.key[1], device_id=sub.device_id)
 
 
 class StreamReader:
@@ -156,13 +247,15 @@ class StreamReader:
             while True:
                 if sub.overflowed:
                     raise SubscriberTooSlow(sub.queue.qsize(), cursors.encode(last))
-                delivery = await sub.queue.get()
+                item = await sub.next()
                 if sub.overflowed:
                     raise SubscriberTooSlow(sub.queue.qsize(), cursors.encode(last))
-                if delivery.seq <= last:
+                delivery = item if isinstance(item, Delivery) else None
+                seq = item.seq if isinstance(item, Delivery) else item
+                if seq <= last:
                     continue
-                if delivery.seq == last + 1:
-                    last = delivery.seq
+                if delivery is not None and seq == last + 1:
+                    last = seq
                     metrics.DELIVERY_LATENCY.observe(time.perf_counter() - delivery.committed_at)
                     yield notify_pb2.SubscribeResponse(
                         notification=delivery.message, cursor=delivery.message.cursor

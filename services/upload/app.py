@@ -11,7 +11,7 @@ from services.common.grpc_server import ServiceApp, Servicer
 from services.common.jobs.runtime import RuntimeOptions
 from services.upload.audit import UploadAudit
 from services.upload.components import build_components
-from services.upload.database import migrate
+from services.upload.database import prepare
 from services.upload.servicer import FileServicer, UploadAdminServicer, UploadServicer
 from services.upload.settings import UploadSettings
 from services.upload.status_ages import sample_status_ages
@@ -25,8 +25,8 @@ def build_app(
     runtime_options: RuntimeOptions | None = None,
     sync_settings: SyncSettings | None = None,
 ) -> ServiceApp:
-    """The upload service as a `ServiceApp`; migrates its database first."""
-    migrate(settings.database_url)
+    """The upload service as a `ServiceApp`; migrates or checks its schema first."""
+    prepare(settings.database_url, migrate_on_start=settings.migrate_on_start)
     parts = build_components(settings, runtime_options, sync_settings)
     background = parts.runtime.background()
     background.append(

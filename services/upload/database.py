@@ -1,10 +1,10 @@
-"""The upload service's database: migrations at start-up, engine and sessions."""
+"""The upload service's database: its migration folders, upgraded or checked at start-up."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from services.common.migrate import upgrade
+from services.common.migrate import prepare_schema, upgrade
 from services.common.runtime_migrations import migration_location as runtime_migrations
 from services.upload.sync.database import migration_location as sync_location
 
@@ -24,3 +24,8 @@ def migration_locations() -> list[tuple[Path, str]]:
 def migrate(url: str) -> None:
     """Bring the database at `url` to the latest schema."""
     upgrade(url, migration_locations())
+
+
+def prepare(url: str, *, migrate_on_start: bool) -> None:
+    """Upgrade (when `migrate_on_start`) or require the schema at head (`SchemaOutdated`)."""
+    prepare_schema("upload", url, migration_locations(), migrate_on_start=migrate_on_start)

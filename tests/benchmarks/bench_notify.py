@@ -67,7 +67,9 @@ def rename(version: int) -> events_pb2.Event:
 
 async def notify_run(url: str, data_dir: Path, renames: int, interval: float) -> tuple[list, float]:
     tokens = {f"tok-{u}": {"tenant_id": "acme", "user_id": u} for u in USERS}
-    settings = NotifySettings(notify_database_url=url, data_dir=data_dir, auth_tokens=tokens)
+    settings = NotifySettings(
+        notify_database_url=url, data_dir=data_dir, auth_tokens=tokens, migrate_on_start=True
+    )
     latencies: list[float] = []
     async with running_app(build_app(settings)) as service:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{service.app.bound_port}") as channel:

@@ -75,6 +75,8 @@ def service_process(
     full_env = {
         **os.environ,
         "SERENTAK_DATA_DIR": str(tmp_path / "data"),
+        # Fresh test databases: migrate at start as `make run` does (tests override it).
+        "SERENTAK_MIGRATE_ON_START": "true",
         f"SERENTAK_{name.upper()}_PORT": str(port),
         f"SERENTAK_{name.upper()}_METRICS_PORT": str(metrics_port),
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),

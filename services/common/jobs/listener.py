@@ -6,6 +6,11 @@ connection (outside the pool: it sits in LISTEN for the process's lifetime) and 
 the matching wake-up, so an idle worker claims within a round trip of the enqueue's
 commit instead of at its next poll. A notification only says "look now": the claim
 decides what runs, and polling remains the fallback (a lost connection, SQLite).
+
+A channel may also have a payload handler (`payloads`): it gets each notification's
+payload, while the plain wake-up runs only on (re)connect, to look at whatever was
+committed while nobody listened (notify's live streams use this, see
+`services.notify.stream_listener`).
 """
 
 from __future__ import annotations
@@ -31,15 +36,24 @@ def libpq_url(url: URL) -> str:
 
 
 class CommitListener:
-    """Calls `wakeups[channel]()` for each notification on that channel, until cancelled."""
+    """Calls `wakeups[channel]()` for each notification on that channel, until cancelled.
+
+    For a channel in `payloads`, each notification calls `payloads[channel](payload)`
+    instead, and `wakeups[channel]()` runs only when LISTEN (re)starts.
+    """
 
     def __init__(
         self,
         url: URL,
         wakeups: Mapping[str, Callable[[], None]],
         *,
+        payloads: Mapping[str, Callable[[str], None]] | None = None,
         reconnect_seconds: float = DEFAULT_RECONNECT_SECONDS,
     ) -> None:
+        self._payloads = dict(payloads or {})
+        unknown = set(self._payloads) - set(wakeups)
+        if unknown:
+            raise ValueError(f"payload handlers without a wake-up: {sorted(unknown)}")
         for channel in wakeups:
             if not channel.isidentifier():
                 raise ValueError(f"bad channel name {channel!r}")
@@ -75,4 +89,8 @@ class CommitListener:
             async for notify in conn.notifies():
                 if notify.channel in self._wakeups:
                     self.received[notify.channel] += 1
-                    self._wakeups[notify.channel]()
+                    on_payload = self._payloads.get(notify.channel)
+                    if on_payload is not None:
+                        on_payload(notify.payload)
+                    else:
+                        self._wakeups[notify.channel]()
