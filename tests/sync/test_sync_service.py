@@ -116,6 +116,16 @@ async def test_bad_input_is_invalid_argument_not_internal(channel: grpc.aio.Chan
             sync_pb2.LinkDriveRequest(account_id="a", upstream_drive_id="x" * 300),
             metadata=ALICE,
         ),
+        sync.LinkDrive(
+            sync_pb2.LinkDriveRequest(account_id="a", upstream_drive_id="d", folder_id="f" * 33),
+            metadata=ALICE,
+        ),
+        sync.LinkItem(
+            sync_pb2.LinkItemRequest(
+                account_id="a", upstream_drive_id="d", upstream_item_id="i", file_id="f" * 33
+            ),
+            metadata=ALICE,
+        ),
     ]
     for call in bad:
         with pytest.raises(grpc.aio.AioRpcError) as caught:

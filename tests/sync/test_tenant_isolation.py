@@ -231,6 +231,8 @@ async def test_no_provider_credential_is_failed_precondition_and_queues_nothing(
         sync = sync_pb2_grpc.SyncServiceStub(channel)
         files = upload_pb2_grpc.FileServiceStub(channel)
         folder = await files.CreateFolder(upload_pb2.CreateFolderRequest(name="d"), metadata=ALICE)
+        # Linked while the tenant still had a credential: a trigger now would only fail.
+        known = await world.link_item("old-1")
         calls = [
             sync.LinkDrive(
                 sync_pb2.LinkDriveRequest(account_id=ACCOUNT, upstream_drive_id=DRIVE),
@@ -238,13 +240,14 @@ async def test_no_provider_credential_is_failed_precondition_and_queues_nothing(
             ),
             sync.LinkItem(_link(folder.file_id), metadata=ALICE),
             sync.LinkItem(_link("", item="up-2"), metadata=ALICE),
+            sync.TriggerSync(sync_pb2.TriggerSyncRequest(synced_item_id=known), metadata=ALICE),
         ]
         for call in calls:
             await _expect(call, grpc.StatusCode.FAILED_PRECONDITION, "SYNC_PROVIDER_NOT_CONFIGURED")
     assert await world.open_jobs() == []
     async with world.sessions() as s:
         assert (await s.execute(select(linked_drives.c.id))).first() is None
-        assert (await s.execute(select(synced_items.c.id))).first() is None
+        assert (await s.execute(select(synced_items.c.id))).scalars().all() == [known]
     assert world.fake.calls == []
 
 
