@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
+from services.common.auth import Authenticator
 from services.common.grpc_server import ServiceApp, Servicer
+from services.locks.caps import TenantCaps
 from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import options_from_settings
 from services.locks.keys import KeySpace
@@ -24,10 +26,16 @@ def build_app(settings: LocksSettings) -> ServiceApp:
     """
     etcd = Etcd(options_from_settings(settings, settings.etcd_call_timeout_seconds))
     reaper = LeaseReaper(etcd)
-    mutex = Mutex(etcd, KeySpace(settings.lock_prefix), reaper)
+    keys = KeySpace(settings.lock_prefix)
+    mutex = Mutex(etcd, keys, reaper)
+    caps = TenantCaps(
+        etcd, keys, settings.lock_max_held_per_tenant, settings.lock_max_waiters_per_tenant
+    )
     servicer = LockServicer(
         mutex,
         settings.etcd_call_timeout_seconds,
+        Authenticator(settings.auth_tokens, settings.service_token),
+        caps,
         list_limit=settings.lock_list_limit,
         list_max=settings.lock_list_max,
     )

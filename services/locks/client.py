@@ -1,8 +1,12 @@
 """`LockClient`: how other services take a lock, keep it alive and learn that it is gone.
 
-    locks = LockClient("127.0.0.1:50052", owner="upload-worker-7")
-    async with locks.hold("file:123", ttl=30, wait_timeout=10) as lock:
+    locks = LockClient("127.0.0.1:50052", owner="upload-worker-7", token=service_token)
+    async with locks.hold("file:123", tenant_id="acme", ttl=30, wait_timeout=10) as lock:
         await commit_fenced(session, file_id, lock.token, ...)   # see fencing.py
+
+Every call carries `token` as its bearer credential (the lock service refuses anonymous
+callers). A service principal names the tenant whose key space holds the lock
+(`tenant_id`); a user principal may leave it empty (its own tenant).
 
 `hold()` acquires (raising `LockHeld` when the wait runs out), opens a `Hold` stream so
 the service renews the lease, and exposes `lock.token` for fencing. If the lock is lost
@@ -45,7 +49,13 @@ _CHANNEL_OPTIONS = [
 class LockClient:
     """A connection to the lock service for one owner (a worker, a process)."""
 
-    def __init__(self, target: str | grpc.aio.Channel, owner: str) -> None:
+    def __init__(
+        self,
+        target: str | grpc.aio.Channel,
+        owner: str,
+        token: str | None = None,
+        tenant_id: str = "",
+    ) -> None:
         self._own_channel = isinstance(target, str)
         self.channel = (
             grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
@@ -54,43 +64,76 @@ class LockClient:
         )
         self.stub = locks_pb2_grpc.LockServiceStub(self.channel)
         self.owner = owner
+        self.token = token
+        self.tenant_id = tenant_id  # default tenant for calls that name none
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata: correlation id and the bearer credential."""
+        md: tuple[tuple[str, str], ...] = ((METADATA_KEY, current_correlation_id()),)
+        if self.token:
+            md += (("authorization", f"Bearer {self.token}"),)
+        return md
+
+    def tenant(self, tenant_id: str | None) -> str:
+        """The tenant a call names: the argument, else this client's default."""
+        return self.tenant_id if tenant_id is None else tenant_id
 
     async def close(self) -> None:
         """Close the channel if this client opened it."""
         if self._own_channel:
             await self.channel.close()
 
-    def hold(self, key: str, ttl: int = 30, wait_timeout: float = 30.0) -> HeldLock:
+    def hold(
+        self, key: str, ttl: int = 30, wait_timeout: float = 30.0, tenant_id: str | None = None
+    ) -> HeldLock:
         """`async with` this to hold `key` for the block; see the module docstring."""
-        return HeldLock(self, key, ttl, wait_timeout)
+        return HeldLock(self, key, ttl, wait_timeout, self.tenant(tenant_id))
 
-    async def acquire(self, key: str, ttl: int, wait_timeout: float) -> locks_pb2.Lock:
+    async def acquire(
+        self, key: str, ttl: int, wait_timeout: float, tenant_id: str | None = None
+    ) -> locks_pb2.Lock:
         """Plain Acquire (no keepalive); raises LockHeld, or the call's typed error."""
         request = locks_pb2.AcquireRequest(
-            key=key, owner=self.owner, ttl_seconds=ttl, wait_timeout_ms=int(wait_timeout * 1000)
+            key=key,
+            owner=self.owner,
+            ttl_seconds=ttl,
+            wait_timeout_ms=int(wait_timeout * 1000),
+            tenant_id=self.tenant(tenant_id),
         )
         try:
-            return await self.stub.Acquire(request, timeout=wait_timeout + 30, metadata=_metadata())
-        except grpc.aio.AioRpcError as exc:
-            raise typed_error(exc) from exc
-
-    async def release(self, key: str, token: int) -> bool:
-        """Release if `token` is still the holder's; False when nothing changed."""
-        try:
-            resp = await self.stub.Release(
-                locks_pb2.ReleaseRequest(key=key, token=token), timeout=10, metadata=_metadata()
+            return await self.stub.Acquire(
+                request, timeout=wait_timeout + 30, metadata=self.metadata()
             )
         except grpc.aio.AioRpcError as exc:
             raise typed_error(exc) from exc
+
+    async def release(self, key: str, token: int, tenant_id: str | None = None) -> bool:
+        """Release if `token` is still the holder's; False when nothing changed."""
+        request = locks_pb2.ReleaseRequest(key=key, token=token, tenant_id=self.tenant(tenant_id))
+        try:
+            resp = await self.stub.Release(request, timeout=10, metadata=self.metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise typed_error(exc) from exc
         return bool(resp.released)
+
+    async def describe(self, key: str, tenant_id: str | None = None) -> locks_pb2.DescribeResponse:
+        """Holder and waiters of `key`."""
+        request = locks_pb2.DescribeRequest(key=key, tenant_id=self.tenant(tenant_id))
+        try:
+            return await self.stub.Describe(request, timeout=10, metadata=self.metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise typed_error(exc) from exc
 
 
 class HeldLock:
     """The `async with` of `LockClient.hold`; `token` is the fencing token."""
 
-    def __init__(self, client: LockClient, key: str, ttl: int, wait_timeout: float) -> None:
+    def __init__(
+        self, client: LockClient, key: str, ttl: int, wait_timeout: float, tenant_id: str
+    ) -> None:
         self.client = client
         self.key = key
+        self.tenant_id = tenant_id
         self.ttl = ttl
         self.wait_timeout = wait_timeout
         self.lock: locks_pb2.Lock | None = None
@@ -111,17 +154,17 @@ class HeldLock:
         return self.lock.token
 
     async def __aenter__(self) -> HeldLock:
-        self.lock = await self.client.acquire(self.key, self.ttl, self.wait_timeout)
+        self.lock = await self.client.acquire(self.key, self.ttl, self.wait_timeout, self.tenant_id)
         self._deadline = time.monotonic() + self.ttl - self._margin
         try:
             first = await self._open_hold(wait_for_ready=False)
         except BaseException:
             with contextlib.suppress(Exception):
-                await self.client.release(self.key, self.token)
+                await self.client.release(self.key, self.token, self.tenant_id)
             raise
         if first.HasField("lost"):
             with contextlib.suppress(Exception):
-                await self.client.release(self.key, self.token)
+                await self.client.release(self.key, self.token, self.tenant_id)
             raise LockLost(first.lost.detail, key=self.key, token=self.token)
         self._body = asyncio.current_task()
         self._in_body = True
@@ -140,7 +183,7 @@ class HeldLock:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
         try:
-            await self.client.release(self.key, self.token)
+            await self.client.release(self.key, self.token, self.tenant_id)
         except SerentakError as err:
             # The lease expires on its own once the Hold stream is closed.
             log.info(
@@ -164,11 +207,10 @@ class HeldLock:
     async def _open_hold(self, wait_for_ready: bool) -> locks_pb2.HoldEvent:
         """Open a Hold stream for my key and token; returns its first event."""
         timeout = max(0.05, self._deadline - time.monotonic())
-        call = self.client.stub.Hold(metadata=_metadata(), wait_for_ready=wait_for_ready)
+        call = self.client.stub.Hold(metadata=self.client.metadata(), wait_for_ready=wait_for_ready)
         self._call = call
-        await asyncio.wait_for(
-            call.write(locks_pb2.HoldRequest(key=self.key, token=self.token)), timeout
-        )
+        first = locks_pb2.HoldRequest(key=self.key, token=self.token, tenant_id=self.tenant_id)
+        await asyncio.wait_for(call.write(first), timeout)
         event = await asyncio.wait_for(call.read(), timeout)
         if event is grpc.aio.EOF:
             raise Unavailable("the lock service closed the Hold stream")
@@ -231,10 +273,6 @@ class HeldLock:
         if self._in_body and self._body is not None:
             self._cancelled_body = True
             self._body.cancel()
-
-
-def _metadata() -> tuple[tuple[str, str], ...]:
-    return ((METADATA_KEY, current_correlation_id()),)
 
 
 def typed_error(exc: grpc.aio.AioRpcError) -> SerentakError | grpc.aio.AioRpcError:

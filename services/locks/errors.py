@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from services.common.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
+from services.common.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 
 
 class LockHeld(Aborted):
@@ -40,3 +48,27 @@ class EtcdPermissionDenied(EtcdUnavailable):
     """etcd refused the request for this user/certificate (ETCD_PERMISSION_DENIED)."""
 
     reason = "ETCD_PERMISSION_DENIED"
+
+
+class LockNotFound(NotFound):
+    """A user named another tenant's key space: as if it did not exist (LOCK_NOT_FOUND)."""
+
+    reason = "LOCK_NOT_FOUND"
+
+
+class ServiceKeyForbidden(PermissionDenied):
+    """A service principal may lock only `file:` keys (SERVICE_KEY_FORBIDDEN)."""
+
+    reason = "SERVICE_KEY_FORBIDDEN"
+
+
+class TenantLockLimit(ResourceExhausted):
+    """The tenant already holds its cap of locks (RESOURCE_EXHAUSTED / TENANT_LOCK_LIMIT)."""
+
+    reason = "TENANT_LOCK_LIMIT"
+
+
+class TenantWaiterLimit(ResourceExhausted):
+    """The tenant already has its cap of queued waiters (TENANT_WAITER_LIMIT)."""
+
+    reason = "TENANT_WAITER_LIMIT"

@@ -205,6 +205,29 @@ class Etcd:
         resp = await self._range(req)
         return [KeyValue.from_pb(kv) for kv in resp.kvs]
 
+    async def created_up_to(self, prefix: bytes, max_create_revision: int) -> list[KeyValue]:
+        """Keys (no values) under `prefix` created at or before `max_create_revision`."""
+        req = rpc.RangeRequest(
+            key=prefix,
+            range_end=prefix_end(prefix),
+            max_create_revision=max_create_revision,
+            keys_only=True,
+        )
+        return [KeyValue.from_pb(kv) for kv in (await self._range(req)).kvs]
+
+    async def scan(
+        self, start: bytes, end: bytes, limit: int, revision: int = 0
+    ) -> tuple[list[KeyValue], int, bool]:
+        """Keys in [start, end) in key order, at most `limit`, read at `revision` (0: now).
+
+        Returns them, the revision read (pass it back to continue the same snapshot) and
+        whether more keys follow.
+        """
+        req = rpc.RangeRequest(key=start, range_end=end, limit=limit, revision=revision)
+        resp = await self._range(req)
+        kvs = [KeyValue.from_pb(kv) for kv in resp.kvs]
+        return kvs, revision or int(resp.header.revision), bool(resp.more)
+
     async def put_if_created_at(
         self, key: bytes, create_revision: int, value: bytes, lease_id: int
     ) -> bool:

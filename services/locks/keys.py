@@ -1,8 +1,10 @@
 """Lock keys: validation of the names callers use, and their place in etcd.
 
-Callers name locks `file:{file_id}` or `user:{user_id}:{scope}` (DESIGN.md). In etcd a
-lock is a folder `{lock_prefix}{name}/` holding one key per contender,
-`{lock_prefix}{name}/{lease_id:x}`; the holder is the key with the lowest create revision.
+Callers name locks `file:{file_id}` or `user:{user_id}:{scope}` (DESIGN.md). Each tenant
+has its own key space: in etcd a lock is a folder `{lock_prefix}{tenant}/{name}/` holding
+one key per contender, `{lock_prefix}{tenant}/{name}/{lease_id:x}`; the holder is the key
+with the lowest create revision. A tenant id can hold no `/`, so no name of one tenant
+can reach into another's folder.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ MAX_WAIT_TIMEOUT_MS = 3_600_000
 MAX_OWNER_LENGTH = 128
 
 _ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_TENANT = re.compile(_ID)
 _KEY_FORMS = (re.compile(rf"file:{_ID}"), re.compile(rf"user:{_ID}:{_ID}"))
 # A List prefix is the start of a key: same alphabet, may stop anywhere.
 _PREFIX = re.compile(r"[A-Za-z0-9._:-]*")
@@ -45,7 +48,13 @@ class KeySpace:
             lock_prefix += "/"
         self.root = lock_prefix.encode()
 
-    def lock_key(self, name: str, field: str = "key") -> LockKey:
+    def tenant_root(self, tenant: str) -> bytes:
+        """The folder of every lock of `tenant` (INVALID_ARGUMENT on a malformed id)."""
+        if not _TENANT.fullmatch(tenant):
+            raise InvalidArgument("tenant_id", "must be 1..128 letters, digits, '.', '_' or '-'")
+        return self.root + tenant.encode() + b"/"
+
+    def lock_key(self, name: str, tenant: str, field: str = "key") -> LockKey:
         """Validate `name` (raises InvalidLockKey naming `field`) and place it in etcd."""
         if not name:
             raise InvalidLockKey(field, "is required")
@@ -57,19 +66,20 @@ class KeySpace:
                 "must be file:{file_id} or user:{user_id}:{scope} with ids of letters, "
                 "digits, '.', '_' or '-'",
             )
-        return LockKey(name, self.root + name.encode() + b"/")
+        return LockKey(name, self.tenant_root(tenant) + name.encode() + b"/")
 
-    def list_prefix(self, prefix: str) -> bytes:
-        """The etcd range prefix for List(prefix); an empty prefix lists every lock."""
+    def list_prefix(self, prefix: str, tenant: str) -> bytes:
+        """The etcd range prefix for List(prefix) in `tenant`; empty lists all its locks."""
         if len(prefix) > MAX_KEY_LENGTH or not _PREFIX.fullmatch(prefix):
             raise InvalidLockKey(
                 "prefix", "must be the start of a lock key (letters, digits, .:_-)"
             )
-        return self.root + prefix.encode()
+        return self.tenant_root(tenant) + prefix.encode()
 
     def split(self, etcd_key: bytes) -> str:
-        """The lock name of a contender key `{root}{name}/{lease}`."""
-        return etcd_key[len(self.root) :].rsplit(b"/", 1)[0].decode()
+        """The lock name of a contender key `{root}{tenant}/{name}/{lease}`."""
+        in_tenant = etcd_key[len(self.root) :].split(b"/", 1)[-1]
+        return in_tenant.rsplit(b"/", 1)[0].decode()
 
 
 def check_ttl(ttl_seconds: int) -> int:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockHeld, LockLost
-from services.locks.etcd_client import Etcd, KeyValue, RevisionCompacted
+from services.locks.etcd_client import Etcd, KeyValue, RevisionCompacted, prefix_end
 from services.locks.keys import KeySpace, LockKey
 from services.locks.metrics import LOCK_CONTENTION, LOCK_WAIT_SECONDS, STALE_LOCK_RECOVERIES
 from services.locks.reaper import LeaseReaper
@@ -109,9 +110,19 @@ class Mutex:
     # -- acquire --------------------------------------------------------------
 
     async def acquire(
-        self, key: LockKey, owner: str, ttl: int, wait_timeout_ms: int, correlation_id: str
+        self,
+        key: LockKey,
+        owner: str,
+        ttl: int,
+        wait_timeout_ms: int,
+        correlation_id: str,
+        admit: Admission | None = None,
     ) -> LockView:
-        """Take the lock, waiting up to `wait_timeout_ms`; LockHeld when the wait runs out."""
+        """Take the lock, waiting up to `wait_timeout_ms`; LockHeld when the wait runs out.
+
+        `admit(my_revision, is_holder)` runs once my key exists and before any wait; if
+        it raises (a cap), my key is removed and the error propagates.
+        """
         started = time.monotonic()
         granted_at = time.time()
         lease = await self.etcd.grant_lease(ttl)
@@ -121,7 +132,10 @@ class Mutex:
         try:
             claim = await self.etcd.claim(my_key, record.encode(), lease, key.etcd_prefix)
             my_rev = claim.my_revision
-            if claim.holder is not None and claim.holder.create_revision == my_rev:
+            is_holder = claim.holder is not None and claim.holder.create_revision == my_rev
+            if admit is not None:
+                await admit(my_rev, is_holder)
+            if is_holder:
                 LOCK_WAIT_SECONDS.labels("acquired").observe(time.monotonic() - started)
                 return _view(key.name, my_rev, lease, record, granted_at, granted_at + ttl)
             if wait_timeout_ms == 0:
@@ -267,13 +281,35 @@ class Mutex:
         """Holder and waiters of one lock."""
         return await self._state(key.name, await self.etcd.by_create_revision(key.etcd_prefix))
 
-    async def list_locks(self, prefix: bytes, limit: int) -> list[LockState]:
-        """Locks whose name starts with `prefix` (etcd form), by name, at most `limit`."""
+    async def list_page(
+        self, tenant_root: bytes, prefix: bytes, after: str | None, page_size: int
+    ) -> tuple[list[LockState], str | None]:
+        """One page of the locks under `prefix` (etcd form), in key order.
+
+        Starts after lock `after` (None: at the beginning). Returns the page and the name
+        to continue after, or None on the last page. All reads of one page are at one
+        etcd revision, so a page is a consistent snapshot.
+        """
+        start, end = prefix, prefix_end(prefix)
+        if after is not None:
+            # Every contender key of `after` starts with "{after}/": skip them all.
+            start = max(start, prefix_end(tenant_root + after.encode() + b"/"))
         groups: dict[str, list[KeyValue]] = {}
-        for kv in await self.etcd.by_create_revision(prefix):
-            groups.setdefault(self.keys.split(kv.key), []).append(kv)
-        names = sorted(groups)[:limit]
-        return [await self._state(name, groups[name]) for name in names]
+        revision = 0
+        while True:
+            kvs, revision, more = await self.etcd.scan(start, end, LIST_BATCH, revision)
+            for kv in kvs:
+                groups.setdefault(self.keys.split(kv.key), []).append(kv)
+            # One lock more than the page: the page's last lock is complete.
+            if len(groups) > page_size or not more or not kvs:
+                break
+            start = kvs[-1].key + b"\0"
+        names = list(groups)[:page_size]
+        states = [
+            await self._state(name, sorted(groups[name], key=lambda kv: kv.create_revision))
+            for name in names
+        ]
+        return states, names[-1] if len(groups) > page_size else None
 
     async def _state(self, name: str, kvs: list[KeyValue]) -> LockState:
         if not kvs:
@@ -296,6 +332,10 @@ class Mutex:
                 WaiterView(r.owner, kv.create_revision, kv.lease, r.waiting_since, r.correlation_id)
             )
         return LockState(holder, waiters)
+
+
+Admission = Callable[[int, bool], Awaitable[None]]
+LIST_BATCH = 512  # contender keys read per etcd request while listing
 
 
 class _Timeout(Exception):

@@ -1,4 +1,8 @@
-"""gRPC surface of `serentak.locks.v1.LockService`: validate, call the mutex, convert."""
+"""gRPC surface of `serentak.locks.v1.LockService`: who, where, validate, call, convert.
+
+Every RPC first identifies its principal (UNAUTHENTICATED without one) and decides the
+tenant key space it acts in (`tenancy.scope_for`); only then does it touch etcd.
+"""
 
 from __future__ import annotations
 
@@ -9,72 +13,112 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
+from services.common.auth import Authenticator
 from services.common.correlation import current_correlation_id
-from services.common.errors import InvalidArgument
+from services.locks.caps import TenantCaps
 from services.locks.hold import Holding, Lost
-from services.locks.keys import check_owner, check_token, check_ttl, check_wait_timeout
+from services.locks.keys import (
+    LockKey,
+    check_owner,
+    check_token,
+    check_ttl,
+    check_wait_timeout,
+)
 from services.locks.metrics import LOCKS_HELD
 from services.locks.mutex import LockState, LockView, Mutex
+from services.locks.paging import decode_token, encode_token, page_size
+from services.locks.tenancy import Scope, scope_for, service_list_prefix
 
 
 class LockServicer(locks_pb2_grpc.LockServiceServicer):
     """Thin: every decision lives in `Mutex` and `Holding`."""
 
     def __init__(
-        self, mutex: Mutex, call_timeout: float, list_limit: int = 100, list_max: int = 1000
+        self,
+        mutex: Mutex,
+        call_timeout: float,
+        auth: Authenticator,
+        caps: TenantCaps,
+        list_limit: int = 100,
+        list_max: int = 1000,
     ) -> None:
         self.mutex = mutex
         self.keys = mutex.keys
         self.call_timeout = call_timeout
+        self.auth = auth
+        self.caps = caps
         self.list_limit = list_limit
         self.list_max = list_max
+
+    def _locate(
+        self, context: grpc.aio.ServicerContext, key: str, tenant_id: str
+    ) -> tuple[LockKey, Scope]:
+        """The caller's principal and tenant, then the lock key in that tenant's space."""
+        scope = scope_for(self.auth.identify(context), tenant_id, key)
+        return self.keys.lock_key(key, scope.tenant), scope
 
     async def Acquire(
         self, request: locks_pb2.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.Lock:
-        key = self.keys.lock_key(request.key)
+        key, scope = self._locate(context, request.key, request.tenant_id)
         owner = check_owner(request.owner)
         ttl = check_ttl(request.ttl_seconds)
         wait = check_wait_timeout(request.wait_timeout_ms)
-        view = await self.mutex.acquire(key, owner, ttl, wait, current_correlation_id())
+
+        async def admit(my_revision: int, is_holder: bool) -> None:
+            await self.caps.admit(scope.tenant, my_revision, is_holder)
+
+        view = await self.mutex.acquire(
+            key, owner, ttl, wait, current_correlation_id(), admit if scope.capped else None
+        )
         return lock_pb(view)
 
     async def Refresh(
         self, request: locks_pb2.RefreshRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.Lock:
-        key = self.keys.lock_key(request.key)
+        key, _ = self._locate(context, request.key, request.tenant_id)
         return lock_pb(await self.mutex.refresh(key, check_token(request.token)))
 
     async def Release(
         self, request: locks_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.ReleaseResponse:
-        key = self.keys.lock_key(request.key)
+        key, _ = self._locate(context, request.key, request.tenant_id)
         released = await self.mutex.release(key, check_token(request.token))
         return locks_pb2.ReleaseResponse(released=released)
 
     async def Describe(
         self, request: locks_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.DescribeResponse:
-        return describe_pb(await self.mutex.describe(self.keys.lock_key(request.key)))
+        key, _ = self._locate(context, request.key, request.tenant_id)
+        return describe_pb(await self.mutex.describe(key))
 
     async def List(
         self, request: locks_pb2.ListRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.ListResponse:
-        if request.limit < 0:
-            raise InvalidArgument("limit", "must not be negative")
-        limit = min(request.limit or self.list_limit, self.list_max)
-        states = await self.mutex.list_locks(self.keys.list_prefix(request.prefix), limit)
-        return locks_pb2.ListResponse(locks=[describe_pb(s) for s in states])
+        scope = scope_for(self.auth.identify(context), request.tenant_id, request.prefix)
+        prefix = service_list_prefix(request.prefix) if scope.is_service else request.prefix
+        size = page_size(request.page_size, request.limit, self.list_limit, self.list_max)
+        range_prefix = self.keys.list_prefix(prefix, scope.tenant)
+        after = decode_token(request.page_token, prefix)
+        states, last = await self.mutex.list_page(
+            self.keys.tenant_root(scope.tenant), range_prefix, after, size
+        )
+        return locks_pb2.ListResponse(
+            locks=[describe_pb(s) for s in states],
+            next_page_token=encode_token(last, prefix) if last is not None else "",
+        )
 
     async def Hold(
         self,
         request_iterator: AsyncIterator[locks_pb2.HoldRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[locks_pb2.HoldEvent]:
+        # Refuse an anonymous caller before reading anything it sends.
+        self.auth.identify(context)
         first = await anext(aiter(request_iterator), None)
         if first is None:
             return
-        key = self.keys.lock_key(first.key)
+        key, _ = self._locate(context, first.key, first.tenant_id)
         holding = Holding(self.mutex, key, check_token(first.token), self.call_timeout)
         # The client closing its side ends the hold: read (and ignore) pings until then.
         client_done = asyncio.create_task(_drain(request_iterator))

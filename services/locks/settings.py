@@ -16,3 +16,9 @@ class LocksSettings(CommonSettings):
     )
     lock_list_limit: int = Field(100, gt=0, description="List answers this many locks by default.")
     lock_list_max: int = Field(1000, gt=0, description="List never answers more locks than this.")
+    lock_max_held_per_tenant: int = Field(
+        1000, gt=0, description="Locks a tenant's users may hold at once (RESOURCE_EXHAUSTED)."
+    )
+    lock_max_waiters_per_tenant: int = Field(
+        1000, gt=0, description="Waiters a tenant's users may queue at once (RESOURCE_EXHAUSTED)."
+    )

@@ -75,7 +75,11 @@ def build_components(
         stats_interval=settings.metrics_sample_seconds,
     )
     blobs = open_blob_store(settings)
-    locks = FileLocks(settings.locks_address, owner=f"upload-merge:{options.node_id}")
+    locks = FileLocks(
+        settings.locks_address,
+        owner=f"upload-merge:{options.node_id}",
+        token=settings.service_token,
+    )
     tokens = PageTokens(settings.page_token_secret.get_secret_value())
     uploads = Uploads(sessions, settings, tokens)
     chunks = ChunkStore(

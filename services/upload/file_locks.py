@@ -13,21 +13,22 @@ from services.locks.client import HeldLock, LockClient
 class FileLocks:
     """`hold("file:{id}")` through a `LockClient` made on first use."""
 
-    def __init__(self, address: str, owner: str) -> None:
+    def __init__(self, address: str, owner: str, token: str) -> None:
         self._address = address
         self._owner = owner
+        self._token = token  # the upload service's own principal
         self._client: LockClient | None = None
 
     @property
     def client(self) -> LockClient:
         """The connected client (created now if needed; call inside the event loop)."""
         if self._client is None:
-            self._client = LockClient(self._address, owner=self._owner)
+            self._client = LockClient(self._address, owner=self._owner, token=self._token)
         return self._client
 
-    def hold(self, key: str, ttl: int = 30, wait_timeout: float = 30.0) -> HeldLock:
-        """See `LockClient.hold`."""
-        return self.client.hold(key, ttl=ttl, wait_timeout=wait_timeout)
+    def hold(self, key: str, tenant_id: str, ttl: int = 30, wait_timeout: float = 30.0) -> HeldLock:
+        """See `LockClient.hold`; `tenant_id` is the file's tenant."""
+        return self.client.hold(key, ttl=ttl, wait_timeout=wait_timeout, tenant_id=tenant_id)
 
     async def close(self) -> None:
         """Close the channel if one was opened."""

@@ -264,7 +264,10 @@ class MergeHandler:
         """Commit under the file lock; None if the upload left `merging` meanwhile."""
         try:
             async with self._locks.hold(
-                f"file:{upload.file_id}", ttl=self._lock_ttl, wait_timeout=self._lock_wait
+                f"file:{upload.file_id}",
+                tenant_id=upload.tenant_id,
+                ttl=self._lock_ttl,
+                wait_timeout=self._lock_wait,
             ) as lock:
                 # The job's transaction begins here, after the merge and the lock wait.
                 status = await session.scalar(

@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "gen"), str(ROOT / "tests")]
 
-import grpc  # noqa: E402
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc  # noqa: E402
+from support.bearer import bearer_channel  # noqa: E402
 from support.etcd import EtcdServer  # noqa: E402
 
 from services.common.grpc_server import start  # noqa: E402
@@ -61,7 +61,7 @@ async def run(n: int, contenders: int, endpoint: str) -> None:
     etcd = Etcd(endpoint, call_timeout=5)
     space = KeySpace("/bench/direct/")
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.bound_port}") as channel:
+        async with bearer_channel(f"127.0.0.1:{app.bound_port}", "dev-alice") as channel:
             stub = locks_pb2_grpc.LockServiceStub(channel)
 
             async def via_service(i: int) -> None:
@@ -72,7 +72,7 @@ async def run(n: int, contenders: int, endpoint: str) -> None:
 
             async def direct(i: int) -> None:
                 # The requests the service sends: grant, claim txn, read holder, delete txn.
-                key = space.lock_key(f"file:{i % 64}")
+                key = space.lock_key(f"file:{i % 64}", "bench")
                 lease = await etcd.grant_lease(30)
                 claim = await etcd.claim(key.contender_key(lease), b"{}", lease, key.etcd_prefix)
                 holder = await etcd.first_created(key.etcd_prefix)

@@ -6,9 +6,10 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import grpc
 import pytest
+from locks.principals import USER_TOKEN
 from serentak.locks.v1 import locks_pb2_grpc
+from support.bearer import bearer_channel
 from support.etcd import EtcdServer
 from support.services import running_app
 
@@ -34,7 +35,8 @@ async def lock_service(etcd: EtcdServer) -> AsyncIterator[LockService]:
     settings = LocksSettings(etcd_endpoint=etcd.endpoint, lock_prefix=prefix)
     async with running_app(build_app(settings)) as svc:
         address = f"127.0.0.1:{svc.app.bound_port}"
-        async with grpc.aio.insecure_channel(address) as channel:
+        # The stub acts as alice (tenant acme), like a signed-in user's client.
+        async with bearer_channel(address, USER_TOKEN) as channel:
             direct = Etcd(etcd.endpoint, call_timeout=5)
             try:
                 yield LockService(address, locks_pb2_grpc.LockServiceStub(channel), direct, prefix)

@@ -8,7 +8,9 @@ import uuid
 
 import grpc
 import pytest
+from locks.principals import USER_TOKEN
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+from support.bearer import bearer_channel
 from support.services import running_app
 
 from services.locks.app import build_app
@@ -91,7 +93,7 @@ async def test_closing_the_hold_stream_lets_the_lease_expire(lock_service) -> No
 
 
 async def test_lock_client_cancels_the_body_and_raises_when_the_lock_is_lost(lock_service) -> None:  # type: ignore[no-untyped-def]
-    client = LockClient(lock_service.address, owner="helper")
+    client = LockClient(lock_service.address, owner="helper", token=USER_TOKEN)
     never = asyncio.Event()
     body_cancelled = False
     try:
@@ -126,7 +128,7 @@ async def test_hold_reports_loss_within_one_ttl_when_etcd_stops_and_recovers(etc
     )
     ttl = 3
     async with running_app(build_app(settings)) as svc:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.app.bound_port}") as channel:
+        async with bearer_channel(f"127.0.0.1:{svc.app.bound_port}", "dev-alice") as channel:
             stub = locks_pb2_grpc.LockServiceStub(channel)
             lock = await stub.Acquire(
                 locks_pb2.AcquireRequest(key="file:e1", owner="o", ttl_seconds=ttl)

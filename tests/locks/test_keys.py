@@ -18,10 +18,10 @@ SPACE = KeySpace("/serentak/locks/")
 
 
 @pytest.mark.parametrize("name", ["file:123", "file:a.b-c_d", "user:alice:inbox", "user:42:x"])
-def test_valid_keys_are_namespaced_under_the_prefix(name: str) -> None:
-    key = SPACE.lock_key(name)
-    assert key.etcd_prefix == f"/serentak/locks/{name}/".encode()
-    assert key.contender_key(255) == f"/serentak/locks/{name}/ff".encode()
+def test_valid_keys_are_namespaced_under_the_prefix_and_tenant(name: str) -> None:
+    key = SPACE.lock_key(name, "acme")
+    assert key.etcd_prefix == f"/serentak/locks/acme/{name}/".encode()
+    assert key.contender_key(255) == f"/serentak/locks/acme/{name}/ff".encode()
     assert SPACE.split(key.contender_key(255)) == name
 
 
@@ -45,24 +45,31 @@ def test_valid_keys_are_namespaced_under_the_prefix(name: str) -> None:
 )
 def test_invalid_keys_are_rejected_naming_the_field(name: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        SPACE.lock_key(name)
+        SPACE.lock_key(name, "acme")
     assert caught.value.field == "key"
     assert caught.value.reason == "INVALID_LOCK_KEY"
 
 
 def test_prefix_without_trailing_slash_gets_one() -> None:
-    assert KeySpace("/x").lock_key("file:1").etcd_prefix == b"/x/file:1/"
+    assert KeySpace("/x").lock_key("file:1", "t").etcd_prefix == b"/x/t/file:1/"
+
+
+@pytest.mark.parametrize("tenant", ["", "a/b", "..", "../evil", "a b", "x" * 200, "é"])
+def test_a_tenant_id_cannot_leave_its_folder(tenant: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        SPACE.lock_key("file:1", tenant)
+    assert caught.value.field == "tenant_id"
 
 
 @pytest.mark.parametrize("prefix", ["", "file:", "user:alice:", "file:12"])
 def test_list_prefixes(prefix: str) -> None:
-    assert SPACE.list_prefix(prefix) == b"/serentak/locks/" + prefix.encode()
+    assert SPACE.list_prefix(prefix, "acme") == b"/serentak/locks/acme/" + prefix.encode()
 
 
 @pytest.mark.parametrize("prefix", ["file/", "../", "a b", "x" * 300])
 def test_bad_list_prefix(prefix: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        SPACE.list_prefix(prefix)
+        SPACE.list_prefix(prefix, "acme")
     assert caught.value.field == "prefix"
 
 

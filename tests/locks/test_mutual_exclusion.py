@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from locks.lock_assertions import wait_for_waiters
+from locks.principals import USER_TOKEN
 from serentak.locks.v1 import locks_pb2
 
 from services.locks.client import LockClient
@@ -20,7 +21,10 @@ async def test_fifty_contenders_increment_a_shared_counter_exactly(lock_service)
     counter = 0
     inside = 0
     tokens: list[int] = []
-    clients = [LockClient(lock_service.address, owner=f"worker-{i}") for i in range(CONTENDERS)]
+    clients = [
+        LockClient(lock_service.address, owner=f"worker-{i}", token=USER_TOKEN)
+        for i in range(CONTENDERS)
+    ]
 
     async def contender(client: LockClient) -> None:
         nonlocal counter, inside
@@ -48,7 +52,7 @@ async def test_fifty_contenders_increment_a_shared_counter_exactly(lock_service)
 
 async def test_waiters_are_served_first_come_first_served(lock_service) -> None:  # type: ignore[no-untyped-def]
     stub = lock_service.stub
-    client = LockClient(lock_service.address, owner="fifo")
+    client = LockClient(lock_service.address, owner="fifo", token=USER_TOKEN)
     try:
         for round_no in range(3):
             key = f"file:fifo{round_no}"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from locks.principals import USER_TOKEN
 from serentak.locks.v1 import locks_pb2
 from support.ports import free_port
 from support.services import REPO_ROOT, service_process, wait_serving
@@ -60,7 +61,7 @@ async def test_client_reattaches_after_a_quick_service_restart(etcd, tmp_path) -
     env = {"SERENTAK_ETCD_ENDPOINT": etcd.endpoint, "SERENTAK_LOCK_PREFIX": f"/t/restart-{port}/"}
     log_path = tmp_path / "locks.log"
     processes = [await asyncio.to_thread(_start_locks, port, env, log_path)]
-    client = LockClient(f"127.0.0.1:{port}", owner="long-job")
+    client = LockClient(f"127.0.0.1:{port}", owner="long-job", token=USER_TOKEN)
     try:
         async with client.hold("file:r1", ttl=8) as lock:
             token = lock.token
@@ -71,9 +72,9 @@ async def test_client_reattaches_after_a_quick_service_restart(etcd, tmp_path) -
             # The restarted service keeps renewing: expiry moves forward again.
             await _until(lambda: lock.lock.expires_at.ToSeconds() > renewed_after, within=8)
             assert lock.token == token and lock.lost is None
-            state = await client.stub.Describe(locks_pb2.DescribeRequest(key="file:r1"))
+            state = await client.describe("file:r1")
             assert state.lock.token == token
-        state = await client.stub.Describe(locks_pb2.DescribeRequest(key="file:r1"))
+        state = await client.describe("file:r1")
         assert not state.held
     finally:
         await client.close()
@@ -86,7 +87,7 @@ async def test_client_reports_loss_when_the_service_stays_away_longer_than_the_t
 ) -> None:  # type: ignore[no-untyped-def]
     env = {"SERENTAK_ETCD_ENDPOINT": etcd.endpoint, "SERENTAK_LOCK_PREFIX": "/t/restart-gone/"}
     with service_process("locks", tmp_path, env) as svc:
-        client = LockClient(svc.address, owner="long-job")
+        client = LockClient(svc.address, owner="long-job", token=USER_TOKEN)
         try:
             with pytest.raises(LockLost):
                 async with client.hold("file:r2", ttl=2) as lock:

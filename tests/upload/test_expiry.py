@@ -73,7 +73,7 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
         metadata=alice.metadata,
     )
     # Park a merge on the file lock: the upload stays `merging` with all its chunks.
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
+    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     ups["merging"] = await _start(alice, data["merging"], "merging.bin")
     key = f"file:{ups['merging'].file_id}"
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)

@@ -100,7 +100,7 @@ async def test_file_lock_held_past_every_attempt_fails_the_upload(cluster, locks
     data = os.urandom(CHUNK * 2)
     upload = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
     key = f"file:{upload.file_id}"
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
+    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     try:
         for i, c in enumerate(split(data, CHUNK)):

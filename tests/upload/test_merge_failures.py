@@ -58,7 +58,7 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
 
 @pytest.fixture
 async def lock_client(locks_address: str):
-    client = LockClient(locks_address, owner=f"test-{uuid.uuid4().hex[:6]}")
+    client = LockClient(locks_address, owner=f"test-{uuid.uuid4().hex[:6]}", token="dev-alice")
     yield client
     await client.close()
 

@@ -8,7 +8,6 @@ import os
 import time
 import uuid
 
-from serentak.locks.v1 import locks_pb2
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import chunk_request, create_request, download, split, wait_status
 
@@ -23,7 +22,7 @@ async def _wait_for_waiter(holder: LockClient, key: str) -> None:
     """Until the lock service shows someone queued behind our hold on `key`."""
     deadline = time.monotonic() + 30
     while True:
-        described = await holder.stub.Describe(locks_pb2.DescribeRequest(key=key))
+        described = await holder.describe(key)
         if described.waiters:
             return
         assert time.monotonic() < deadline, "the merge never queued for the file lock"
@@ -41,7 +40,7 @@ async def test_chunks_of_other_uploads_are_stored_while_a_merge_waits(
         create_request(other, CHUNK, name="other.bin"), metadata=alice.metadata
     )
     key = f"file:{upload.file_id}"
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
+    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     try:
         for i, c in enumerate(split(data, CHUNK)):

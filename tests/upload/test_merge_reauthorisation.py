@@ -13,7 +13,6 @@ import time
 import uuid
 
 import grpc
-from serentak.locks.v1 import locks_pb2
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import select
 from upload.upload_helpers import (
@@ -48,7 +47,7 @@ async def _event_types(database_url: str, aggregate_id: str) -> list[str]:
 
 async def _wait_for_waiter(holder: LockClient, key: str) -> None:
     deadline = time.monotonic() + 30
-    while not (await holder.stub.Describe(locks_pb2.DescribeRequest(key=key))).waiters:
+    while not (await holder.describe(key)).waiters:
         assert time.monotonic() < deadline, "the merge never queued for the file lock"
         await asyncio.sleep(0.02)
 
@@ -84,7 +83,7 @@ async def _merge_parked_on_the_lock(cluster, locks_address, file_id: str, data: 
         metadata=bob.metadata,
     )
     key = f"file:{file_id}"
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
+    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     for i, c in enumerate(split(data, CHUNK)):
         await bob.uploads.PutChunk(chunk_request(upload.upload_id, i, c), metadata=bob.metadata)

@@ -45,7 +45,7 @@ async def test_killed_merge_worker_still_completes_once(
     }
     md = (("authorization", "Bearer dev-alice"),)
     data = os.urandom(CHUNK * 6 + 10)
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
+    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     with contextlib.ExitStack() as stack:
         proc = await asyncio.to_thread(
             stack.enter_context, service_process("upload", tmp_path, env)
