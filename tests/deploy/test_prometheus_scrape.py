@@ -64,6 +64,7 @@ def stack(tmp_path: Path, etcd, refusing_provider: str) -> Iterator[dict[str, Se
     """locks, notify and upload as `python -m` processes on SQLite, metrics on."""
     env = {
         "SERENTAK_SYNC_PROVIDER_BASE_URL": refusing_provider,
+        "SERENTAK_SYNC_PROVIDER_TOKENS": '{"acme": "expired-token"}',
         "SERENTAK_ETCD_ENDPOINT": etcd.endpoint,
         "SERENTAK_METRICS_SAMPLE_SECONDS": "1",
         "SERENTAK_MIN_CHUNK_SIZE": str(CHUNK),
