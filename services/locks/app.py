@@ -8,7 +8,7 @@ from services.common.auth import Authenticator
 from services.common.grpc_server import ServiceApp, Servicer
 from services.locks.caps import TenantCaps
 from services.locks.etcd_client import Etcd
-from services.locks.etcd_connection import options_from_settings
+from services.locks.etcd_connection import options_from_settings, warn_if_exposed
 from services.locks.keys import KeySpace
 from services.locks.mutex import Mutex
 from services.locks.reaper import LeaseReaper
@@ -24,7 +24,12 @@ def build_app(settings: LocksSettings) -> ServiceApp:
     etcd is contacted lazily: the server starts (and reports SERVING) even when etcd is
     not up yet; RPCs answer UNAVAILABLE / ETCD_UNAVAILABLE until it is.
     """
-    etcd = Etcd(options_from_settings(settings, settings.etcd_call_timeout_seconds))
+    try:
+        options = options_from_settings(settings, settings.etcd_call_timeout_seconds)
+        etcd = Etcd(options)  # reads the certificate files now: fail at start, not later
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"locks: etcd settings: {exc}") from None
+    warn_if_exposed(options)
     reaper = LeaseReaper(etcd)
     keys = KeySpace(settings.lock_prefix)
     mutex = Mutex(etcd, keys, reaper)

@@ -20,6 +20,7 @@ it restarted) it authenticates again and re-sends the call once.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +97,25 @@ def options_from_settings(settings: CommonSettings, call_timeout: float) -> Etcd
         keepalive_seconds=settings.etcd_keepalive_seconds,
         prefer_first=settings.etcd_prefer_first_endpoint,
     )
+
+
+def warn_if_exposed(options: EtcdOptions) -> None:
+    """Log once when etcd is reached off this machine without TLS or without auth."""
+    remote = [e for e in options.endpoints if not _is_loopback(_target(e))]
+    if remote and not options.tls:
+        log.warning("etcd_plaintext", endpoints=remote, hint="set SERENTAK_ETCD_CA_FILE")
+    if remote and not options.username and options.cert_file is None:
+        log.warning("etcd_unauthenticated", endpoints=remote, hint="set SERENTAK_ETCD_USERNAME")
+
+
+def _is_loopback(target: str) -> bool:
+    host = target.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a DNS name: assume it leaves the machine
 
 
 def parse_endpoints(raw: str | Sequence[str]) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import time
 from collections import defaultdict
 
 import grpc
@@ -19,6 +20,7 @@ from support.etcd import EtcdCluster
 from support.services import running_app
 
 from services.locks.app import build_app
+from services.locks.client import LockClient
 from services.locks.errors import EtcdAuthFailed, EtcdPermissionDenied, EtcdUnavailable
 from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import EtcdOptions, options_from_settings
@@ -154,7 +156,18 @@ async def test_locks_keep_working_when_the_leader_dies(etcd_cluster: EtcdCluster
                 await asyncio.to_thread(etcd_cluster.kill, leader)
                 killed.set()
 
-            await asyncio.gather(kill_leader(), *(worker(i) for i in range(4)))
+            # A lock held through the kill: its lease keeps being renewed by the
+            # survivors (Hold's keepalive fails over) and it is never reported lost.
+            holder = LockClient(channel, owner="long-job", token="dev-alice")
+            async with holder.hold("file:held", ttl=6) as held:
+                await asyncio.gather(kill_leader(), *(worker(i) for i in range(4)))
+                killed_at = time.time()
+                async with asyncio.timeout(15):
+                    while True:  # observing renewals, bounded
+                        if held.lock.expires_at.ToSeconds() >= killed_at + 5:
+                            break
+                        await asyncio.sleep(0.05)
+                assert held.lost is None
     total = sum(map(len, tokens.values()))
     new_leader = etcd_cluster.leader()
     print(f"acquisitions={total} after_leader_kill={after_kill} leader {leader}->{new_leader}")
