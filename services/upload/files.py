@@ -7,29 +7,51 @@ the listing cache is invalidated only after the commit (invariant 11).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common import validation
 from services.common.auth import Identity
 from services.common.errors import InvalidArgument
 from services.common.page_tokens import PageTokens
-from services.upload import convert, pagination
+from services.upload import convert
 from services.upload.blob_store import BlobStore
 from services.upload.errors import FileDeleted, FileNotFound, WrongKind
 from services.upload.events import record_file_event
-from services.upload.listing_cache import ListingCache, listing_key
+from services.upload.listing import list_page
+from services.upload.listing_cache import ListingCache
 from services.upload.models import FILE, FOLDER, FileRow, ShareRow, utcnow
-from services.upload.permissions import owned, readable, role_of, writable
-from services.upload.sync.tombstones import hidden_file_ids, not_tombstoned, raise_if_tombstoned
-from services.upload.tree import ensure_root, new_folder, validate_name
+from services.upload.permissions import (
+    MAX_DEPTH,
+    chain,
+    check_move,
+    owned,
+    reaches_root,
+    readable,
+    role_of,
+    writable,
+)
+from services.upload.sync.tombstones import raise_if_tombstoned
+from services.upload.tree import (
+    TreeTooDeep,
+    ensure_root,
+    folder_height,
+    lock_tree,
+    new_folder,
+    require_free_name,
+    validate_name,
+)
 from services.upload.versions import bump, touch_folder
 
 DOWNLOAD_BLOCK = 1024 * 1024
+
+# A check run inside a change's transaction, after the file is loaded with the caller's role.
+Check = Callable[[AsyncSession, FileRow, str], Awaitable[None]]
 
 
 class Files:
@@ -50,16 +72,15 @@ class Files:
     async def create_folder(
         self, identity: Identity, request: upload_pb2.CreateFolderRequest
     ) -> tuple[FileRow, str]:
-        """A new folder (idempotent per client_request_id)."""
+        """A new folder (idempotent per client_request_id; ALREADY_EXISTS on a taken name)."""
         name = validate_name(request.name)
+        validation.resource_id(request.parent_id, "parent_id", required=False)
+        crid = validation.client_request_id(request.client_request_id)
         parent_id = request.parent_id or await ensure_root(self._sessions, identity)
-        key = (
-            f"{identity.tenant_id}:{identity.user_id}:{request.client_request_id}"
-            if request.client_request_id
-            else None
-        )
+        key = f"{identity.tenant_id}:{identity.user_id}:{crid}" if crid else None
         try:
             async with self._sessions.begin() as session:
+                await lock_tree(session, identity.tenant_id)
                 if key is not None:
                     found = (
                         await session.execute(
@@ -70,6 +91,10 @@ class Files:
                         return found, await role_of(session, identity, found) or ""
                 parent, _ = await writable(session, identity, parent_id)
                 _require_live_folder(parent, "parent_id")
+                links = await chain(session, identity.tenant_id, parent.id)
+                if len(links) >= MAX_DEPTH or not reaches_root(links):
+                    raise TreeTooDeep(f"folders nest at most {MAX_DEPTH} deep", file_id=parent.id)
+                await require_free_name(session, identity, parent.id, name, "name")
                 folder = new_folder(
                     identity.tenant_id,
                     parent.id,
@@ -99,68 +124,18 @@ class Files:
         """The file and the caller's role (FILE_RETENTION_EXPIRED once tombstoned upstream)."""
         async with self._sessions() as session:
             # Permission first: another tenant learns nothing about the file.
-            found = await readable(session, identity, _required(file_id))
+            found = await readable(session, identity, _required(file_id, "file_id"))
             await raise_if_tombstoned(session, identity.tenant_id, file_id)
             return found
 
     async def list_folder(
         self, identity: Identity, request: upload_pb2.ListFolderRequest
     ) -> upload_pb2.ListFolderResponse:
-        """One page of a folder's children, served from the versioned cache when possible."""
-        size = pagination.page_size(request.page_size)
+        """One page of a folder's children the caller may see, with the caller's role on each."""
+        validation.resource_id(request.folder_id, "folder_id", required=False)
         folder_id = request.folder_id or await ensure_root(self._sessions, identity)
-        # Bound to the folder: a token from one folder's listing is refused by another's.
-        position = self._tokens.decode(request.page_token, f"ListFolder:{folder_id}", 2)
         async with self._sessions() as session:
-            folder, role = await readable(session, identity, folder_id)
-            if folder.kind != FOLDER:
-                raise WrongKind("folder_id is not a folder", file_id=folder_id)
-            key = listing_key(
-                folder.id,
-                folder.children_version,
-                f"{request.page_token}:{size}:{int(request.include_deleted)}",
-            )
-            cached = self._cache.get(key)
-            # A tombstone does not move the folder's version: a cached page that shows a
-            # file tombstoned since is dropped and read again.
-            if cached is not None and await hidden_file_ids(
-                session, identity.tenant_id, [f.file_id for f in cached.files]
-            ):
-                cached = None
-            if cached is not None:
-                resp = upload_pb2.ListFolderResponse()
-                resp.CopyFrom(cached)
-                return resp
-            query = select(FileRow).where(
-                FileRow.tenant_id == identity.tenant_id,
-                FileRow.parent_id == folder.id,
-                # Tombstoned synced files stay in the database but leave every listing.
-                not_tombstoned(FileRow.__table__.c.id, FileRow.__table__.c.tenant_id),
-            )
-            if not request.include_deleted:
-                query = query.where(FileRow.deleted_at.is_(None))
-            if position is not None:
-                name, last_id = str(position[0]), str(position[1])
-                query = query.where(
-                    or_(FileRow.name > name, and_(FileRow.name == name, FileRow.id > last_id))
-                )
-            rows = list(
-                (
-                    await session.execute(query.order_by(FileRow.name, FileRow.id).limit(size + 1))
-                ).scalars()
-            )
-            resp = upload_pb2.ListFolderResponse(folder_version=folder.children_version)
-            for row in rows[:size]:
-                # Children inherit the folder's role unless shared more widely.
-                resp.files.append(
-                    convert.file_message(row, await role_of(session, identity, row) or role)
-                )
-            if len(rows) > size:
-                resp.next_page_token = self._tokens.encode(
-                    f"ListFolder:{folder_id}", [rows[size - 1].name, rows[size - 1].id]
-                )
-        self._cache.put(key, resp)
-        return resp
+            return await list_page(session, self._cache, self._tokens, identity, folder_id, request)
 
     async def _change(
         self,
@@ -169,15 +144,20 @@ class Files:
         expected_version: int,
         event_type: str,
         *,
-        owner_only: bool = False,
+        check: Check | None = None,
         **values: object,
     ) -> tuple[FileRow, str, set[str | None]]:
-        """Apply a metadata change with its event; returns the file, role and touched folders."""
+        """Apply a metadata change with its event; returns the file, role and touched folders.
+
+        The tree lock is taken first, so `check` (names, cycles) and the write are one step
+        for every other change of the tenant's tree.
+        """
+        _required(file_id, "file_id")
         async with self._sessions.begin() as session:
-            if owner_only:
-                file, role = await owned(session, identity, _required(file_id)), "owner"
-            else:
-                file, role = await writable(session, identity, _required(file_id))
+            await lock_tree(session, identity.tenant_id)
+            file, role = await writable(session, identity, file_id)
+            if check is not None:
+                await check(session, file, role)
             old = (file.name, file.parent_id)
             file = await bump(session, file, expected_version, **values)
             touched = {old[1], file.parent_id}
@@ -202,31 +182,61 @@ class Files:
     ) -> tuple[FileRow, str]:
         """Rename a file or folder."""
         name = validate_name(request.new_name, "new_name")
+
+        async def name_free(session: AsyncSession, file: FileRow, _role: str) -> None:
+            if file.parent_id is not None and file.deleted_at is None:
+                await require_free_name(
+                    session, identity, file.parent_id, name, "new_name", except_id=file.id
+                )
+
         file, role, _ = await self._change(
-            identity, request.file_id, request.expected_version, "file.renamed", name=name
+            identity,
+            request.file_id,
+            request.expected_version,
+            "file.renamed",
+            check=name_free,
+            name=name,
         )
         return file, role
 
     async def move(
         self, identity: Identity, request: upload_pb2.MoveFileRequest
     ) -> tuple[FileRow, str]:
-        """Move into another folder the caller can write (never into itself or a descendant)."""
-        if not request.new_parent_id:
-            raise InvalidArgument("new_parent_id", "must not be empty")
-        async with self._sessions() as session:
-            target, _ = await writable(session, identity, request.new_parent_id)
-            _require_live_folder(target, "new_parent_id")
-            current: FileRow | None = target
-            while current is not None:
-                if current.id == request.file_id:
-                    raise InvalidArgument(
-                        "new_parent_id", "is the file itself or inside it", reason="MOVE_CYCLE"
-                    )
-                current = (
-                    await session.get(FileRow, current.parent_id) if current.parent_id else None
+        """Move into another folder (README "Access rules"; never into itself or below it).
+
+        The cycle check and the write are one transaction under the tenant's tree lock, so
+        two racing moves (A into B, B into A) cannot both pass the check.
+        """
+        target_id = _required(request.new_parent_id, "new_parent_id")
+
+        async def allowed(session: AsyncSession, file: FileRow, role: str) -> None:
+            if file.parent_id is None:
+                raise InvalidArgument(
+                    "file_id", "a root folder cannot be moved", reason="ROOT_FOLDER"
                 )
+            target, _ = await writable(session, identity, target_id)
+            _require_live_folder(target, "new_parent_id")
+            check_move(role, file, target)
+            links = await chain(session, identity.tenant_id, target.id)
+            if any(link.id == file.id for link in links):
+                raise InvalidArgument(
+                    "new_parent_id", "is the file itself or inside it", reason="MOVE_CYCLE"
+                )
+            below = await folder_height(session, file.id, MAX_DEPTH) if file.kind == FOLDER else -1
+            if not reaches_root(links) or len(links) + 1 + below > MAX_DEPTH:
+                raise TreeTooDeep(f"folders nest at most {MAX_DEPTH} deep", file_id=target.id)
+            if file.deleted_at is None:
+                await require_free_name(
+                    session, identity, target.id, file.name, "new_parent_id", except_id=file.id
+                )
+
         file, role, _ = await self._change(
-            identity, request.file_id, request.expected_version, "file.moved", parent_id=target.id
+            identity,
+            request.file_id,
+            request.expected_version,
+            "file.moved",
+            check=allowed,
+            parent_id=target_id,
         )
         return file, role
 
@@ -253,8 +263,20 @@ class Files:
         file, _ = await self.get(identity, request.file_id)
         if file.deleted_at is None:
             raise FileDeleted("the file is not deleted", file_id=file.id, reason="FILE_NOT_DELETED")
+
+        async def name_free(session: AsyncSession, file: FileRow, _role: str) -> None:
+            if file.parent_id is not None:
+                await require_free_name(
+                    session, identity, file.parent_id, file.name, "file_id", except_id=file.id
+                )
+
         file, role, _ = await self._change(
-            identity, request.file_id, request.expected_version, "file.restored", deleted_at=None
+            identity,
+            request.file_id,
+            request.expected_version,
+            "file.restored",
+            check=name_free,
+            deleted_at=None,
         )
         return file, role
 
@@ -265,12 +287,12 @@ class Files:
         role_name = convert.ROLE_NAME.get(request.role)
         if role_name is None:
             raise InvalidArgument("role", "must be ROLE_VIEWER or ROLE_EDITOR")
-        if not request.user_id:
-            raise InvalidArgument("user_id", "must not be empty")
+        validation.principal_id(request.user_id, "user_id")
+        _required(request.file_id, "file_id")
         if request.user_id == identity.user_id:
             raise InvalidArgument("user_id", "the owner cannot share with themselves")
         async with self._sessions.begin() as session:
-            file = await owned(session, identity, _required(request.file_id))
+            file = await owned(session, identity, request.file_id)
             share = await session.get(ShareRow, (file.id, request.user_id))
             if share is None:
                 session.add(
@@ -304,8 +326,10 @@ class Files:
         self, identity: Identity, request: upload_pb2.UnshareFileRequest
     ) -> tuple[FileRow, str]:
         """Revoke a collaborator (owner only); the revoked user is still told (audience)."""
+        validation.principal_id(request.user_id, "user_id")
+        _required(request.file_id, "file_id")
         async with self._sessions.begin() as session:
-            file = await owned(session, identity, _required(request.file_id))
+            file = await owned(session, identity, request.file_id)
             result = await session.execute(
                 delete(ShareRow).where(
                     ShareRow.file_id == file.id, ShareRow.user_id == request.user_id
@@ -336,7 +360,7 @@ class Files:
     async def collaborators(self, identity: Identity, file_id: str) -> list[ShareRow]:
         """Direct shares of a file the caller can read."""
         async with self._sessions() as session:
-            file, _ = await readable(session, identity, _required(file_id))
+            file, _ = await readable(session, identity, _required(file_id, "file_id"))
             return list(
                 (
                     await session.execute(
@@ -362,10 +386,8 @@ class Files:
         return file, self._blobs.iter_read(file.blob_key, request.offset, DOWNLOAD_BLOCK)
 
 
-def _required(file_id: str) -> str:
-    if not file_id:
-        raise InvalidArgument("file_id", "must not be empty")
-    return file_id
+def _required(value: str, field: str) -> str:
+    return validation.resource_id(value, field)
 
 
 def _require_live_folder(row: FileRow, field: str) -> None:

@@ -69,6 +69,7 @@ from services.upload.models import (
     UploadRow,
     utcnow,
 )
+from services.upload.tree import free_name, lock_tree
 from services.upload.uploads import check_uploader, transition
 from services.upload.versions import commit_fenced, touch_folder
 
@@ -325,6 +326,9 @@ async def commit_content(
     }
     existing = await session.get(FileRow, upload.file_id, populate_existing=True)
     if existing is None:
+        # Names are unique per folder: the tree lock first, and if the name was taken
+        # since CreateUpload, the new file is kept as "name (2)" (README "Access rules").
+        await lock_tree(session, upload.tenant_id)
         folder = await session.get(FileRow, upload.folder_id)
         # A new file belongs to the folder's owner; the uploader is the event's actor.
         owner = folder.owner_user_id if folder is not None else upload.owner_user_id
@@ -332,7 +336,7 @@ async def commit_content(
             id=upload.file_id,
             tenant_id=upload.tenant_id,
             parent_id=upload.folder_id,
-            name=upload.name,
+            name=await free_name(session, upload.tenant_id, upload.folder_id, upload.name),
             kind=FILE,
             owner_user_id=owner,
             version=1,

@@ -16,6 +16,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common import validation
 from services.common.auth import Identity
 from services.common.errors import AlreadyExists, InvalidArgument
 from services.common.page_tokens import PageTokens
@@ -43,7 +44,7 @@ from services.upload.models import (
 from services.upload.permissions import writable
 from services.upload.ranges import missing_ranges
 from services.upload.settings import UploadSettings
-from services.upload.tree import ensure_root, new_id, validate_name
+from services.upload.tree import ensure_root, new_id, require_free_name, validate_name
 
 MAX_CLIENT_REQUEST_ID = 128
 
@@ -226,6 +227,7 @@ class Uploads:
             raise InvalidArgument("target", "set new_file or file_id")
         if which == "new_file":
             name = validate_name(request.new_file.name, "new_file.name")
+            validation.resource_id(request.new_file.folder_id, "new_file.folder_id", required=False)
             folder_id = request.new_file.folder_id or await ensure_root(self._sessions, identity)
             async with self._sessions() as session:
                 folder, _ = await writable(session, identity, folder_id)
@@ -233,7 +235,10 @@ class Uploads:
                     raise WrongKind("new_file.folder_id is not a folder", file_id=folder_id)
                 if folder.deleted_at is not None:
                     raise FileDeleted("the folder is deleted", file_id=folder_id)
+                # A new version of an existing file is an upload to its file_id.
+                await require_free_name(session, identity, folder_id, name, "new_file.name")
             return new_id(), folder_id, name, True
+        validation.resource_id(request.file_id, "file_id")
         async with self._sessions() as session:
             file, _ = await writable(session, identity, request.file_id)
             if file.kind != FILE:
@@ -246,6 +251,7 @@ class Uploads:
         """The caller's upload `upload_id` in their tenant, or UPLOAD_NOT_FOUND."""
         if not upload_id:
             raise InvalidArgument("upload_id", "must not be empty")
+        validation.resource_id(upload_id, "upload_id")
         row = (
             await session.execute(
                 select(UploadRow).where(
