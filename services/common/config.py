@@ -78,6 +78,12 @@ class CommonSettings(BaseSettings):
         min_length=16,
         description="HMAC key of page tokens; replicas must share it (default: random).",
     )
+    readiness_interval_seconds: float = Field(
+        5.0, gt=0, description="How often dependencies are probed for health readiness."
+    )
+    readiness_timeout_seconds: float = Field(
+        3.0, gt=0, description="A dependency probe slower than this counts as down."
+    )
     migrate_on_start: bool = Field(
         False,
         description="Upgrade the database schema at start-up (make run, tests). Production: "

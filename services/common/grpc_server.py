@@ -23,6 +23,7 @@ from services.common.health_port import start_health_server
 from services.common.interceptors import CorrelationIdInterceptor, ErrorMappingInterceptor
 from services.common.logging import get_logger
 from services.common.metrics import start_metrics_endpoint
+from services.common.readiness import LIVENESS, Probe, Readiness
 
 log = get_logger(__name__)
 
@@ -53,6 +54,11 @@ class ServiceApp:
     max_message_bytes: int = 64 * 1024 * 1024
     # Plaintext Health-only port for the kubelet's gRPC probes (health_port.py); 0: none.
     health_port: int = 0
+    # Dependencies whose failure makes the service not ready (readiness.py), and how
+    # often / how long they are probed.
+    probes: Sequence[Probe] = ()
+    readiness_interval: float = 5.0
+    readiness_timeout: float = 3.0
     # Filled in by start(): the port actually bound (useful with port 0 in tests).
     bound_port: int = field(default=0, init=False)
 
@@ -66,6 +72,7 @@ class RunningService:
         self.health = health_servicer
         self.tasks: list[asyncio.Task[None]] = []
         self.health_server: grpc.aio.Server | None = None
+        self.readiness: Readiness | None = None
 
     async def stop(self) -> None:
         """Graceful stop: NOT_SERVING, cancel background work, let calls finish."""
@@ -84,7 +91,8 @@ class RunningService:
 
 
 async def start(app: ServiceApp) -> RunningService:
-    """Build and start the server; returns once it listens and reports SERVING."""
+    """Build and start the server; returns once it listens, reports liveness SERVING and
+    readiness as the first round of probes found it (SERVING when there are none)."""
     server = grpc.aio.server(
         interceptors=[CorrelationIdInterceptor(), ErrorMappingInterceptor()],
         options=[
@@ -117,8 +125,18 @@ async def start(app: ServiceApp) -> RunningService:
         )
     for coro_fn in app.background:
         running.tasks.append(asyncio.create_task(_supervised(coro_fn)))
-    for name in ["", *names]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+    readiness = Readiness(
+        health_servicer,
+        names,
+        app.probes,
+        interval=app.readiness_interval,
+        timeout=app.readiness_timeout,
+    )
+    await readiness.check_once()
+    running.readiness = readiness
+    if app.probes:
+        running.tasks.append(asyncio.create_task(_supervised(readiness.run)))
     log.info(
         "service_started",
         host=app.host,

@@ -6,6 +6,7 @@ from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
 from services.common.auth import Authenticator
 from services.common.grpc_server import ServiceApp, Servicer
+from services.common.readiness import Probe
 from services.locks.caps import TenantCaps
 from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import options_from_settings, warn_if_exposed
@@ -15,15 +16,20 @@ from services.locks.reaper import LeaseReaper
 from services.locks.servicer import LockServicer
 from services.locks.settings import LocksSettings
 
+# The etcd probe reads this (empty) range under the lock prefix, where etcd's RBAC lets
+# the lock service read.
+READINESS_SUFFIX = b"readiness-probe/"
 SERVICE_NAME = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
 
 
 def build_app(settings: LocksSettings) -> ServiceApp:
     """The lock service as a `ServiceApp` ready for `serve()` or `start()`.
 
-    etcd is contacted lazily: the server starts (and reports SERVING) even when etcd is
-    not up yet; RPCs answer UNAVAILABLE / ETCD_UNAVAILABLE until it is.
+    etcd is contacted lazily: the server starts (liveness SERVING) even when etcd is not
+    up yet; readiness is NOT_SERVING and RPCs answer UNAVAILABLE / ETCD_UNAVAILABLE until
+    it is.
     """
+    probe_prefix = settings.lock_prefix.encode() + READINESS_SUFFIX
     try:
         options = options_from_settings(settings, settings.etcd_call_timeout_seconds)
         etcd = Etcd(options)  # reads the certificate files now: fail at start, not later
@@ -54,6 +60,10 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         ],
         background=[reaper.run],
         on_shutdown=[etcd.close],
+        # One range read (quorum): some member answers and the cluster has a leader.
+        probes=[Probe("etcd", lambda: etcd.first_created(probe_prefix))],
+        readiness_interval=settings.readiness_interval_seconds,
+        readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
     )

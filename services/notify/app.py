@@ -7,8 +7,9 @@ from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from services.common.admin import admin_servicer
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.logging import get_logger
+from services.common.readiness import database_probe
 from services.notify.components import NotifyComponents, build_components
-from services.notify.database import prepare
+from services.notify.database import migration_locations, prepare
 from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
 
@@ -48,6 +49,9 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
         ],
         background=background,
         on_shutdown=[parts.engine.dispose],
+        probes=[database_probe("notify", parts.engine, migration_locations())],
+        readiness_interval=settings.readiness_interval_seconds,
+        readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
     )

@@ -9,14 +9,17 @@ from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from services.common.admin import admin_servicer
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.jobs.runtime import RuntimeOptions
+from services.common.readiness import Probe, database_probe
 from services.upload.audit import UploadAudit
 from services.upload.components import build_components
-from services.upload.database import prepare
+from services.upload.database import migration_locations, prepare
 from services.upload.servicer import FileServicer, UploadAdminServicer, UploadServicer
 from services.upload.settings import UploadSettings
 from services.upload.status_ages import sample_status_ages
 from services.upload.sync.settings import SyncSettings
 
+# A key nothing is stored under: the blob store probe only asks whether it exists.
+READINESS_PROBE_KEY = "readiness-probe"
 _SERVICES = upload_pb2.DESCRIPTOR.services_by_name
 
 
@@ -67,6 +70,13 @@ def build_app(
         ],
         background=background,
         on_shutdown=[parts.close],
+        probes=[
+            database_probe("upload", parts.engine, migration_locations()),
+            # One HEAD (S3) or stat (local): reachable, credentials and bucket accepted.
+            Probe("blob_store", lambda: parts.blobs.exists(READINESS_PROBE_KEY)),
+        ],
+        readiness_interval=settings.readiness_interval_seconds,
+        readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
     )
