@@ -23,8 +23,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from rich.table import Table
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
+from services.common.channels import open_channel, user_client_security
+
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_CHUNK = 8 * 1024 * 1024
+_UNAVAILABLE_HINT = (
+    "hint: is the server up at --address? A TLS server needs --ca; "
+    "without --ca only loopback addresses are reached (plaintext)."
+)
 _DONE = (upload_pb2.UPLOAD_STATUS_COMPLETED, upload_pb2.UPLOAD_STATUS_FAILED)
 
 
@@ -34,10 +40,13 @@ def _size(text: str) -> int:
     return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
 
 
-def _channel(address: str) -> grpc.aio.Channel:
+def _channel(args: argparse.Namespace) -> grpc.aio.Channel:
     limit = 64 * 1024 * 1024
-    return grpc.aio.insecure_channel(
-        address,
+    # The token rides as call credentials: gRPC sends it only over TLS or to loopback.
+    security = user_client_security(args.token, args.ca, args.cert, args.key)
+    return open_channel(
+        args.address,
+        security,
         options=[
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
@@ -54,7 +63,7 @@ async def upload(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> i
     request_id = hashlib.sha256(
         f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{chunk}".encode()
     ).hexdigest()[:40]
-    async with _channel(args.address) as channel:
+    async with _channel(args) as channel:
         stub = upload_pb2_grpc.UploadServiceStub(channel)
         created = await stub.CreateUpload(
             upload_pb2.CreateUploadRequest(
@@ -127,7 +136,7 @@ def _chunk_len(index: int, chunk: int, size: int) -> int:
 
 async def status(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> int:
     """Print one upload's state."""
-    async with _channel(args.address) as channel:
+    async with _channel(args) as channel:
         u = await upload_pb2_grpc.UploadServiceStub(channel).GetUpload(
             upload_pb2.GetUploadRequest(upload_id=args.upload_id), metadata=md
         )
@@ -142,7 +151,7 @@ async def status(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> i
 
 async def ls(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> int:
     """List a folder (default: the caller's root)."""
-    async with _channel(args.address) as channel:
+    async with _channel(args) as channel:
         stub = upload_pb2_grpc.FileServiceStub(channel)
         token = ""
         while True:
@@ -161,7 +170,7 @@ async def ls(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> int:
 async def download(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> int:
     """Download a file and verify its sha256 against the trailing checksum."""
     out = Path(args.output)
-    async with _channel(args.address) as channel:
+    async with _channel(args) as channel:
         call = upload_pb2_grpc.FileServiceStub(channel).Download(
             upload_pb2.DownloadRequest(file_id=args.file_id), metadata=md
         )
@@ -183,7 +192,7 @@ async def download(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) ->
 
 async def audit(args: argparse.Namespace, md: tuple[tuple[str, str], ...]) -> int:
     """Run AuditUploads (service token) and print its findings; 1 when unhealthy."""
-    async with _channel(args.address) as channel:
+    async with _channel(args) as channel:
         report = await upload_pb2_grpc.UploadAdminServiceStub(channel).AuditUploads(
             upload_pb2.AuditUploadsRequest(sample_size=args.sample), metadata=md
         )
@@ -223,7 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `serentak` console script."""
     p = argparse.ArgumentParser(prog="serentak")
     p.add_argument("--address", default=os.environ.get("SERENTAK_UPLOAD_ADDRESS", DEFAULT_ADDRESS))
-    p.add_argument("--token", default=os.environ.get("SERENTAK_TOKEN", "dev-alice"))
+    p.add_argument(
+        "--token",
+        default=os.environ.get("SERENTAK_TOKEN", "dev-alice"),
+        help="bearer token: a JWT in jwt mode (default $SERENTAK_TOKEN, else dev-alice)",
+    )
+    p.add_argument(
+        "--ca",
+        default=os.environ.get("SERENTAK_TLS_CA_FILE"),
+        help="CA certificate (PEM) of a TLS server; without it, plaintext to loopback only",
+    )
+    p.add_argument("--cert", default=os.environ.get("SERENTAK_TLS_CLIENT_CERT_FILE"))
+    p.add_argument("--key", default=os.environ.get("SERENTAK_TLS_CLIENT_KEY_FILE"))
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("upload", help="upload FILE in chunks (resumable; re-run to resume)")
     up.add_argument("file")
@@ -237,16 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     dl = sub.add_parser("download", help="download a file and verify its checksum")
     dl.add_argument("file_id")
     dl.add_argument("output")
-    au = sub.add_parser("audit", help="store audit (needs the service token as --token)")
+    au = sub.add_parser("audit", help="store audit (needs an ops token, e.g. dev-ops)")
     au.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
     args = p.parse_args(argv)
-    md = (("authorization", f"Bearer {args.token}"),)
+    md: tuple[tuple[str, str], ...] = ()  # the token goes as call credentials
     commands = {"upload": upload, "status": status, "ls": ls, "download": download, "audit": audit}
     command = commands[args.command]
     try:
         return asyncio.run(command(args, md))
     except grpc.aio.AioRpcError as exc:
         print(f"{exc.code().name}: {exc.details()}", file=sys.stderr)
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            print(_UNAVAILABLE_HINT, file=sys.stderr)
         return 2
 
 

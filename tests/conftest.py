@@ -20,6 +20,10 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # Services built or started by tests upgrade their own fresh databases, as under `make run`
 # (production runs `serentak-migrate` as a step instead; tests/foundation covers both).
 os.environ.setdefault("SERENTAK_MIGRATE_ON_START", "true")
+# Services refuse to start without an auth mode. The suite runs on loopback with the dev
+# token tables (tests of jwt mode and of the refusal set their own settings explicitly);
+# settings built in-process read this, and `service_process` passes it to children.
+os.environ.setdefault("SERENTAK_AUTH_MODE", "dev")
 PG_DSN_ENV = "SERENTAK_TEST_PG_DSN"
 
 

@@ -74,10 +74,12 @@ def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
 
 def start_service(name: str, logs: Path) -> subprocess.Popen[bytes]:
     """Start `python -m services.<name>`; its JSON log lines go to the terminal and a file."""
+    # make run is the dev setup: plaintext on loopback with the dev token tables.
     env = {
         # The embedded default migrates at start (production: `serentak-migrate` as a step).
         "SERENTAK_MIGRATE_ON_START": "true",
         **os.environ,
+        "SERENTAK_AUTH_MODE": "dev",
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
     }
     return subprocess.Popen(

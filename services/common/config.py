@@ -22,7 +22,18 @@ DEFAULT_AUTH_TOKENS: dict[str, dict[str, str]] = {
     "dev-carol": {"tenant_id": "acme", "user_id": "carol"},
     "dev-mallory": {"tenant_id": "evil", "user_id": "mallory"},
 }
-DEFAULT_SERVICE_TOKEN = "dev-service-token"
+# Dev-mode service principals: bearer token -> principal (each service calls the others as
+# itself; `ops` is the operator role for admin RPCs). Production uses `jwt` mode instead.
+DEFAULT_SERVICE_TOKENS: dict[str, str] = {
+    "dev-service-upload": "upload",
+    "dev-service-notify": "notify",
+    "dev-service-locks": "locks",
+    "dev-ops": "ops",
+}
+
+
+class ConfigError(ValueError):
+    """Settings that cannot work together; the service refuses to start and says why."""
 
 
 class CommonSettings(BaseSettings):
@@ -66,13 +77,9 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     shutdown_grace_seconds: float = Field(5.0, ge=0, description="In-flight calls get this long.")
     max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message accepted.")
-    # dev: the fixed dev tokens and dev secrets of `make run` are acceptable; anything else
-    # refuses known dev secrets (e.g. the sync webhook's default clientState) at start-up.
-    auth_mode: Literal["dev", "jwt"] = Field("dev", description="dev (make run) or jwt.")
     auth_tokens: dict[str, dict[str, str]] = Field(
         default_factory=lambda: dict(DEFAULT_AUTH_TOKENS)
     )
-    service_token: str = DEFAULT_SERVICE_TOKEN
     page_token_secret: SecretStr = Field(
         default_factory=lambda: SecretStr(secrets.token_urlsafe(32)),
         min_length=16,
@@ -90,6 +97,59 @@ class CommonSettings(BaseSettings):
         "false, and run `serentak-migrate` as a deployment step; a replica then refuses to "
         "start on a schema older than its code.",
     )
+    # --- Trust boundary (README "Running it for real"). No default mode: a service with
+    # none refuses to start; `make run` and the test helpers say `dev` explicitly. Outside
+    # dev, known dev secrets (e.g. the sync webhook's default clientState) are refused.
+    auth_mode: Literal["dev", "jwt"] | None = Field(
+        None, description="dev: the token tables below, loopback only; jwt: bearer JWTs."
+    )
+    auth_service_tokens: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_SERVICE_TOKENS),
+        description="dev mode: bearer token -> service principal (upload|notify|locks|ops).",
+    )
+    auth_jwks_url: str | None = Field(None, description="jwt mode: where the signing keys are.")
+    auth_jwt_issuer: str | None = Field(None, description="jwt mode: required `iss`.")
+    auth_jwt_audience: str | None = Field(None, description="jwt mode: required `aud`.")
+    auth_jwt_algorithms: list[str] = Field(
+        default_factory=lambda: ["RS256", "ES256", "EdDSA"],
+        description="Accepted `alg`s; `none` and HMAC (HS*) are refused at start.",
+    )
+    auth_jwt_leeway_seconds: float = Field(
+        30.0, ge=0, le=300, description="Clock skew for exp/nbf."
+    )
+    auth_jwks_cache_seconds: float = Field(
+        300.0, gt=0, description="Keys are re-fetched after this long (and on an unknown kid)."
+    )
+    auth_jwks_min_refresh_seconds: float = Field(
+        5.0, ge=0, description="Unknown kids trigger at most one JWKS fetch this often."
+    )
+    auth_jwks_timeout_seconds: float = Field(5.0, gt=0, description="One JWKS fetch's deadline.")
+    auth_claim_tenant: str = Field("tenant_id", description="Claim carrying the user's tenant.")
+    auth_claim_user: str = Field("sub", description="Claim carrying the user id.")
+    auth_claim_roles: str = Field("roles", description="Claim carrying a list of roles.")
+    auth_claim_client: str = Field("client_id", description="Claim naming the OAuth client.")
+    auth_service_clients: dict[str, str] = Field(
+        default_factory=dict,
+        description="jwt mode: client id (auth_claim_client) -> service principal.",
+    )
+    auth_mtls_principals: dict[str, str] = Field(
+        default_factory=dict,
+        description="Client certificate identity (SAN DNS/URI or CN) -> service principal.",
+    )
+    client_token: str | None = Field(
+        None, description="jwt mode: this service's own bearer token (client credentials)."
+    )
+    client_token_file: Path | None = Field(
+        None, description="jwt mode: file holding this service's token; re-read when it changes."
+    )
+    tls_cert_file: Path | None = Field(None, description="Server certificate chain (PEM).")
+    tls_key_file: Path | None = Field(None, description="Server private key (PEM).")
+    tls_client_ca_file: Path | None = Field(
+        None, description="CA for client certificates: set it and clients must present one."
+    )
+    tls_ca_file: Path | None = Field(None, description="Clients: CA that signed the servers.")
+    tls_client_cert_file: Path | None = Field(None, description="Clients: certificate (mTLS).")
+    tls_client_key_file: Path | None = Field(None, description="Clients: private key (mTLS).")
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )

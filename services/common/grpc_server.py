@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,11 +20,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.auth import check_bind, require_mode
+from services.common.config import ConfigError
 from services.common.health_port import start_health_server
-from services.common.interceptors import CorrelationIdInterceptor, ErrorMappingInterceptor
+from services.common.interceptors import (
+    AuthPrepareInterceptor,
+    CorrelationIdInterceptor,
+    ErrorMappingInterceptor,
+)
 from services.common.logging import get_logger
 from services.common.metrics import start_metrics_endpoint
 from services.common.readiness import LIVENESS, Probe, Readiness
+from services.common.security import ServerSecurity
+from services.common.tls import server_credentials
 
 log = get_logger(__name__)
 
@@ -59,6 +68,9 @@ class ServiceApp:
     probes: Sequence[Probe] = ()
     readiness_interval: float = 5.0
     readiness_timeout: float = 3.0
+    # Auth mode, TLS, authenticator (`server_security(settings, auth)`). None: an ad hoc
+    # app (tests) that may only listen plaintext on loopback, like dev mode.
+    security: ServerSecurity | None = None
     # Filled in by start(): the port actually bound (useful with port 0 in tests).
     bound_port: int = field(default=0, init=False)
 
@@ -92,9 +104,24 @@ class RunningService:
 
 async def start(app: ServiceApp) -> RunningService:
     """Build and start the server; returns once it listens, reports liveness SERVING and
-    readiness as the first round of probes found it (SERVING when there are none)."""
+    readiness as the first round of probes found it (SERVING when there are none).
+
+    Refuses (ConfigError) to listen off loopback in dev mode or without declared security.
+    """
+    security = app.security
+    check_bind(security.auth_mode if security else None, app.host)
+    if security is not None and security.auth_mode == "dev":
+        log.warning(
+            "auth_dev_mode",
+            service=app.name,
+            message="SERENTAK_AUTH_MODE=dev: fixed dev tokens accepted (loopback only)",
+        )
+    interceptors: list[grpc.aio.ServerInterceptor] = [CorrelationIdInterceptor()]
+    if security is not None and security.authenticator is not None:
+        interceptors.append(AuthPrepareInterceptor(security.authenticator))
+    interceptors.append(ErrorMappingInterceptor())
     server = grpc.aio.server(
-        interceptors=[CorrelationIdInterceptor(), ErrorMappingInterceptor()],
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", app.max_message_bytes),
             ("grpc.max_send_message_length", app.max_message_bytes),
@@ -114,7 +141,11 @@ async def start(app: ServiceApp) -> RunningService:
         ],
         server,
     )
-    app.bound_port = server.add_insecure_port(f"{app.host}:{app.port}")
+    address = f"{app.host}:{app.port}"
+    if security is not None and security.tls is not None:
+        app.bound_port = server.add_secure_port(address, server_credentials(security.tls))
+    else:
+        app.bound_port = server.add_insecure_port(address)
     if app.bound_port == 0:
         raise OSError(f"cannot listen on {app.host}:{app.port}")
     await server.start()
@@ -143,6 +174,8 @@ async def start(app: ServiceApp) -> RunningService:
         port=app.bound_port,
         services=names,
         metrics_port=app.metrics_port,
+        tls=bool(security and security.tls),
+        mtls=bool(security and security.tls and security.tls.client_ca_file),
     )
     return running
 
@@ -184,10 +217,23 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
     os.umask(0o077)
     configure_logging(name, settings.log_format, settings.log_level)
     try:
+        require_mode(settings)  # before build_app touches a database
         app = build_app(settings)
+        if app.security is None:
+            raise ConfigError(f"{name} declares no security (auth mode, TLS)")
     except SchemaOutdated as exc:
         # Refuse to serve: this code would fail on the old schema, call after call.
         log.error("schema_outdated", message=str(exc), behind=exc.behind)
         raise SystemExit(f"{name}: {exc}") from None
+    except ConfigError as exc:
+        # A clear line on stderr and a non-zero exit: never a silent insecure default.
+        log.error("refusing_to_start", service=name, error=str(exc))
+        print(f"{name}: refusing to start: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
     app.health_port = settings.health_port
-    asyncio.run(serve(app))
+    try:
+        asyncio.run(serve(app))
+    except ConfigError as exc:
+        log.error("refusing_to_start", service=name, error=str(exc))
+        print(f"{name}: refusing to start: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc

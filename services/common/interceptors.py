@@ -17,6 +17,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from services.common import correlation
+from services.common.auth import Authenticator
 from services.common.errors import ERROR_DOMAIN, SerentakError
 from services.common.logging import get_logger
 from services.common.metrics import DOMAIN_ERRORS, RPC_DURATION, RPC_REQUESTS
@@ -93,6 +94,34 @@ class CorrelationIdInterceptor(_WrappingInterceptor):
             with correlation.bound_correlation_id(sent) as cid:
                 await context.send_initial_metadata(((correlation.METADATA_KEY, cid),))
                 return await behaviour(request, context)
+
+        return unary_behaviour
+
+
+class AuthPrepareInterceptor(_WrappingInterceptor):
+    """Before each RPC, lets the authenticator fetch what the call's token needs (JWKS
+    keys for an unknown kid) off the event loop, so servicers identify callers without I/O."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._auth = authenticator
+
+    def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
+        if streams:
+
+            async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await self._auth.prepare(context)
+                result = behaviour(request, context)
+                if hasattr(result, "__aiter__"):
+                    async for item in result:
+                        yield item
+                else:
+                    await result
+
+            return stream_behaviour
+
+        async def unary_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self._auth.prepare(context)
+            return await behaviour(request, context)
 
         return unary_behaviour
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
-from services.common.auth import Authenticator
+from services.common.auth import build_authenticator
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.readiness import Probe
+from services.common.security import server_security
 from services.locks.caps import TenantCaps
 from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import options_from_settings, warn_if_exposed
@@ -42,10 +43,11 @@ def build_app(settings: LocksSettings) -> ServiceApp:
     caps = TenantCaps(
         etcd, keys, settings.lock_max_held_per_tenant, settings.lock_max_waiters_per_tenant
     )
+    auth = build_authenticator(settings)
     servicer = LockServicer(
         mutex,
         settings.etcd_call_timeout_seconds,
-        Authenticator(settings.auth_tokens, settings.service_token),
+        auth,
         caps,
         list_limit=settings.lock_list_limit,
         list_max=settings.lock_list_max,
@@ -66,4 +68,5 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
+        security=server_security(settings, auth),
     )

@@ -1,12 +1,14 @@
 """`LockClient`: how other services take a lock, keep it alive and learn that it is gone.
 
-    locks = LockClient("127.0.0.1:50052", owner="upload-worker-7", token=service_token)
+    locks = LockClient("127.0.0.1:50052", owner="upload-worker-7", security=as_upload)
     async with locks.hold("file:123", tenant_id="acme", ttl=30, wait_timeout=10) as lock:
         await commit_fenced(session, file_id, lock.token, ...)   # see fencing.py
 
-Every call carries `token` as its bearer credential (the lock service refuses anonymous
-callers). A service principal names the tenant whose key space holds the lock
-(`tenant_id`); a user principal may leave it empty (its own tenant).
+Every call carries a credential (the lock service refuses anonymous callers): the
+principal's call credentials in `security` (`channels.service_client_security(settings,
+"upload")`: its token and TLS files), or a bearer `token` added to each call's metadata.
+A service principal names the tenant whose key space holds the lock (`tenant_id`); a
+user principal may leave it empty (its own tenant).
 
 `hold()` acquires (raising `LockHeld` when the wait runs out), opens a `Hold` stream so
 the service renews the lease, and exposes `lock.token` for fencing. If the lock is lost
@@ -32,6 +34,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
+from services.common.channels import ClientSecurity, open_channel
 from services.common.correlation import METADATA_KEY, current_correlation_id
 from services.common.errors import SerentakError, Unavailable
 from services.common.logging import get_logger
@@ -44,6 +47,12 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# Safe to resend on UNAVAILABLE: they act on a token, or only read.
+_IDEMPOTENT = [
+    "serentak.locks.v1.LockService/Release",
+    "serentak.locks.v1.LockService/Describe",
+    "serentak.locks.v1.LockService/List",
+]
 
 
 class LockClient:
@@ -55,10 +64,15 @@ class LockClient:
         owner: str,
         token: str | None = None,
         tenant_id: str = "",
+        security: ClientSecurity | None = None,
     ) -> None:
+        """`target` an address (see `channels.target`) or a channel; `security` the TLS
+        files and principal call credentials (default: plaintext loopback, none)."""
         self._own_channel = isinstance(target, str)
         self.channel = (
-            grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            open_channel(
+                target, security or ClientSecurity(), retry=_IDEMPOTENT, options=_CHANNEL_OPTIONS
+            )
             if isinstance(target, str)
             else target
         )

@@ -8,6 +8,7 @@ from services.common.admin import admin_servicer
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.logging import get_logger
 from services.common.readiness import database_probe
+from services.common.security import server_security
 from services.notify.components import NotifyComponents, build_components
 from services.notify.database import migration_locations, prepare
 from services.notify.servicer import NotifyServicer
@@ -54,4 +55,5 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
         readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
+        security=server_security(settings, parts.auth),
     )

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from services.common.auth import Authenticator
+from services.common.auth import Authenticator, build_authenticator
 from services.common.db import create_engine, is_sqlite, session_factory
 from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.listener import CommitListener
@@ -84,7 +84,7 @@ def build_components(
         settings=settings,
         engine=engine,
         sessions=sessions,
-        auth=Authenticator(settings.auth_tokens, settings.service_token),
+        auth=build_authenticator(settings),
         broker=broker,
         inbox=inbox,
         streams=StreamReader(sessions, broker),

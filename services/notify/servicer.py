@@ -46,7 +46,9 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
         self, request: notify_pb2.IngestRequest, context: grpc.aio.ServicerContext
     ) -> notify_pb2.IngestResponse:
         """Idempotent by event_id; applies events per aggregate in version order."""
-        self._auth.require_service(context)
+        # Only the principals that publish events (the upload service): anyone else could
+        # forge a notification into any tenant's inbox.
+        self._auth.require_service(context, self._settings.ingest_principals)
         if not request.HasField("event"):
             raise InvalidArgument("event", "required", reason="INVALID_EVENT")
         result = await self._inbox.ingest(request.event)

@@ -12,6 +12,9 @@ DAY_SECONDS = 24 * 3600
 class NotifySettings(CommonSettings):
     """Read once at start-up from `SERENTAK_*`."""
 
+    ingest_principals: list[str] = Field(
+        default_factory=lambda: ["upload"], description="Service principals allowed to Ingest."
+    )
     notify_database_url: str | None = Field(
         None, description="SQLAlchemy URL; default: SQLite at {data_dir}/notify.db."
     )

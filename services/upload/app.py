@@ -10,6 +10,7 @@ from services.common.admin import admin_servicer
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.jobs.runtime import RuntimeOptions
 from services.common.readiness import Probe, database_probe
+from services.common.security import server_security
 from services.upload.audit import UploadAudit
 from services.upload.components import build_components
 from services.upload.database import migration_locations, prepare
@@ -79,4 +80,5 @@ def build_app(
         readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
+        security=server_security(settings, parts.auth),
     )

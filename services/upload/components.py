@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from services.common.auth import Authenticator
+from services.common.auth import UPLOAD, Authenticator, build_authenticator, require_mode
+from services.common.channels import service_client_security
 from services.common.config import load
 from services.common.db import create_engine, session_factory
 from services.common.jobs import JobRegistry, RetryPolicy
@@ -75,10 +76,11 @@ def build_components(
         stats_interval=settings.metrics_sample_seconds,
     )
     blobs = open_blob_store(settings)
+    auth = build_authenticator(settings)
+    # Calls to locks and notify go out as the `upload` principal.
+    as_upload = service_client_security(settings, UPLOAD)
     locks = FileLocks(
-        settings.locks_address,
-        owner=f"upload-merge:{options.node_id}",
-        token=settings.service_token,
+        settings.locks_address, owner=f"upload-merge:{options.node_id}", security=as_upload
     )
     tokens = PageTokens(settings.page_token_secret.get_secret_value())
     uploads = Uploads(sessions, settings, tokens)
@@ -108,7 +110,6 @@ def build_components(
         expiry_handler(blobs, settings.upload_ttl_seconds),
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
     )
-    auth = Authenticator(settings.auth_tokens, settings.service_token)
     sync_config = sync_settings or load(SyncSettings)
     sync = wire_sync(
         sync_config,
@@ -116,14 +117,14 @@ def build_components(
         registry,
         auth,
         settings.data_dir / "sync-cache",
-        auth_mode=settings.auth_mode,
+        auth_mode=require_mode(settings),
     )
     schedules = [expiry_schedule(settings.expiry_interval_seconds)]
     if sync_config.enabled:
         schedules.extend(sync.schedules)
     # Events reach collaborators through notify's Ingest (idempotent by event_id).
     subscribers = (
-        [GrpcIngestSubscriber(settings.notify_address, settings.service_token)]
+        [GrpcIngestSubscriber(settings.notify_address, as_upload)]
         if settings.publish_events
         else []
     )

@@ -7,23 +7,24 @@
 
 from __future__ import annotations
 
+from services.common.channels import ClientSecurity
 from services.locks.client import HeldLock, LockClient
 
 
 class FileLocks:
     """`hold("file:{id}")` through a `LockClient` made on first use."""
 
-    def __init__(self, address: str, owner: str, token: str) -> None:
+    def __init__(self, address: str, owner: str, security: ClientSecurity | None = None) -> None:
         self._address = address
         self._owner = owner
-        self._token = token  # the upload service's own principal
+        self._security = security
         self._client: LockClient | None = None
 
     @property
     def client(self) -> LockClient:
         """The connected client (created now if needed; call inside the event loop)."""
         if self._client is None:
-            self._client = LockClient(self._address, owner=self._owner, token=self._token)
+            self._client = LockClient(self._address, owner=self._owner, security=self._security)
         return self._client
 
     def hold(self, key: str, tenant_id: str, ttl: int = 30, wait_timeout: float = 30.0) -> HeldLock:

@@ -211,7 +211,7 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
 
 
 class UploadAdminServicer(upload_pb2_grpc.UploadAdminServiceServicer):
-    """Operator checks (service credential only)."""
+    """Operator checks (the ops role only)."""
 
     def __init__(self, auth: Authenticator, audit: UploadAudit) -> None:
         self._auth = auth
@@ -220,7 +220,7 @@ class UploadAdminServicer(upload_pb2_grpc.UploadAdminServiceServicer):
     async def AuditUploads(
         self, request: upload_pb2.AuditUploadsRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.AuditUploadsResponse:
-        self._auth.require_service(context)
+        self._auth.require_ops(context)
         if request.sample_size < 0:
             raise InvalidArgument("sample_size", "must not be negative")
         if request.limit < 0:

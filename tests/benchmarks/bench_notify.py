@@ -35,7 +35,6 @@ from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from sqlalchemy.engine import make_url
 from support.services import running_app
 
-from services.common.config import DEFAULT_SERVICE_TOKEN
 from services.common.db import create_engine, session_factory
 from services.common.logging import configure_logging
 from services.common.migrate import upgrade
@@ -94,7 +93,7 @@ async def notify_run(url: str, data_dir: Path, renames: int, interval: float) ->
                         return
 
             readers = [asyncio.create_task(drain(c)) for c in calls]
-            md = (("authorization", f"Bearer {DEFAULT_SERVICE_TOKEN}"),)
+            md = (("authorization", "Bearer dev-service-upload"),)
             started = time.perf_counter()
             pending = []
             for v in range(1, renames + 1):

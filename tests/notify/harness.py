@@ -20,14 +20,16 @@ from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from support.grpc_errors import error_info
 from support.services import running_app
 
-from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
+from services.common.config import DEFAULT_AUTH_TOKENS
 from services.common.grpc_server import RunningService
 from services.notify.app import build_app
 from services.notify.components import NotifyComponents, build_components
 from services.notify.fanout_job import FANOUT_JOB
 from services.notify.settings import NotifySettings
 
-SERVICE = (("authorization", f"Bearer {DEFAULT_SERVICE_TOKEN}"),)
+# The relay calls Ingest as the upload principal; admin RPCs need the ops role.
+SERVICE = (("authorization", "Bearer dev-service-upload"),)
+OPS = (("authorization", "Bearer dev-ops"),)
 SETTLE_DEADLINE_S = 60.0
 _versions = itertools.count(1)
 
@@ -95,7 +97,7 @@ class NotifyHarness:
 
     async def fanout_backlog(self) -> tuple[int, int]:
         """(queued or running fan-out jobs, dead-lettered ones), from AdminService."""
-        stats = await self.admin.QueueStats(admin_pb2.QueueStatsRequest(), metadata=SERVICE)
+        stats = await self.admin.QueueStats(admin_pb2.QueueStatsRequest(), metadata=OPS)
         for t in stats.job_types:
             if t.job_type == FANOUT_JOB:
                 return t.queued + t.running, t.dead_letters

@@ -110,7 +110,7 @@ async def test_another_users_notifications_are_unreachable(notify):
     with pytest.raises(grpc.aio.AioRpcError) as service_reads:
         await notify.stub.GetUnreadCount(
             notify_pb2.GetUnreadCountRequest(),
-            metadata=(("authorization", f"Bearer {notify.settings.service_token}"),),
+            metadata=(("authorization", "Bearer dev-service-upload"),),
         )
     assert service_reads.value.code() == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.aio.AioRpcError) as anonymous:

@@ -108,7 +108,7 @@ async def test_subscribe_rejects_bad_cursor_and_service_identity(notify):
     assert error_reason(bad.value) == "INVALID_CURSOR"
     call = notify.stub.Subscribe(
         notify_pb2.SubscribeRequest(),
-        metadata=(("authorization", f"Bearer {notify.settings.service_token}"),),
+        metadata=(("authorization", "Bearer dev-service-upload"),),
     )
     with pytest.raises(grpc.aio.AioRpcError) as service:
         await next_item(call)

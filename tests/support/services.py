@@ -77,6 +77,8 @@ def service_process(
         "SERENTAK_DATA_DIR": str(tmp_path / "data"),
         # Fresh test databases: migrate at start as `make run` does (tests override it).
         "SERENTAK_MIGRATE_ON_START": "true",
+        # Explicit: a service with no auth mode refuses to start.
+        "SERENTAK_AUTH_MODE": "dev",
         f"SERENTAK_{name.upper()}_PORT": str(port),
         f"SERENTAK_{name.upper()}_METRICS_PORT": str(metrics_port),
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),

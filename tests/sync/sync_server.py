@@ -12,7 +12,6 @@ from support.services import running_app
 from sync.sync_world import SyncWorld
 
 from services.common.auth import Authenticator
-from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.page_tokens import PageTokens
 from services.upload.blob_store import LocalBlobStore
@@ -32,7 +31,7 @@ async def sync_server(
     world: SyncWorld, tmp_path: Path, engine: SyncEngine | None = None
 ) -> AsyncIterator[grpc.aio.Channel]:
     """A channel to SyncService (over `engine`, default the world's) and FileService."""
-    auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
+    auth = Authenticator.dev()
     services = upload_pb2.DESCRIPTOR.services_by_name
     files = Files(
         world.sessions,

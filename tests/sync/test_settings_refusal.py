@@ -26,6 +26,12 @@ def test_default_client_state_is_refused_outside_dev_mode() -> None:
 
 def test_the_upload_service_refuses_to_start_with_it(tmp_path: Path) -> None:
     """build_app (what `python -m services.upload` runs) raises before serving anything."""
-    settings = UploadSettings(data_dir=tmp_path, auth_mode="jwt")
+    settings = UploadSettings(
+        data_dir=tmp_path,
+        auth_mode="jwt",
+        auth_jwks_url="http://127.0.0.1:9/jwks",  # complete jwt settings: never fetched here
+        auth_jwt_issuer="https://idp.test",
+        auth_jwt_audience="serentak",
+    )
     with pytest.raises(InsecureSyncSettings):
         build_app(settings, sync_settings=SyncSettings())

@@ -14,7 +14,6 @@ from sync.sync_server import ALICE, MALLORY, sync_server
 from sync.sync_world import DRIVE, SyncWorld
 
 from services.common.auth import Authenticator
-from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
 
 
 @pytest.fixture
@@ -149,7 +148,7 @@ async def test_wire_sync_registers_jobs_and_serves_webhooks(world: SyncWorld, tm
     port = free_port()
     settings = world.engine.settings.model_copy(update={"webhook_port": port})
     registry = JobRegistry()
-    auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
+    auth = Authenticator.dev()
     wiring = wire_sync(settings, world.sessions, registry, auth, tmp_path / "cache")
     assert set(registry.names) == {DELTA_JOB, ITEM_JOB, PURGE_JOB, RECONCILE_JOB}
     assert {s.job_type for s in wiring.schedules} == {RECONCILE_JOB, PURGE_JOB}

@@ -19,7 +19,7 @@ from services.upload.blob_store import content_key
 from services.upload.models import ChunkRow, UploadRow
 
 CHUNK = 1024
-SERVICE = (("authorization", "Bearer dev-service-token"),)
+SERVICE = (("authorization", "Bearer dev-ops"),)  # AuditUploads needs the ops role
 
 
 async def _complete(client, data: bytes, name: str) -> upload_pb2.Upload:
@@ -94,18 +94,27 @@ async def test_audit_reports_corruption_and_count_drift(cluster, capsys) -> None
     }
     assert drift == {(b.upload_id, 1, 2, 2), (open_upload.upload_id, 2, 3, 3)}
 
-    base = ["--address", cluster.address, "--token", "dev-service-token"]
+    base = ["--address", cluster.address, "--token", "dev-ops"]
     assert await asyncio.to_thread(main, [*base, "audit", "--sample", "10"]) == 1
     out = capsys.readouterr().out
     assert "UNHEALTHY" in out and a.file_id in out and b.upload_id in out
 
 
-async def test_audit_needs_the_service_credential_and_sane_arguments(cluster) -> None:
+async def test_audit_needs_the_ops_role_and_sane_arguments(cluster) -> None:
     admin = upload_pb2_grpc.UploadAdminServiceStub(cluster.channel)
     await expect_error(
         admin.AuditUploads(upload_pb2.AuditUploadsRequest(), metadata=cluster["alice"].metadata),
         grpc.StatusCode.PERMISSION_DENIED,
-        "SERVICE_REQUIRED",
+        "OPS_ROLE_REQUIRED",
+    )
+    # Another service principal is not an operator either.
+    await expect_error(
+        admin.AuditUploads(
+            upload_pb2.AuditUploadsRequest(),
+            metadata=(("authorization", "Bearer dev-service-notify"),),
+        ),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "OPS_ROLE_REQUIRED",
     )
     info = await expect_error(
         admin.AuditUploads(upload_pb2.AuditUploadsRequest(sample_size=-1), metadata=SERVICE),

@@ -5,8 +5,9 @@
     replay ID                               queue a dead letter again (once)
     purge [--job-type T] [--older-than ISO] delete dead letters
 
-The token defaults to SERENTAK_SERVICE_TOKEN (read once through CommonSettings). The
-`serentak` CLI reuses `build_parser` and `run`.
+Admin RPCs need the ops role. Without `--token`, the token and TLS files come from the
+settings (read once): `SERENTAK_CLIENT_TOKEN[_FILE]`, or in dev mode the `ops` dev token
+(`dev-ops`); `SERENTAK_TLS_CA_FILE` etc. `--ca/--cert/--key` override the TLS files.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from rich.console import Console
 from rich.table import Table
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 
+from services.common.auth import OPS
+from services.common.channels import (
+    ClientSecurity,
+    open_sync_channel,
+    service_client_security,
+    user_client_security,
+)
+from services.common.config import ConfigError
+
 EXIT_RPC_ERROR = 2
 
 
@@ -33,7 +43,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         prog="python -m services.common.admin", description="Job queue administration."
     )
     parser.add_argument("--address", required=True, help="host:port of the service")
-    parser.add_argument("--token", default=None, help="service token (default: settings)")
+    parser.add_argument("--token", default=None, help="ops token (default: settings)")
+    parser.add_argument("--ca", default=None, help="CA of a TLS server (default: settings)")
+    parser.add_argument("--cert", default=None, help="client certificate for mTLS")
+    parser.add_argument("--key", default=None, help="client key for mTLS")
     parser.add_argument("--timeout", type=float, default=10.0)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("stats", help="queue depth and lag per job type")
@@ -138,19 +151,39 @@ def _purge(stub, args, md, console) -> None:  # type: ignore[no-untyped-def]
     console.print(f"purged {resp.purged} dead letters")
 
 
+def _security(args: argparse.Namespace) -> ClientSecurity:
+    """Flags first; the settings (ops principal's token, TLS files) for what is not given."""
+    if args.token is not None and (args.ca or args.cert or args.key):
+        return user_client_security(args.token, args.ca, args.cert, args.key)
+    from services.common.config import CommonSettings, load
+
+    settings = load(CommonSettings)
+    from_settings = service_client_security(settings, OPS)
+    flags = user_client_security(args.token, args.ca, args.cert, args.key)
+    security = ClientSecurity(
+        tls=flags.tls or from_settings.tls, token=flags.token or from_settings.token
+    )
+    if security.token is None and security.tls is None:
+        raise ConfigError(
+            "no credentials: pass --token, or set SERENTAK_CLIENT_TOKEN[_FILE] "
+            "(or SERENTAK_AUTH_MODE=dev for the dev ops token)"
+        )
+    return security
+
+
 _COMMANDS = {"stats": _stats, "dead-letters": _dead_letters, "replay": _replay, "purge": _purge}
 
 
 def run(args: argparse.Namespace, console: Console | None = None) -> int:
     """Execute one parsed command; returns the process exit code."""
     console = console or Console()
-    token = args.token
-    if token is None:
-        from services.common.config import CommonSettings, load
-
-        token = load(CommonSettings).service_token
-    md = [("authorization", f"Bearer {token}")]
-    with grpc.insecure_channel(args.address) as channel:
+    md: list[tuple[str, str]] = []  # the token goes as call credentials
+    try:
+        security = _security(args)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return EXIT_RPC_ERROR
+    with open_sync_channel(args.address, security) as channel:
         stub = admin_pb2_grpc.AdminServiceStub(channel)
         try:
             _COMMANDS[args.command](stub, args, md, console)

@@ -1,8 +1,8 @@
 """`serentak.admin.v1.AdminService`: the operator's view of a service's queue and DLQ.
 
 Generic over the service: it only needs a session factory on a database that has the
-runtime's tables. Every call requires the service credential (`authorization: bearer
-<service_token>`): queue contents and dead-letter payloads are internal data.
+runtime's tables. Every call requires the ops role (the `ops` principal, or a token with
+`ops` in its roles): queue contents and dead-letter payloads are internal data.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.QueueStatsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.QueueStatsResponse:
         """Depth and lag per job type, oldest unpublished event, dead-letter count."""
-        self._auth.require_service(context)
+        self._auth.require_ops(context)
         async with self._sessions() as session, session.begin():
             stats = await queue_stats(session)
         return admin_pb2.QueueStatsResponse(
@@ -101,7 +101,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.ListDeadLettersRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ListDeadLettersResponse:
         """Dead letters oldest first; page_token is the last id seen."""
-        self._auth.require_service(context)
+        self._auth.require_ops(context)
         if request.page_size < 0:
             raise InvalidArgument("page_size", "must not be negative")
         size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
@@ -125,7 +125,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.ReplayDeadLetterRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ReplayDeadLetterResponse:
         """Queue the dead letter's job again (once); it passes the idempotency check."""
-        self._auth.require_service(context)
+        self._auth.require_ops(context)
         if request.id <= 0:
             raise InvalidArgument("id", "must be a positive dead letter id")
         try:
@@ -145,7 +145,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.PurgeDeadLettersRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.PurgeDeadLettersResponse:
         """Delete dead letters (of one job type, dead before older_than)."""
-        self._auth.require_service(context)
+        self._auth.require_ops(context)
         older_than = None
         if request.HasField("older_than"):
             older_than = request.older_than.ToDatetime(tzinfo=UTC)

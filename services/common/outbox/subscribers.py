@@ -13,6 +13,7 @@ import grpc
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
+from services.common.channels import ClientSecurity, open_channel
 from services.common.correlation import METADATA_KEY
 
 
@@ -25,23 +26,28 @@ class Subscriber(Protocol):
 
 
 class GrpcIngestSubscriber:
-    """Publishes to the notify service's `Ingest` with the service credential."""
+    """Publishes to the notify service's `Ingest` as this service's principal."""
 
-    def __init__(self, address: str, service_token: str, timeout_seconds: float = 10.0) -> None:
+    def __init__(
+        self, address: str, security: ClientSecurity, timeout_seconds: float = 10.0
+    ) -> None:
         self._address = address
-        self._token = service_token
+        self._security = security
         self._timeout = timeout_seconds
         self._channel: grpc.aio.Channel | None = None
 
     def _stub(self) -> notify_pb2_grpc.NotifyServiceStub:
         # Created lazily so the channel belongs to the running event loop.
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._address)
+            # Ingest is idempotent by event_id: gRPC may resend it on UNAVAILABLE.
+            self._channel = open_channel(
+                self._address, self._security, retry=["serentak.notify.v1.NotifyService/Ingest"]
+            )
         return notify_pb2_grpc.NotifyServiceStub(self._channel)
 
     async def publish(self, event: events_pb2.Event) -> None:
         """Call Ingest; any RPC error propagates and the relay retries later."""
-        metadata = [("authorization", f"Bearer {self._token}")]
+        metadata = []
         if event.correlation_id:
             metadata.append((METADATA_KEY, event.correlation_id))
         await self._stub().Ingest(

@@ -15,7 +15,6 @@ from support.services import running_app
 
 from services.common.admin import admin_servicer
 from services.common.auth import Authenticator
-from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
 from services.common.correlation import bound_correlation_id
 from services.common.grpc_server import ServiceApp
 from services.common.jobs import (
@@ -30,7 +29,7 @@ from services.common.jobs import (
 from services.common.jobs.models import applied_jobs, dead_letters, jobs
 
 REPO = Path(__file__).resolve().parents[3]
-SERVICE_MD = [("authorization", f"Bearer {DEFAULT_SERVICE_TOKEN}")]
+SERVICE_MD = [("authorization", "Bearer dev-ops")]  # admin RPCs need the ops role
 
 
 class Broken:
@@ -111,7 +110,7 @@ async def test_replay_applies_once_and_a_second_replay_is_a_no_op(runtime_db) ->
     worker = Worker(runtime_db.sessions, registry, worker_id="w")
     await _drain(worker)
     [dl] = await _dead(runtime_db)
-    auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
+    auth = Authenticator.dev()
     app = ServiceApp("t", "127.0.0.1", 0, 0, [admin_servicer(runtime_db.sessions, auth)])
     async with running_app(app) as running:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.app.bound_port}") as channel:
@@ -181,13 +180,18 @@ async def test_cli_prints_tables_and_purges(runtime_db) -> None:  # type: ignore
     async with runtime_db.sessions() as session, session.begin():
         await enqueue(session, NewJob("t", {}, "p", "k"))
     await _drain(Worker(runtime_db.sessions, registry, worker_id="w"))
-    auth = Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
+    auth = Authenticator.dev()
     app = ServiceApp("t", "127.0.0.1", 0, 0, [admin_servicer(runtime_db.sessions, auth)])
     async with running_app(app) as running:
         address = f"127.0.0.1:{running.app.bound_port}"
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            env = {"PYTHONPATH": f"{REPO}:{REPO / 'gen'}", "COLUMNS": "200", "PATH": "/usr/bin"}
+            env = {
+                "PYTHONPATH": f"{REPO}:{REPO / 'gen'}",
+                "COLUMNS": "200",
+                "PATH": "/usr/bin",
+                "SERENTAK_AUTH_MODE": "dev",  # the CLI then calls as `ops` with dev-ops
+            }
             return subprocess.run(
                 [sys.executable, "-m", "services.common.admin", "--address", address, *args],
                 cwd=REPO,

@@ -1,0 +1,117 @@
+"""A real identity provider stand-in: RSA signing keys, a JWKS over HTTP on loopback, tokens.
+
+The JWKS server is a plain `ThreadingHTTPServer` in a thread; `publish()` swaps the key
+set it serves (rotation), and `fetches` counts how often the service asked for it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+
+ISSUER = "https://idp.test"
+AUDIENCE = "serentak"
+
+
+@dataclass
+class SigningKey:
+    """One RSA key pair and its kid."""
+
+    kid: str = field(default_factory=lambda: f"k-{uuid.uuid4().hex[:8]}")
+    private: rsa.RSAPrivateKey = field(
+        default_factory=lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    )
+
+    def jwk(self) -> dict[str, Any]:
+        """The public half as a JWK."""
+        data = json.loads(RSAAlgorithm.to_jwk(self.private.public_key()))
+        return {**data, "kid": self.kid, "alg": "RS256", "use": "sig"}
+
+    def public_pem(self) -> bytes:
+        """The public key in PEM (what an HS256 confusion attack would use as secret)."""
+        return self.private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    def sign(self, claims: dict[str, Any], kid: str | None = None) -> str:
+        """An RS256 token with `kid` (default: this key's) in its header."""
+        return jwt.encode(claims, self.private, algorithm="RS256", headers={"kid": kid or self.kid})
+
+
+def claims(**overrides: Any) -> dict[str, Any]:
+    """A valid user token's claims (alice of acme), with overrides; None removes a claim."""
+    now = int(time.time())
+    base: dict[str, Any] = {
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "sub": "alice",
+        "tenant_id": "acme",
+        "iat": now,
+        "nbf": now,
+        "exp": now + 300,
+    }
+    base.update(overrides)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+class JwksServer:
+    """Serves the current key set at `url` until `close()`."""
+
+    def __init__(self, *keys: SigningKey) -> None:
+        self._body = b""
+        self.fetches = 0
+        self.publish(*keys)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.fetches += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(outer._body)))
+                self.end_headers()
+                self.wfile.write(outer._body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/.well-known/jwks.json"
+
+    def publish(self, *keys: SigningKey) -> None:
+        """Serve exactly these keys from now on."""
+        self._body = json.dumps({"keys": [k.jwk() for k in keys]}).encode()
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def jwt_settings(server: JwksServer, **overrides: Any) -> dict[str, Any]:
+    """Settings overrides for jwt mode against `server` (upload/notify/ops clients mapped)."""
+    return {
+        "auth_mode": "jwt",
+        "auth_jwks_url": server.url,
+        "auth_jwt_issuer": ISSUER,
+        "auth_jwt_audience": AUDIENCE,
+        "auth_jwks_min_refresh_seconds": 0.0,
+        "auth_service_clients": {
+            "serentak-upload": "upload",
+            "serentak-notify": "notify",
+            "serentak-ops": "ops",
+        },
+        **overrides,
+    }
