@@ -40,7 +40,10 @@ class UploadSettings(CommonSettings):
         8 * MIB, ge=5 * MIB, description="Multipart part size of merged files on S3 (>= 5 MiB)."
     )
     s3_merge_concurrency: int = Field(
-        4, ge=1, description="Multipart parts in flight per merge (memory: this x part size)."
+        4,
+        ge=1,
+        description="Chunk GETs and multipart parts in flight per S3 merge (memory: this x"
+        " (a chunk + a part)).",
     )
     blob_fsync: bool = Field(
         True, description="fsync chunk and merged files (off only for throwaway test data)."

@@ -255,6 +255,18 @@ async def run_serentak(
     address: str, blob_root: Path, source: Source, case: str, send: Sender
 ) -> Result:
     """CreateUpload, send every chunk with `send`, wait for COMPLETED; verify the blob."""
+    result, upload = await run_serentak_upload(address, source, case, send)
+    blob = blob_root / content_key(upload.file_id, upload.upload_id)
+    stored = await asyncio.to_thread(file_sha256, blob)
+    if stored != source.sha256:
+        raise RuntimeError(f"{case}: the merged file differs from the source")
+    return result
+
+
+async def run_serentak_upload(
+    address: str, source: Source, case: str, send: Sender
+) -> tuple[Result, upload_pb2.Upload]:
+    """CreateUpload, send every chunk with `send`, wait for COMPLETED (checksum checked)."""
     fd = os.open(source.path, os.O_RDONLY)
     try:
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
@@ -279,12 +291,10 @@ async def run_serentak(
         os.close(fd)
     if upload.status != upload_pb2.UPLOAD_STATUS_COMPLETED:
         raise RuntimeError(f"{case}: upload ended {upload.status}: {upload.failure_reason}")
-    blob = blob_root / content_key(upload.file_id, upload.upload_id)
-    stored = await asyncio.to_thread(file_sha256, blob)
-    if upload.final_checksum != source.sha256 or stored != source.sha256:
-        raise RuntimeError(f"{case}: the merged file differs from the source")
+    if upload.final_checksum != source.sha256:
+        raise RuntimeError(f"{case}: the merged file's checksum differs from the source's")
     merging = upload.merge_finished_at.ToDatetime() - upload.merge_started_at.ToDatetime()
-    return Result(done - started, source.size, done - acked, merging.total_seconds())
+    return Result(done - started, source.size, done - acked, merging.total_seconds()), upload
 
 
 async def wait_done(stub: upload_pb2_grpc.UploadServiceStub, upload_id: str) -> upload_pb2.Upload:

@@ -8,12 +8,14 @@ How bytes are laid out (measured and argued in the README, "Blob store"):
   `min_chunk_size` (256 KiB); and the whole-file checksum needs every byte read once anyway.
 - `stage` keeps the (already received) bytes in memory; `publish` is the PUT. It runs
   after the chunk row's insert won (`chunks.py`), so only the row's inserter writes the key.
-- The merge streams the chunk objects in index order through `merge_core.StreamingMerge`
-  (every chunk's size and checksum, and the whole file's, verified as bytes pass; hashing
+- The merge reads the chunk objects (`concurrency` GETs in flight, in index order) through
+  `merge_core.StreamingMerge` (every chunk's size and checksum, and the whole file's,
+  verified as bytes pass; hashing
   on a worker thread with the GIL released) into a multipart upload of the final key. The
   upload is completed only after the last chunk and the whole file verified: a failure
   raises inside the byte stream, obstore stops and aborts the upload, and no object ever
-  appears. Memory: one read block plus `concurrency` parts of `part_size` in flight.
+  appears. Memory: `concurrency` x (a chunk, at most `max_chunk_size`, + a part of
+  `part_size`) plus the chunk being hashed, whatever the file's size.
 - Downloads are range reads (`offset` onwards), split into blocks of at most `block`.
 
 Some servers refuse AbortMultipartUpload (s3s-fs answers 403): the failed merge still
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import obstore
+from obstore import Bytes
 from obstore.exceptions import BaseError
 from obstore.store import S3Store
 
@@ -86,6 +90,52 @@ async def _hash(target: Any, block: Any) -> None:
         await asyncio.to_thread(target.update, block)
     else:
         target.update(block)
+
+
+class _ReadAhead:
+    """Reads chunk objects with up to `window` GETs in flight, handed out in index order,
+    so the next chunks' reads overlap hashing and uploading this one. Memory: `window`
+    whole chunks (each at most max_chunk_size) plus the one being consumed."""
+
+    def __init__(self, store: S3Store, chunks: Sequence[ChunkRef], window: int) -> None:
+        self._store = store
+        self._chunks = iter(chunks)
+        self._window = max(1, window)
+        self._pending: deque[asyncio.Task[Bytes]] = deque()
+
+    async def __aenter__(self) -> _ReadAhead:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._pending:
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+
+    def _fill(self) -> None:
+        while len(self._pending) < self._window:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return
+            self._pending.append(asyncio.create_task(self._get(chunk)))
+
+    async def _get(self, chunk: ChunkRef) -> Bytes:
+        with _store_errors("get", chunk.key):
+            try:
+                result = await obstore.get_async(self._store, chunk.key)
+                return await result.bytes_async()
+            except FileNotFoundError as missing:
+                raise BlobStoreUnavailable(
+                    f"chunk {chunk.index} object {chunk.key!r} is missing",
+                    operation="get",
+                    key=chunk.key,
+                ) from missing
+
+    async def next(self) -> Bytes:
+        """The next chunk's bytes (raises the error reading it)."""
+        self._fill()
+        data = await self._pending.popleft()
+        self._fill()
+        return data
 
 
 class S3BlobStore:
@@ -223,23 +273,16 @@ class S3BlobStore:
             expected_checksum,
         )
         finished: list[tuple[int, str, str, int]] = []
+        ordered = sorted(chunks, key=lambda c: c.index)
 
         async def verified_blocks() -> AsyncIterator[Any]:
-            for chunk in sorted(chunks, key=lambda c: c.index):
-                assert verifier.next_index == chunk.index
-                with _store_errors("get", chunk.key):
-                    try:
-                        result = await obstore.get_async(self._store, chunk.key)
-                    except FileNotFoundError as missing:
-                        raise BlobStoreUnavailable(
-                            f"chunk {chunk.index} object {chunk.key!r} is missing",
-                            operation="get",
-                            key=chunk.key,
-                        ) from missing
-                    async for block in result.stream(min_chunk_size=READ_BLOCK):
-                        await _hash(verifier, block)
-                        yield block
-                verifier.end_chunk()
+            async with _ReadAhead(self._store, ordered, self._concurrency) as reader:
+                for chunk in ordered:
+                    assert verifier.next_index == chunk.index
+                    data = await reader.next()
+                    await _hash(verifier, data)
+                    verifier.end_chunk()
+                    yield data
             # Raises on a whole-file mismatch *inside* the stream: the upload is never
             # completed. Only a clean end of this generator completes it.
             finished.append(verifier.finish())
