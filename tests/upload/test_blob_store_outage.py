@@ -9,10 +9,10 @@ from typing import Any
 import grpc
 import pytest
 from serentak.upload.v1 import upload_pb2
+from support.grpc_errors import error_info
 from upload.upload_helpers import (
     chunk_request,
     create_request,
-    expect_error,
     sha256,
     split,
     wait_status,
@@ -43,13 +43,16 @@ async def test_a_chunk_put_while_the_store_is_down_is_unavailable(cluster, priva
         chunk_request(upload.upload_id, 0, chunks[0]), metadata=alice.metadata
     )
     private_s3.stop()
-    await expect_error(
-        alice.uploads.PutChunk(
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await alice.uploads.PutChunk(
             chunk_request(upload.upload_id, 1, chunks[1]), metadata=alice.metadata
-        ),
-        grpc.StatusCode.UNAVAILABLE,
-        "BLOB_STORE_UNAVAILABLE",
-    )
+        )
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error_info(caught.value).reason == "BLOB_STORE_UNAVAILABLE"
+    # The caller learns to retry, not where the store is or what it answered.
+    details = caught.value.details() or ""
+    assert "retry" in details
+    assert private_s3.endpoint not in details and "127.0.0.1" not in details
     got = await alice.uploads.GetUpload(
         upload_pb2.GetUploadRequest(upload_id=upload.upload_id), metadata=alice.metadata
     )

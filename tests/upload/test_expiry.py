@@ -18,7 +18,7 @@ from upload.upload_helpers import chunk_request, create_request, download, split
 
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
-from services.upload.blob_store import LocalBlobStore
+from services.upload.blob_store import chunk_key
 from services.upload.expiry import expire_and_clean
 from services.upload.models import ChunkRow, UploadRow, utcnow
 
@@ -54,9 +54,9 @@ async def _chunk_rows(sessions, upload_id: str) -> int:
         )
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_address) -> None:
     alice = cluster["alice"]
-    root = cluster.settings.blob_root
     data = {name: os.urandom(CHUNK * 2 + 5) for name in ("idle", "merging", "aborted", "done")}
     chunks = {name: split(d, CHUNK) for name, d in data.items()}
     # Each upload is created just before its chunks: the service's own sweep (TTL 3 s)
@@ -83,7 +83,7 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
         await _put(alice, ups["merging"].upload_id, chunks["merging"], range(3))
         # Far past every TTL: whatever is old enough goes, whatever may not go stays.
         result = await expire_and_clean(
-            sessions, LocalBlobStore(root), 3600, now=utcnow() + timedelta(days=2)
+            sessions, cluster.blobs, 3600, now=utcnow() + timedelta(days=2)
         )
         assert result.chunk_rows_deleted <= 3  # idle (2) and aborted (1), or fewer if the
         # service's own sweep got there first; never more.
@@ -100,10 +100,12 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
         }
         for name in ("idle", "aborted"):
             assert await _chunk_rows(sessions, ups[name].upload_id) == 0
-            assert not (root / "uploads" / ups[name].upload_id).exists()
+            for i in range(3):
+                assert not await cluster.blobs.exists(chunk_key(ups[name].upload_id, i))
         for name in ("merging", "done"):
             assert await _chunk_rows(sessions, ups[name].upload_id) == 3
-            assert len(list((root / "uploads" / ups[name].upload_id).iterdir())) == 3
+            for i in range(3):
+                assert await cluster.blobs.exists(chunk_key(ups[name].upload_id, i))
     finally:
         await holder.release(key, lock.token)
         await holder.close()

@@ -92,6 +92,7 @@ async def test_rename_is_never_served_stale_from_the_listing_cache(cluster) -> N
     )
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_roles_and_tenant_isolation(cluster) -> None:
     alice, bob, carol, mallory = (
         cluster["alice"],

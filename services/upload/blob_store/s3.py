@@ -43,9 +43,12 @@ from obstore.exceptions import BaseError
 from obstore.store import S3Store
 
 import merge_core
+from services.common.logging import get_logger
 from services.upload.blob_store.base import ChunkRef, Merged
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.settings import UploadSettings
+
+log = get_logger(__name__)
 
 # Blocks read from the store at a time (merge, audit); hashing one releases the GIL.
 READ_BLOCK = 8 * 1024 * 1024
@@ -73,10 +76,11 @@ def _store_errors(operation: str, key: str) -> Iterator[None]:
     except FileNotFoundError:
         raise
     except (BaseError, OSError) as exc:
+        # The detail (endpoint, bucket, server answer) is for the operator's log, not for
+        # the caller, who only needs to know to retry.
+        log.warning("blob_store_error", operation=operation, key=key, error=_first_line(exc))
         raise BlobStoreUnavailable(
-            f"object store {operation} of {key!r} failed: {_first_line(exc)}",
-            operation=operation,
-            key=key,
+            f"the object store failed to {operation} a blob; retry later", operation=operation
         ) from exc
 
 
