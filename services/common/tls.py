@@ -72,9 +72,9 @@ def client_tls(settings: CommonSettings) -> ClientTls | None:
     return ClientTls(ca, cert, key)
 
 
-def _stamp(paths: list[Path]) -> tuple[tuple[int, int], ...]:
+def _stamp(paths: list[Path]) -> tuple[tuple[int, int, int], ...]:
     stats = [p.stat() for p in paths]
-    return tuple((s.st_mtime_ns, s.st_size) for s in stats)
+    return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in stats)
 
 
 def _read_server_config(tls: ServerTls) -> grpc.ServerCertificateConfiguration:

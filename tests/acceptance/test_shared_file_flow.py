@@ -9,13 +9,16 @@ import os
 import uuid
 from pathlib import Path
 
-import grpc
+import pytest
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+from support.pki import Pki, client_tls_settings, server_tls_settings
 from support.services import running_app
 from upload.upload_helpers import chunk_request, create_request, split, wait_status
 
+from services.common.channels import ClientSecurity, open_channel
 from services.common.jobs import RuntimeOptions
+from services.common.tls import ClientTls
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.notify.app import build_app as build_notify_app
@@ -54,20 +57,49 @@ async def _upload(stub, data: bytes, **target) -> upload_pb2.Upload:
     return upload
 
 
+def _transport(kind: str, tmp_path: Path) -> tuple[dict, dict, dict, ClientSecurity]:
+    """Settings overrides (locks, notify, upload) and the test client's channel security.
+
+    mtls: every hop is TLS with certificates made now; locks and notify require a client
+    certificate (upload presents its own), upload serves users over TLS.
+    """
+    if kind == "plaintext":
+        return {}, {}, {}, ClientSecurity()
+    pki = Pki(tmp_path / "pki")
+    server = pki.server()
+    internal = {
+        **server_tls_settings(pki, server, mtls=True),
+        "auth_mtls_principals": {"upload.serentak.test": "upload"},
+    }
+    upload = {
+        **server_tls_settings(pki, server, mtls=False),
+        **client_tls_settings(pki, pki.issue("upload", "upload.serentak.test")),
+    }
+    device = pki.issue("device", "bob-phone.serentak.test")
+    return internal, internal, upload, ClientSecurity(ClientTls(pki.ca, device.cert, device.key))
+
+
+@pytest.mark.parametrize("transport", ["plaintext", "mtls"])
 async def test_new_version_of_shared_file_notifies_each_collaborator_once(
-    database_url: str, tmp_path: Path, etcd, request
+    database_url: str, tmp_path: Path, etcd, request, transport: str
 ) -> None:
+    locks_tls, notify_tls, upload_tls, client = _transport(transport, tmp_path)
     if database_url.startswith("sqlite"):
         notify_url = f"sqlite+aiosqlite:///{tmp_path / 'notify.db'}"
     else:
         notify_url = request.getfixturevalue("postgres").create()
     options = RuntimeOptions(node_id=f"e2e-{uuid.uuid4().hex[:6]}", poll_interval=0.05)
     locks = build_locks_app(
-        LocksSettings(etcd_endpoint=etcd.endpoint, lock_prefix=f"/e2e-{uuid.uuid4().hex}/")
+        LocksSettings(
+            etcd_endpoint=etcd.endpoint, lock_prefix=f"/e2e-{uuid.uuid4().hex}/", **locks_tls
+        )
     )
     notify = build_notify_app(
         NotifySettings(
-            notify_database_url=notify_url, data_dir=tmp_path / "notify", worker_poll_seconds=0.05
+            notify_database_url=notify_url,
+            data_dir=tmp_path / "notify",
+            worker_poll_seconds=0.05,
+            **notify_tls,
         )
     )
     async with running_app(locks) as lk, running_app(notify) as nt:
@@ -79,14 +111,15 @@ async def test_new_version_of_shared_file_notifies_each_collaborator_once(
                 notify_address=f"127.0.0.1:{nt.app.bound_port}",
                 min_chunk_size=1024,
                 publish_events=True,
+                **upload_tls,
             ),
             options,
             SyncSettings(webhook_port=0),
         )
         async with (
             running_app(upload) as up,
-            grpc.aio.insecure_channel(f"127.0.0.1:{up.app.bound_port}") as uch,
-            grpc.aio.insecure_channel(f"127.0.0.1:{nt.app.bound_port}") as nch,
+            open_channel(f"127.0.0.1:{up.app.bound_port}", client) as uch,
+            open_channel(f"127.0.0.1:{nt.app.bound_port}", client) as nch,
         ):
             uploads = upload_pb2_grpc.UploadServiceStub(uch)
             files = upload_pb2_grpc.FileServiceStub(uch)
