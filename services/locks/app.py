@@ -51,6 +51,7 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         caps,
         list_limit=settings.lock_list_limit,
         list_max=settings.lock_list_max,
+        services=settings.lock_service_principals,
     )
     return ServiceApp(
         name="locks",

@@ -62,6 +62,12 @@ class ServiceKeyForbidden(PermissionDenied):
     reason = "SERVICE_KEY_FORBIDDEN"
 
 
+class ServiceNotAllowed(PermissionDenied):
+    """This service principal is not among those allowed to use locks."""
+
+    reason = "SERVICE_NOT_ALLOWED"
+
+
 class TenantLockLimit(ResourceExhausted):
     """The tenant already holds its cap of locks (RESOURCE_EXHAUSTED / TENANT_LOCK_LIMIT)."""
 

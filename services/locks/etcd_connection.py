@@ -237,8 +237,8 @@ class EtcdConnection:
             return ()
         if self._token is None:
             await self._authenticate(None)
-        assert self._token is not None
-        return (("token", self._token),)
+        # "" = etcd has auth switched off: send no token until it asks for one.
+        return (("token", self._token),) if self._token else ()
 
     async def token_rejected(self, token_seen: tuple[tuple[str, str], ...]) -> None:
         """etcd refused the token sent in `token_seen`: get a new one (once per token)."""
@@ -246,7 +246,7 @@ class EtcdConnection:
             raise EtcdAuthFailed(
                 "etcd requires authentication: set SERENTAK_ETCD_USERNAME and _PASSWORD"
             )
-        await self._authenticate(token_seen[0][1] if token_seen else None)
+        await self._authenticate(token_seen[0][1] if token_seen else "")
 
     async def _authenticate(self, stale: str | None) -> None:
         if self._auth_lock is None:
@@ -264,6 +264,11 @@ class EtcdConnection:
                     authenticated=False,
                 )
             except grpc.aio.AioRpcError as exc:
+                if "authentication is not enabled" in (exc.details() or ""):
+                    # Credentials configured, auth off in etcd: work, but say so.
+                    log.warning("etcd_auth_not_enabled", user=self.options.username)
+                    self._token = ""
+                    return
                 raise EtcdAuthFailed(f"etcd refused the credentials: {exc.details()}") from exc
             self._token = resp.token
             self.authentications += 1

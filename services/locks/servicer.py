@@ -41,6 +41,7 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         caps: TenantCaps,
         list_limit: int = 100,
         list_max: int = 1000,
+        services: frozenset[str] = frozenset({"upload", "ops"}),
     ) -> None:
         self.mutex = mutex
         self.keys = mutex.keys
@@ -49,12 +50,13 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         self.caps = caps
         self.list_limit = list_limit
         self.list_max = list_max
+        self.services = services
 
     def _locate(
         self, context: grpc.aio.ServicerContext, key: str, tenant_id: str
     ) -> tuple[LockKey, Scope]:
         """The caller's principal and tenant, then the lock key in that tenant's space."""
-        scope = scope_for(self.auth.identify(context), tenant_id, key)
+        scope = scope_for(self.auth.identify(context), tenant_id, key, self.services)
         return self.keys.lock_key(key, scope.tenant), scope
 
     async def Acquire(
@@ -95,7 +97,9 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
     async def List(
         self, request: locks_pb2.ListRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.ListResponse:
-        scope = scope_for(self.auth.identify(context), request.tenant_id, request.prefix)
+        scope = scope_for(
+            self.auth.identify(context), request.tenant_id, request.prefix, self.services
+        )
         prefix = service_list_prefix(request.prefix) if scope.is_service else request.prefix
         size = page_size(request.page_size, request.limit, self.list_limit, self.list_max)
         range_prefix = self.keys.list_prefix(prefix, scope.tenant)

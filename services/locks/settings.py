@@ -16,6 +16,10 @@ class LocksSettings(CommonSettings):
     )
     lock_list_limit: int = Field(100, gt=0, description="List answers this many locks by default.")
     lock_list_max: int = Field(1000, gt=0, description="List never answers more locks than this.")
+    lock_service_principals: frozenset[str] = Field(
+        frozenset({"upload", "ops"}),
+        description="Service principals that may lock tenants' file: keys (JSON list).",
+    )
     lock_max_held_per_tenant: int = Field(
         1000, gt=0, description="Locks a tenant's users may hold at once (RESOURCE_EXHAUSTED)."
     )

@@ -5,6 +5,8 @@
   other tenants; an empty `tenant_id` means its own.
 - A service principal (the upload service's merge, ops tools) acts for any tenant, which
   it must name, and only on `file:` keys: services lock files, never a user's scopes.
+  Only the principals listed in settings may (default upload and ops): notify has no
+  business holding a file's lock, so a leaked notify credential cannot stall merges.
 
 Release/Refresh/Hold therefore need the token *and* the tenant: a token from another
 tenant's key space never matches a holder in this one.
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from services.common.auth import Identity
 from services.common.errors import InvalidArgument
-from services.locks.errors import LockNotFound, ServiceKeyForbidden
+from services.locks.errors import LockNotFound, ServiceKeyForbidden, ServiceNotAllowed
 
 SERVICE_KEY_KIND = "file:"
 
@@ -34,12 +36,23 @@ class Scope:
         return not self.is_service
 
 
-def scope_for(identity: Identity, requested_tenant: str, key_or_prefix: str | None) -> Scope:
+def scope_for(
+    identity: Identity,
+    requested_tenant: str,
+    key_or_prefix: str | None,
+    services: frozenset[str] = frozenset({"upload", "ops"}),
+) -> Scope:
     """The tenant `identity` may act in for this request (see the module docstring).
 
-    `key_or_prefix` is the lock key, or the List prefix (None: not known yet).
+    `key_or_prefix` is the lock key, or the List prefix (None: not known yet); `services`
+    the service principals allowed to use locks.
     """
     if identity.is_service:
+        if identity.service not in services:
+            raise ServiceNotAllowed(
+                f"service principal {identity.service} may not use locks",
+                principal=identity.service,
+            )
         if not requested_tenant:
             raise InvalidArgument("tenant_id", "is required when a service acts on a lock")
         if key_or_prefix is not None and not _service_may_use(key_or_prefix):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.locks.app import build_app
+from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import EtcdOptions, parse_endpoints, warn_if_exposed
 from services.locks.settings import LocksSettings
 
@@ -43,3 +44,15 @@ def test_plaintext_or_anonymous_etcd_off_this_machine_is_logged(capsys) -> None:
     warn_if_exposed(EtcdOptions(("127.0.0.1:2379", "etcd-0.etcd:2379")))
     out = capsys.readouterr().out
     assert "etcd_plaintext" in out and "etcd_unauthenticated" in out
+
+
+@pytest.mark.etcd
+async def test_credentials_for_an_etcd_without_auth_still_work(etcd, capsys) -> None:  # type: ignore[no-untyped-def]
+    options = EtcdOptions((etcd.endpoint,), username="someone", password="secret")
+    client = Etcd(options)
+    try:
+        lease = await client.grant_lease(5)
+        assert await client.keep_alive(lease) > 0
+    finally:
+        await client.close()
+    assert "etcd_auth_not_enabled" in capsys.readouterr().out

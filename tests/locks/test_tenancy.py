@@ -196,6 +196,14 @@ async def test_service_principal_locks_file_keys_of_any_tenant(etcd) -> None:  #
             grpc.StatusCode.PERMISSION_DENIED,
             "SERVICE_KEY_FORBIDDEN",
         )
+        # Only the allowed service principals (upload, ops) use locks at all.
+        await expect(
+            stub.Acquire(acquire("file:f3", tenant="acme"), metadata=bearer("dev-service-notify")),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "SERVICE_NOT_ALLOWED",
+        )
+        ops = await stub.Acquire(acquire("file:f3", tenant="acme"), metadata=bearer("dev-ops"))
+        assert ops.token > 0
         # A service must say which tenant; the tenant id must be one.
         await expect(
             stub.Acquire(acquire("file:f2"), metadata=SERVICE),
