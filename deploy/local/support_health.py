@@ -8,6 +8,8 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.channels import ClientSecurity, open_sync_channel
+
 
 def wait_all_serving(
     addresses: dict[str, str], give_up: Callable[[], bool], timeout: float = 120.0
@@ -19,7 +21,7 @@ def wait_all_serving(
         if give_up() or time.monotonic() > deadline:
             raise SystemExit(f"not serving: {', '.join(pending)}")
         for name, address in list(pending.items()):
-            with grpc.insecure_channel(address) as channel:
+            with open_sync_channel(address, ClientSecurity()) as channel:
                 try:
                     reply = health_pb2_grpc.HealthStub(channel).Check(
                         health_pb2.HealthCheckRequest(), timeout=1

@@ -10,8 +10,10 @@
   gRPC itself on UNAVAILABLE, with backoff. Name only idempotent calls.
 - Keepalive: a ping every 30 s on a connection with calls, so a dead peer behind a NAT
   or load balancer is noticed in ~40 s, not at the next TCP timeout.
-- Security: `ClientSecurity` = TLS files (or loopback-only plaintext) + the bearer token
-  as call credentials (gRPC attaches it to each call and never sends it in clear).
+- Security: `ClientSecurity` = TLS files + the bearer token as call credentials (gRPC
+  attaches it to each call). Without TLS, a channel carrying a token uses local
+  credentials, which gRPC lets reach loopback only: a token never crosses a network in
+  clear. With neither (a health probe) it is a plain insecure channel.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ class ClientSecurity:
 
     tls: ClientTls | None = None
     token: ClientToken | None = None
+
+    @property
+    def plaintext(self) -> bool:
+        """No TLS and no token: nothing to protect (health probes), any address."""
+        return self.tls is None and self.token is None
+
+    def options(self) -> list[tuple[str, Any]]:
+        """Channel options the security needs (the TLS name override)."""
+        if self.tls is not None and self.tls.server_name:
+            return [("grpc.ssl_target_name_override", self.tls.server_name)]
+        return []
 
     def credentials(self) -> grpc.ChannelCredentials:
         """Channel credentials, composed with the token's call credentials if any."""
@@ -143,9 +156,10 @@ def open_channel(
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to `address` (create it inside the event loop that uses it)."""
-    return grpc.aio.secure_channel(
-        target(address), security.credentials(), options=channel_options(retry, options)
-    )
+    opts = channel_options(retry, [*security.options(), *options])
+    if security.plaintext:
+        return grpc.aio.insecure_channel(target(address), options=opts)
+    return grpc.aio.secure_channel(target(address), security.credentials(), options=opts)
 
 
 def open_sync_channel(
@@ -156,6 +170,7 @@ def open_sync_channel(
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.Channel:
     """A blocking channel, for command lines and health probes."""
-    return grpc.secure_channel(
-        target(address), security.credentials(), options=channel_options(retry, options)
-    )
+    opts = channel_options(retry, [*security.options(), *options])
+    if security.plaintext:
+        return grpc.insecure_channel(target(address), options=opts)
+    return grpc.secure_channel(target(address), security.credentials(), options=opts)

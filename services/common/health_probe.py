@@ -16,6 +16,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.channels import ClientSecurity, open_sync_channel
+from services.common.tls import ClientTls
+
 
 class ProbeSettings(BaseSettings):
     """The client TLS files, by their shared names (all optional)."""
@@ -28,14 +31,16 @@ class ProbeSettings(BaseSettings):
 
 
 def channel(address: str, settings: ProbeSettings, server_name: str = "") -> grpc.Channel:
-    """A plaintext channel, or a TLS one when a CA file is configured."""
+    """A plaintext channel, or a TLS one when a CA file is configured (services.common.channels)."""
     if settings.tls_ca_file is None:
-        return grpc.insecure_channel(address)
-    key = settings.tls_client_key_file.read_bytes() if settings.tls_client_key_file else None
-    cert = settings.tls_client_cert_file.read_bytes() if settings.tls_client_cert_file else None
-    credentials = grpc.ssl_channel_credentials(settings.tls_ca_file.read_bytes(), key, cert)
-    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-    return grpc.secure_channel(address, credentials, options=options)
+        return open_sync_channel(address, ClientSecurity())
+    tls = ClientTls(
+        settings.tls_ca_file,
+        settings.tls_client_cert_file,
+        settings.tls_client_key_file,
+        server_name=server_name,
+    )
+    return open_sync_channel(address, ClientSecurity(tls=tls))
 
 
 def probe(

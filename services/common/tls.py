@@ -42,6 +42,8 @@ class ClientTls:
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+    # The name the server certificate carries, when it does not list the dialled address.
+    server_name: str = ""
 
 
 def server_tls(settings: CommonSettings) -> ServerTls | None:

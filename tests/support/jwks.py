@@ -108,6 +108,8 @@ def jwt_settings(server: JwksServer, **overrides: Any) -> dict[str, Any]:
         "auth_jwt_issuer": ISSUER,
         "auth_jwt_audience": AUDIENCE,
         "auth_jwks_min_refresh_seconds": 0.0,
+        # A loaded CI machine must not turn a slow loopback fetch into a failed test.
+        "auth_jwks_timeout_seconds": 30.0,
         "auth_service_clients": {
             "serentak-upload": "upload",
             "serentak-notify": "notify",
