@@ -1,4 +1,4 @@
-"""`python -m services.common.health_probe [ADDRESS]`: exit 0 if the server is SERVING.
+"""`python -m services.common.health_probe [ADDRESS] [--service readiness]`: exit 0 if SERVING.
 
 The container HEALTHCHECK and the Kubernetes exec probe of a TLS deployment (the kubelet's
 native gRPC probe speaks plaintext only). With `SERENTAK_TLS_CA_FILE` set it dials TLS, with
@@ -44,12 +44,16 @@ def channel(address: str, settings: ProbeSettings, server_name: str = "") -> grp
 
 
 def probe(
-    address: str, settings: ProbeSettings, server_name: str = "", timeout: float = 3.0
+    address: str,
+    settings: ProbeSettings,
+    server_name: str = "",
+    timeout: float = 3.0,
+    service: str = "",
 ) -> str:
-    """The health status name of the server's overall health ("" service)."""
+    """The status of health name `service` ("": liveness; "readiness": dependencies up)."""
     with channel(address, settings, server_name) as ch:
         response = health_pb2_grpc.HealthStub(ch).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
         )
     return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
@@ -60,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("address", nargs="?", default="127.0.0.1:50051")
     parser.add_argument("--server-name", default="", help="TLS name to verify instead")
     parser.add_argument("--timeout", type=float, default=3.0)
+    parser.add_argument("--service", default="", help='"" (liveness) or "readiness"')
     args = parser.parse_args(argv)
     try:
-        status = probe(args.address, ProbeSettings(), args.server_name, args.timeout)
+        status = probe(args.address, ProbeSettings(), args.server_name, args.timeout, args.service)
     except grpc.RpcError as exc:
         print(f"{args.address}: {exc.code().name}", file=sys.stderr)  # type: ignore[attr-defined]
         return 1

@@ -79,6 +79,7 @@ def test_two_replicas_of_each_service_after_the_migrations_step() -> None:
         assert env["SERENTAK_TLS_CLIENT_CA_FILE"] == "/pki/ca.pem"  # mutual TLS
         probe = svc["healthcheck"]["test"]
         assert probe[:4] == ["CMD", "python", "-m", "services.common.health_probe"]
+        assert probe[-2:] == ["--service", "readiness"]  # dependents wait for ready
     upload = services["upload"]["environment"]
     assert upload["SERENTAK_BLOB_URL"].startswith("s3://")
     assert upload["SERENTAK_S3_ENDPOINT"] == "http://minio:9000"

@@ -61,6 +61,7 @@ def test_multi_stage_non_root_one_image_with_grpc_healthcheck() -> None:
     assert users and users[-1].split(":")[0] not in {"0", "root"}
     health = [i["value"] for i in instructions if i["instruction"] == "HEALTHCHECK"]
     assert health and "services.common.health_probe" in health[0]
+    assert '"--service", "readiness"' in health[0]
     entry = [i["value"] for i in instructions if i["instruction"] == "ENTRYPOINT"]
     assert entry == ['["python", "-m"]']
     # The services the command can name exist as runnable modules.

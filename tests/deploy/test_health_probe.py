@@ -72,3 +72,13 @@ def test_probe_speaks_mutual_tls_with_the_compose_pki(mtls_health_server, pki, c
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     # Plaintext against a TLS port fails too, and the exit status says so.
     assert main([mtls_health_server, "--timeout", "2"]) == 1
+
+
+def test_readiness_is_probed_separately_from_liveness(health_server) -> None:
+    address, servicer = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    servicer.set("readiness", health_pb2.HealthCheckResponse.NOT_SERVING)  # a dependency down
+    assert main([address]) == 0
+    assert main([address, "--service", "readiness"]) == 1
+    servicer.set("readiness", health_pb2.HealthCheckResponse.SERVING)
+    assert main([address, "--service", "readiness"]) == 0
