@@ -187,10 +187,12 @@ class EtcdConnection:
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000),
             # Notice a silently dead member (no RST: power loss, partition) within
-            # keepalive + timeout; etcd allows pings every 5 s by default.
+            # keepalive + timeout while a call or watch is open; etcd allows pings every
+            # 5 s, and only during calls (it answers idle pings with GOAWAY), as its own
+            # client does. An idle dead member shows at the next call, which fails over.
             ("grpc.keepalive_time_ms", keepalive_ms),
             ("grpc.keepalive_timeout_ms", max(1000, keepalive_ms // 2)),
-            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.keepalive_permit_without_calls", 0),
             ("grpc.http2.max_pings_without_data", 0),
         ]
         if self._credentials is not None:

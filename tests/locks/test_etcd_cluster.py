@@ -105,6 +105,30 @@ async def test_token_is_refreshed_when_etcd_stops_accepting_it(etcd_cluster: Etc
         await etcd.close()
 
 
+async def test_a_hung_member_is_left_for_another_within_the_call_timeout(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """A member that stops answering (SIGSTOP: no RST, no error) costs one attempt's share."""
+    leader = etcd_cluster.leader()
+    follower = (leader + 1) % 3
+    endpoints = etcd_cluster.endpoints
+    ordered = (endpoints[follower], *(e for i, e in enumerate(endpoints) if i != follower))
+    etcd = Etcd(options(etcd_cluster, endpoints=ordered, prefer_first=True, call_timeout=5))
+    try:
+        await etcd.first_created(b"/x/h/")  # connected and authenticated on the follower
+        etcd_cluster.pause(follower)
+        started = time.monotonic()
+        lease = await etcd.grant_lease(5)
+        claim = await etcd.claim(b"/x/h/1", b"v", lease, b"/x/h/")
+        elapsed = time.monotonic() - started
+        assert claim.holder is not None and claim.holder.create_revision == claim.my_revision
+        assert etcd.connection.current_endpoint != endpoints[follower]
+        assert elapsed < 5, elapsed
+    finally:
+        etcd_cluster.resume(follower)
+        await etcd.close()
+
+
 async def test_locks_keep_working_when_the_leader_dies(etcd_cluster: EtcdCluster) -> None:
     """Contending workers through the lock service; SIGKILL the leader mid-run.
 

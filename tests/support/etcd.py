@@ -6,6 +6,7 @@ etcd auth enabled, as production does; reuse it for any test that needs failover
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -245,8 +246,23 @@ class EtcdCluster:
             process.wait()
             self.processes[i] = None
 
+    def pause(self, i: int) -> None:
+        """SIGSTOP member `i`: it keeps its connections but answers nothing (a hang)."""
+        process = self.processes[i]
+        if process is not None:
+            process.send_signal(signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        """SIGCONT a paused member."""
+        process = self.processes[i]
+        if process is not None:
+            process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """Stop every member."""
+        for process in self.processes:
+            if process is not None:
+                process.send_signal(signal.SIGCONT)  # a paused member cannot exit
         for i, process in enumerate(self.processes):
             if process is not None:
                 process.terminate()
