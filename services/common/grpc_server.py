@@ -126,6 +126,9 @@ async def start(app: ServiceApp) -> RunningService:
             ("grpc.max_receive_message_length", app.max_message_bytes),
             ("grpc.max_send_message_length", app.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            # Clients (channels.py) ping every 30 s on a connection with calls; the default
+            # (one ping per 5 min) would answer a quiet stream's pings with GOAWAY.
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 20_000),
         ],
     )
     health_servicer = health.aio.HealthServicer()

@@ -5,6 +5,7 @@ relay to notify's Ingest, and announced to each collaborator exactly once (the a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+from support.jwks import JwksServer, SigningKey, claims, jwt_settings
 from support.pki import Pki, client_tls_settings, server_tls_settings
 from support.services import running_app
 from upload.upload_helpers import chunk_request, create_request, split, wait_status
@@ -30,8 +32,12 @@ from services.upload.sync.settings import SyncSettings
 DEADLINE_S = 60.0
 
 
+# jwt transport: the dev token names below stand for these JWTs (filled per test).
+_TOKENS: dict[str, str] = {}
+
+
 def _md(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
+    return (("authorization", f"Bearer {_TOKENS.get(token, token)}"),)
 
 
 async def _upload(stub, data: bytes, **target) -> upload_pb2.Upload:
@@ -57,14 +63,33 @@ async def _upload(stub, data: bytes, **target) -> upload_pb2.Upload:
     return upload
 
 
-def _transport(kind: str, tmp_path: Path) -> tuple[dict, dict, dict, ClientSecurity]:
+def _transport(
+    kind: str, tmp_path: Path, stack: contextlib.ExitStack, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict, dict, dict, ClientSecurity]:
     """Settings overrides (locks, notify, upload) and the test client's channel security.
 
     mtls: every hop is TLS with certificates made now; locks and notify require a client
-    certificate (upload presents its own), upload serves users over TLS.
+    certificate (upload presents its own), upload serves users over TLS. jwt: the same,
+    and every service in jwt mode against a JWKS on loopback; users carry JWTs, and the
+    upload service calls locks and notify with its client-credentials token from a file.
     """
     if kind == "plaintext":
         return {}, {}, {}, ClientSecurity()
+    if kind == "jwt":
+        internal, notify, upload, client = _transport("mtls", tmp_path, stack, monkeypatch)
+        key = SigningKey()
+        idp = stack.enter_context(contextlib.closing(JwksServer(key)))
+        jwt_mode = jwt_settings(idp)
+        for user in ("alice", "bob", "carol"):
+            monkeypatch.setitem(_TOKENS, f"dev-{user}", key.sign(claims(sub=user)))
+        token_file = tmp_path / "upload.jwt"
+        token_file.write_text(key.sign(claims(sub="upload", client_id="serentak-upload")))
+        return (
+            {**internal, **jwt_mode},
+            {**notify, **jwt_mode},
+            {**upload, **jwt_mode, "client_token_file": token_file},
+            client,
+        )
     pki = Pki(tmp_path / "pki")
     server = pki.server()
     internal = {
@@ -79,11 +104,13 @@ def _transport(kind: str, tmp_path: Path) -> tuple[dict, dict, dict, ClientSecur
     return internal, internal, upload, ClientSecurity(ClientTls(pki.ca, device.cert, device.key))
 
 
-@pytest.mark.parametrize("transport", ["plaintext", "mtls"])
+@pytest.mark.parametrize("transport", ["plaintext", "mtls", "jwt"])
 async def test_new_version_of_shared_file_notifies_each_collaborator_once(
-    database_url: str, tmp_path: Path, etcd, request, transport: str
+    database_url: str, tmp_path: Path, etcd, request, transport: str, monkeypatch
 ) -> None:
-    locks_tls, notify_tls, upload_tls, client = _transport(transport, tmp_path)
+    stack = contextlib.ExitStack()
+    request.addfinalizer(stack.close)
+    locks_tls, notify_tls, upload_tls, client = _transport(transport, tmp_path, stack, monkeypatch)
     if database_url.startswith("sqlite"):
         notify_url = f"sqlite+aiosqlite:///{tmp_path / 'notify.db'}"
     else:
@@ -114,7 +141,7 @@ async def test_new_version_of_shared_file_notifies_each_collaborator_once(
                 **upload_tls,
             ),
             options,
-            SyncSettings(webhook_port=0),
+            SyncSettings(webhook_port=0, client_state=f"state-{uuid.uuid4().hex}"),
         )
         async with (
             running_app(upload) as up,

@@ -18,6 +18,7 @@ from support.grpc_errors import error_info
 from support.pki import CertFiles, Pki, server_tls_settings
 
 from services.cli import main as serentak_cli
+from services.common.admin.cli import main as admin_cli
 from services.common.channels import ClientSecurity, open_channel, user_client_security
 from services.common.tls import ClientTls
 
@@ -74,6 +75,12 @@ async def test_client_certificate_names_map_to_principals(notify_factory, pki: P
             # ...and a user still authenticates with a token over it.
             md = (("authorization", "Bearer dev-alice"),)
             await stub.GetUnreadCount(notify_pb2.GetUnreadCountRequest(), metadata=md)
+        # The admin CLI over mTLS, authenticated by the ops certificate alone.
+        tls_flags = ["--ca", str(pki.ca), "--cert", str(ops_cert.cert), "--key", str(ops_cert.key)]
+        as_ops = ["--address", address, "--token", "not-a-token", *tls_flags, "stats"]
+        assert await asyncio.to_thread(admin_cli, as_ops) == 2  # a bad token is not ignored
+        as_cert = ["--address", address, *tls_flags, "stats"]
+        assert await asyncio.to_thread(admin_cli, as_cert) == 0
 
 
 async def test_strangers_and_plaintext_never_get_in(

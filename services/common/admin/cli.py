@@ -160,8 +160,11 @@ def _security(args: argparse.Namespace) -> ClientSecurity:
     settings = load(CommonSettings)
     from_settings = service_client_security(settings, OPS)
     flags = user_client_security(args.token, args.ca, args.cert, args.key)
+    # A client certificate given on the command line is the credential: no settings token.
+    cert_given = flags.tls is not None and flags.tls.cert_file is not None
     security = ClientSecurity(
-        tls=flags.tls or from_settings.tls, token=flags.token or from_settings.token
+        tls=flags.tls or from_settings.tls,
+        token=flags.token or (None if cert_given else from_settings.token),
     )
     if security.token is None and security.tls is None:
         raise ConfigError(
