@@ -33,6 +33,7 @@ from etcd3aio._protobuf import rpc_pb2, rpc_pb2_grpc
 from services.common.config import CommonSettings
 from services.common.logging import get_logger
 from services.locks.errors import EtcdAuthFailed, EtcdPermissionDenied, EtcdUnavailable
+from services.locks.metrics import ETCD_AUTHENTICATIONS, ETCD_FAILOVERS
 
 log = get_logger(__name__)
 
@@ -225,6 +226,7 @@ class EtcdConnection:
         """The member at `index` did not serve a call: move on to the next one."""
         if self._current == index and len(self._members) > 1:
             self._current = (index + 1) % len(self._members)
+            ETCD_FAILOVERS.inc()
             log.info(
                 "etcd_failover",
                 failed=self._members[index].endpoint,
@@ -274,6 +276,7 @@ class EtcdConnection:
                 raise EtcdAuthFailed(f"etcd refused the credentials: {exc.details()}") from exc
             self._token = resp.token
             self.authentications += 1
+            ETCD_AUTHENTICATIONS.inc()
             log.info("etcd_authenticated", user=self.options.username)
 
     # -- calls ----------------------------------------------------------------

@@ -27,3 +27,11 @@ LEASES_TO_REVOKE = Gauge(
     "serentak_lock_leases_to_revoke",
     "Leases declared lost while etcd was unreachable, still waiting to be revoked.",
 )
+ETCD_FAILOVERS = Counter(
+    "serentak_etcd_failovers_total",
+    "Calls moved to another etcd member because the one in use did not serve them.",
+)
+ETCD_AUTHENTICATIONS = Counter(
+    "serentak_etcd_authentications_total",
+    "etcd auth tokens obtained (the first, then one per refusal: expiry, member restart).",
+)

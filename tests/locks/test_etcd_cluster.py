@@ -15,6 +15,7 @@ from collections import defaultdict
 import grpc
 import pytest
 from etcd3aio._protobuf import rpc_pb2, rpc_pb2_grpc
+from prometheus_client import REGISTRY
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 from support.etcd import EtcdCluster
 from support.services import running_app
@@ -144,6 +145,7 @@ async def test_locks_keep_working_when_the_leader_dies(etcd_cluster: EtcdCluster
         etcd_prefer_first_endpoint=True,
         lock_prefix="/cluster-test/",
     )
+    failovers_before = REGISTRY.get_sample_value("serentak_etcd_failovers_total") or 0.0
     tokens: dict[str, list[int]] = defaultdict(list)
     killed = asyncio.Event()
     progressed = asyncio.Event()
@@ -200,6 +202,8 @@ async def test_locks_keep_working_when_the_leader_dies(etcd_cluster: EtcdCluster
     new_leader = etcd_cluster.leader()
     print(f"acquisitions={total} after_leader_kill={after_kill} leader {victim}->{new_leader}")
     assert total == 240 and after_kill >= 100 and new_leader != victim
+    # The service's calls did move off the dead member (serentak_etcd_failovers_total).
+    assert (REGISTRY.get_sample_value("serentak_etcd_failovers_total") or 0.0) > failovers_before
     # The dead member comes back with its data and serves again.
     etcd_cluster.start(victim)
     etcd = Etcd(dataclasses.replace(options(etcd_cluster), endpoints=(endpoints[victim],)))
