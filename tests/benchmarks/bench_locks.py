@@ -5,7 +5,9 @@
 Starts a private etcd and the service in-process. Measures, in one run:
 1. the service's Acquire+Release round trip (gRPC -> mutex -> etcd),
 2. the same etcd requests sent directly with the same etcd client (the baseline),
-3. 16 contenders on one key through the service vs the uncontended case.
+3. 16 contenders on one key through the service vs the uncontended case,
+4. the service's Acquire+Release on a 3-member etcd cluster over TLS (client
+   certificates) with etcd auth, vs 1 (one plaintext member).
 Prints p50/p99 latency, operations per second, and the ratios.
 """
 
@@ -25,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "gen"), str(ROOT / "tests")]
 
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc  # noqa: E402
 from support.bearer import bearer_channel  # noqa: E402
-from support.etcd import EtcdServer  # noqa: E402
+from support.etcd import EtcdCluster, EtcdServer  # noqa: E402
 
 from services.common.grpc_server import start  # noqa: E402
 from services.common.logging import configure_logging  # noqa: E402
@@ -53,8 +55,8 @@ async def timed(n: int, op: Callable[[int], Awaitable[None]]) -> tuple[list[floa
     return latencies, time.perf_counter() - began
 
 
-async def run(n: int, contenders: int, endpoint: str) -> None:
-    settings = LocksSettings(etcd_endpoint=endpoint, lock_prefix="/bench/svc/")
+async def run(n: int, contenders: int, endpoint: str) -> dict[str, float]:
+    settings = LocksSettings(etcd_endpoint=endpoint, lock_prefix="/bench/svc/", auth_mode="dev")
     app = build_app(settings)
     app.port, app.metrics_port = 0, 0
     running = await start(app)
@@ -114,6 +116,33 @@ async def run(n: int, contenders: int, endpoint: str) -> None:
     finally:
         await etcd.close()
         await running.stop()
+    return svc
+
+
+async def run_cluster(n: int, cluster: EtcdCluster, single: dict[str, float]) -> None:
+    """Uncontended Acquire+Release through the service on the TLS + auth cluster."""
+    settings = LocksSettings(**cluster.settings(), lock_prefix="/bench/cluster/", auth_mode="dev")
+    app = build_app(settings)
+    app.port, app.metrics_port = 0, 0
+    running = await start(app)
+    try:
+        async with bearer_channel(f"127.0.0.1:{app.bound_port}", "dev-alice") as channel:
+            stub = locks_pb2_grpc.LockServiceStub(channel)
+
+            async def via_service(i: int) -> None:
+                lock = await stub.Acquire(
+                    locks_pb2.AcquireRequest(key=f"file:{i % 64}", owner="bench", ttl_seconds=30)
+                )
+                await stub.Release(locks_pb2.ReleaseRequest(key=lock.key, token=lock.token))
+
+            await timed(min(50, n), via_service)  # warm-up (TLS handshakes, auth token)
+            row = summary("service, 3 members TLS+auth", *await timed(n, via_service))
+            print(
+                f"cluster / single member: p50 x{row['p50'] / single['p50']:.2f}, "
+                f"throughput x{row['ops'] / single['ops']:.2f}"
+            )
+    finally:
+        await running.stop()
 
 
 def main() -> None:
@@ -127,9 +156,15 @@ def main() -> None:
         server = EtcdServer(Path(tmp) / "etcd")
         server.start()
         try:
-            asyncio.run(run(n, 16, server.endpoint))
+            single = asyncio.run(run(n, 16, server.endpoint))
         finally:
             server.stop()
+        cluster = EtcdCluster(Path(tmp) / "cluster", n=3, tls=True, auth=True)
+        try:
+            cluster.start_all()
+            asyncio.run(run_cluster(n, cluster, single))
+        finally:
+            cluster.stop()
 
 
 if __name__ == "__main__":
