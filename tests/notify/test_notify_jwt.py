@@ -7,6 +7,7 @@ ops role, whoever else presents a valid token.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -137,6 +138,16 @@ async def test_ingest_and_admin_take_only_their_principals(notify_factory, idp) 
         }
         accepted = await notify.stub.Ingest(request, metadata=_md(as_upload))
         assert not accepted.duplicate
+        # The tenant comes from the token: alice of acme gets the notification, a token
+        # for "alice" of another tenant sees nothing of acme's.
+        deadline = asyncio.get_running_loop().time() + 60
+        while await _unread(notify, as_user) == 0:
+            assert asyncio.get_running_loop().time() < deadline, "never delivered"
+            await asyncio.sleep(0.05)  # poll interval of the wait above
+        assert await _unread(notify, key.sign(claims(tenant_id="evil"))) == 0
+        with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+            await notify.admin.QueueStats(admin_pb2.QueueStatsRequest())
+        assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
         for token in (as_user, as_upload):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await notify.admin.QueueStats(admin_pb2.QueueStatsRequest(), metadata=_md(token))
