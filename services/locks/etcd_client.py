@@ -283,13 +283,16 @@ class Etcd:
         while True:
             index, channel = conn.pick()
             md = await conn.metadata()
+            watch = _Watch(channel, (*md, REQUIRE_LEADER), keys, start_revision)
             try:
-                found = await _watch_once(channel, (*md, REQUIRE_LEADER), keys, start_revision)
+                found = await watch.run()
             except grpc.aio.AioRpcError as exc:
                 if token_invalid(exc) and not refreshed:
                     refreshed = True
                     await conn.token_rejected(md)
                     continue
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise EtcdPermissionDenied(f"etcd refused the watch: {exc.details()}") from exc
                 if not retryable(exc):
                     raise
                 found = None
@@ -298,50 +301,66 @@ class Etcd:
             # The stream broke without an answer: try the next member.
             conn.failed(index)
             now = loop.time()
+            if watch.established:
+                failing_since = None  # it worked until now: a fresh failure
             failing_since = failing_since or now
             if now - failing_since > self._timeout:
                 raise EtcdUnavailable("etcd: no member kept a watch stream open")
             await asyncio.sleep(0.1)  # retry timer between members, not a sync point
 
 
-async def _watch_once(
-    channel: grpc.aio.Channel,
-    metadata: tuple[tuple[str, str], ...],
-    keys: Sequence[bytes],
-    start_revision: int,
-) -> tuple[KeyValue, int] | None:
-    """One watch stream: the first delete event, or None when the stream ends early."""
-    requests: asyncio.Queue[rpc.WatchRequest | None] = asyncio.Queue()
-    for key in keys:
-        create = rpc.WatchCreateRequest(
-            key=key,
-            start_revision=start_revision,
-            filters=[rpc.WatchCreateRequest.FilterType.NOPUT],
-            prev_kv=True,
-        )
-        requests.put_nowait(rpc.WatchRequest(create_request=create))
+class _Watch:
+    """One watch stream for the deletion of any of `keys` from `start_revision` on."""
 
-    async def request_stream():  # type: ignore[no-untyped-def]
-        while (item := await requests.get()) is not None:
-            yield item
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        metadata: tuple[tuple[str, str], ...],
+        keys: Sequence[bytes],
+        start_revision: int,
+    ) -> None:
+        self.channel = channel
+        self.metadata = metadata
+        self.keys = keys
+        self.start_revision = start_revision
+        self.established = False  # etcd confirmed the watch (the stream worked)
 
-    call = rpc_pb2_grpc.WatchStub(channel).Watch(request_stream(), metadata=metadata)
-    try:
-        async for resp in call:
-            if resp.compact_revision:
-                raise RevisionCompacted(int(resp.compact_revision))
-            if resp.canceled:
-                if "permission denied" in resp.cancel_reason:
-                    raise EtcdPermissionDenied(f"etcd refused the watch: {resp.cancel_reason}")
-                return None  # e.g. the member lost its leader: watch elsewhere
-            for event in resp.events:
-                if event.type == kv_pb2.Event.DELETE:
-                    prev = event.prev_kv if event.HasField("prev_kv") else event.kv
-                    return KeyValue.from_pb(prev), int(event.kv.mod_revision)
-    finally:
-        requests.put_nowait(None)
-        call.cancel()
-    return None
+    async def run(self) -> tuple[KeyValue, int] | None:
+        """The first delete event, or None when the stream ends early."""
+        requests: asyncio.Queue[rpc.WatchRequest | None] = asyncio.Queue()
+        for key in self.keys:
+            create = rpc.WatchCreateRequest(
+                key=key,
+                start_revision=self.start_revision,
+                filters=[rpc.WatchCreateRequest.FilterType.NOPUT],
+                prev_kv=True,
+            )
+            requests.put_nowait(rpc.WatchRequest(create_request=create))
+
+        async def request_stream():  # type: ignore[no-untyped-def]
+            while (item := await requests.get()) is not None:
+                yield item
+
+        stub = rpc_pb2_grpc.WatchStub(self.channel)
+        call = stub.Watch(request_stream(), metadata=self.metadata)
+        try:
+            async for resp in call:
+                if resp.compact_revision:
+                    raise RevisionCompacted(int(resp.compact_revision))
+                if resp.canceled:
+                    if "permission denied" in resp.cancel_reason:
+                        raise EtcdPermissionDenied(f"etcd refused the watch: {resp.cancel_reason}")
+                    return None  # e.g. the member lost its leader: watch elsewhere
+                if resp.created:
+                    self.established = True
+                for event in resp.events:
+                    if event.type == kv_pb2.Event.DELETE:
+                        prev = event.prev_kv if event.HasField("prev_kv") else event.kv
+                        return KeyValue.from_pb(prev), int(event.kv.mod_revision)
+        finally:
+            requests.put_nowait(None)
+            call.cancel()
+        return None
 
 
 class RevisionCompacted(Exception):
