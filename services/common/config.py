@@ -76,7 +76,22 @@ class CommonSettings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
     shutdown_grace_seconds: float = Field(5.0, ge=0, description="In-flight calls get this long.")
-    max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message accepted.")
+    # Server limits (services/common/server_limits.py); message sizes are per service.
+    max_concurrent_rpcs: int = Field(
+        1000,
+        ge=1,
+        description="Calls one server runs at once (streams count); more: RESOURCE_EXHAUSTED.",
+    )
+    keepalive_time_seconds: float = Field(60, gt=0, description="Server pings idle connections.")
+    keepalive_timeout_seconds: float = Field(20, gt=0, description="Unanswered ping: drop it.")
+    # Below the 30 s our own clients ping at (channels.py), with room for jitter.
+    min_client_ping_interval_seconds: float = Field(
+        20, ge=0, description="Client pings closer than this are strikes (GOAWAY after the last)."
+    )
+    max_ping_strikes: int = Field(2, ge=0, description="Strikes before too_many_pings GOAWAY.")
+    max_connection_idle_seconds: float = Field(
+        300, gt=0, description="Close call-less connections."
+    )
     auth_tokens: dict[str, dict[str, str]] = Field(
         default_factory=lambda: dict(DEFAULT_AUTH_TOKENS)
     )

@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import grpc
+from google.protobuf import duration_pb2
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2
 
 ERROR_DOMAIN = "serentak.dev"
 
@@ -27,6 +30,10 @@ class SerentakError(Exception):
             self.reason = reason  # type: ignore[misc]
         # ErrorInfo metadata is string -> string.
         self.metadata = {k: str(v) for k, v in metadata.items() if v is not None}
+
+    def status_details(self) -> list[Message]:
+        """Status details besides the ErrorInfo (e.g. RetryInfo); none by default."""
+        return []
 
 
 class InvalidArgument(SerentakError):
@@ -65,6 +72,22 @@ class Aborted(SerentakError):
 class ResourceExhausted(SerentakError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = "RESOURCE_EXHAUSTED"
+
+
+class RateLimited(ResourceExhausted):
+    """The caller made too many of these calls; `google.rpc.RetryInfo` says when to retry."""
+
+    reason = "RATE_LIMITED"
+
+    def __init__(self, message: str, *, retry_after_seconds: float, limit: str) -> None:
+        super().__init__(message, retry_after_seconds=f"{retry_after_seconds:.3f}", limit=limit)
+        self.retry_after_seconds = retry_after_seconds
+
+    def status_details(self) -> list[Message]:
+        """A RetryInfo with the delay before the caller's window has room again."""
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(self.retry_after_seconds * 1e9))
+        return [error_details_pb2.RetryInfo(retry_delay=delay)]
 
 
 class Unauthenticated(SerentakError):

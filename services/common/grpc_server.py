@@ -32,6 +32,7 @@ from services.common.logging import get_logger
 from services.common.metrics import start_metrics_endpoint
 from services.common.readiness import LIVENESS, Probe, Readiness
 from services.common.security import ServerSecurity
+from services.common.server_limits import ServerLimits
 from services.common.tls import server_credentials
 
 log = get_logger(__name__)
@@ -60,7 +61,9 @@ class ServiceApp:
     # Run after the server has stopped (close DB engines, etcd clients).
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = ()
     grace_seconds: float = 5.0
-    max_message_bytes: int = 64 * 1024 * 1024
+    # Largest request accepted (a bigger one is refused before it is parsed).
+    max_message_bytes: int = 4 * 1024 * 1024
+    limits: ServerLimits = field(default_factory=ServerLimits)
     # Plaintext Health-only port for the kubelet's gRPC probes (health_port.py); 0: none.
     health_port: int = 0
     # Dependencies whose failure makes the service not ready (readiness.py), and how
@@ -122,14 +125,8 @@ async def start(app: ServiceApp) -> RunningService:
     interceptors.append(ErrorMappingInterceptor())
     server = grpc.aio.server(
         interceptors=interceptors,
-        options=[
-            ("grpc.max_receive_message_length", app.max_message_bytes),
-            ("grpc.max_send_message_length", app.max_message_bytes),
-            ("grpc.so_reuseport", 0),
-            # Clients (channels.py) ping every 30 s on a connection with calls; the default
-            # (one ping per 5 min) would answer a quiet stream's pings with GOAWAY.
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 20_000),
-        ],
+        options=[*app.limits.options(app.max_message_bytes), ("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=app.limits.max_concurrent_rpcs,
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -18,6 +18,7 @@ from grpc_status import rpc_status
 
 from services.common import correlation
 from services.common.auth import Authenticator
+from services.common.disk_full import as_storage_full
 from services.common.errors import ERROR_DOMAIN, SerentakError
 from services.common.logging import get_logger
 from services.common.metrics import DOMAIN_ERRORS, RPC_DURATION, RPC_REQUESTS
@@ -130,9 +131,12 @@ def to_status(exc: SerentakError) -> grpc.Status:
     """The gRPC status for a domain error, with its ErrorInfo reason and metadata."""
     info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=ERROR_DOMAIN)
     info.metadata.update(exc.metadata)
-    detail = any_pb2.Any()
-    detail.Pack(info)
-    status = status_pb2.Status(code=exc.code.value[0], message=exc.message, details=[detail])
+    details = []
+    for message in (info, *exc.status_details()):
+        detail = any_pb2.Any()
+        detail.Pack(message)
+        details.append(detail)
+    status = status_pb2.Status(code=exc.code.value[0], message=exc.message, details=details)
     return rpc_status.to_status(status)
 
 
@@ -140,6 +144,7 @@ def _status_name(exc: BaseException) -> str:
     """The status code `_fail` answers `exc` with, as metrics and logs name it."""
     if isinstance(exc, NotImplementedError):
         return grpc.StatusCode.UNIMPLEMENTED.name
+    exc = as_storage_full(exc) or exc
     if isinstance(exc, SerentakError):
         return exc.code.name
     return grpc.StatusCode.INTERNAL.name
@@ -154,6 +159,8 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
         if isinstance(exc, NotImplementedError):
             # The generated servicer base classes raise this for RPCs not built yet.
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
+        # A full disk (OSError, SQLite, PostgreSQL) is RESOURCE_EXHAUSTED, not a bug.
+        exc = as_storage_full(exc) or exc
         if isinstance(exc, SerentakError):
             DOMAIN_ERRORS.labels(exc.reason).inc()
             log.info(

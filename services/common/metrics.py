@@ -29,3 +29,10 @@ def start_metrics_endpoint(host: str, port: int) -> None:
     """Serve Prometheus text format on http://host:port/metrics (port 0: disabled)."""
     if port:
         start_http_server(port, addr=host)
+
+
+RATE_LIMITED = Counter(
+    "serentak_rate_limited_total",
+    "Calls refused RESOURCE_EXHAUSTED / RATE_LIMITED by the per-caller rate limit, by RPC.",
+    ["rpc"],
+)

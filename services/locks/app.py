@@ -8,6 +8,7 @@ from services.common.auth import build_authenticator
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.readiness import Probe
 from services.common.security import server_security
+from services.common.server_limits import server_limits
 from services.locks.caps import TenantCaps
 from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import options_from_settings, warn_if_exposed
@@ -68,6 +69,7 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         readiness_interval=settings.readiness_interval_seconds,
         readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
-        max_message_bytes=settings.max_message_bytes,
         security=server_security(settings, auth),
+        max_message_bytes=settings.locks_max_message_bytes,
+        limits=server_limits(settings),
     )

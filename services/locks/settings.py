@@ -10,6 +10,11 @@ from services.common.config import CommonSettings
 class LocksSettings(CommonSettings):
     """Read once at start-up from `SERENTAK_*`."""
 
+    locks_max_message_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Largest request accepted (keys, owners: small).",
+    )
     lock_prefix: str = Field("/serentak/locks/", description="etcd key prefix for all locks.")
     etcd_call_timeout_seconds: float = Field(
         5.0, gt=0, description="Longest wait for one etcd request before answering UNAVAILABLE."

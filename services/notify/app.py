@@ -9,6 +9,7 @@ from services.common.grpc_server import ServiceApp, Servicer
 from services.common.logging import get_logger
 from services.common.readiness import database_probe
 from services.common.security import server_security
+from services.common.server_limits import server_limits
 from services.notify.components import NotifyComponents, build_components
 from services.notify.database import migration_locations, prepare
 from services.notify.servicer import NotifyServicer
@@ -54,6 +55,7 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
         readiness_interval=settings.readiness_interval_seconds,
         readiness_timeout=settings.readiness_timeout_seconds,
         grace_seconds=settings.shutdown_grace_seconds,
-        max_message_bytes=settings.max_message_bytes,
         security=server_security(settings, parts.auth),
+        max_message_bytes=settings.notify_max_message_bytes,
+        limits=server_limits(settings),
     )

@@ -15,6 +15,11 @@ class NotifySettings(CommonSettings):
     ingest_principals: list[str] = Field(
         default_factory=lambda: ["upload"], description="Service principals allowed to Ingest."
     )
+    notify_max_message_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest request accepted (an Ingest event).",
+    )
     notify_database_url: str | None = Field(
         None, description="SQLAlchemy URL; default: SQLite at {data_dir}/notify.db."
     )

@@ -11,6 +11,7 @@ from services.common.grpc_server import ServiceApp, Servicer
 from services.common.jobs.runtime import RuntimeOptions
 from services.common.readiness import Probe, database_probe
 from services.common.security import server_security
+from services.common.server_limits import server_limits
 from services.upload.audit import UploadAudit
 from services.upload.components import build_components
 from services.upload.database import migration_locations, prepare
@@ -46,12 +47,14 @@ def build_app(
         servicers=[
             Servicer(
                 upload_pb2_grpc.add_UploadServiceServicer_to_server,
-                UploadServicer(parts.auth, parts.uploads, parts.chunks, parts.runtime.wake),
+                UploadServicer(
+                    parts.auth, parts.uploads, parts.chunks, parts.limiter, parts.runtime.wake
+                ),
                 _SERVICES["UploadService"].full_name,
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(parts.auth, parts.files),
+                FileServicer(parts.auth, parts.files, parts.limiter),
                 _SERVICES["FileService"].full_name,
             ),
             Servicer(
@@ -81,4 +84,5 @@ def build_app(
         grace_seconds=settings.shutdown_grace_seconds,
         max_message_bytes=settings.max_message_bytes,
         security=server_security(settings, parts.auth),
+        limits=server_limits(settings),
     )

@@ -18,6 +18,7 @@ from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
 from services.common.page_tokens import PageTokens
+from services.common.rate_limit import RateLimiter
 from services.upload.blob_store import BlobStore, open_blob_store
 from services.upload.chunks import ChunkStore
 from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
@@ -44,6 +45,8 @@ class UploadComponents:
     uploads: Uploads
     chunks: ChunkStore
     files: Files
+    # Per-caller limit on the expensive RPCs (one limiter: counters per RPC and caller).
+    limiter: RateLimiter
     registry: JobRegistry
     runtime: JobRuntime
     sync: SyncWiring
@@ -139,6 +142,7 @@ def build_components(
         uploads=uploads,
         chunks=chunks,
         files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries), tokens),
+        limiter=RateLimiter(settings.rate_limit),
         registry=registry,
         runtime=runtime,
         sync=sync,

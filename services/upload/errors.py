@@ -9,6 +9,7 @@ from services.common.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unavailable,
 )
 
@@ -77,3 +78,21 @@ class BlobStoreUnavailable(Unavailable):
     """The object store (S3-compatible) failed or could not be reached; retry later."""
 
     reason = "BLOB_STORE_UNAVAILABLE"
+
+
+class UploadTooLarge(ResourceExhausted):
+    """The upload would make a file larger than `max_upload_bytes`."""
+
+    reason = "UPLOAD_TOO_LARGE"
+
+
+class QuotaExceeded(ResourceExhausted):
+    """The tenant's stored bytes plus open uploads would pass `tenant_quota_bytes`."""
+
+    reason = "QUOTA_EXCEEDED"
+
+
+class TooManyUploads(ResourceExhausted):
+    """The user already has `max_open_uploads_per_user` uploads uploading or merging."""
+
+    reason = "TOO_MANY_UPLOADS"

@@ -13,6 +13,7 @@ from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 from services.common.auth import Authenticator
 from services.common.errors import InvalidArgument
+from services.common.rate_limit import RateLimiter
 from services.upload import convert
 from services.upload.audit import UploadAudit
 from services.upload.chunks import ChunkOutcome, ChunkStore
@@ -28,11 +29,13 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         auth: Authenticator,
         uploads: Uploads,
         chunks: ChunkStore,
+        limiter: RateLimiter,
         on_merge_started: Callable[[], None] = lambda: None,
     ) -> None:
         self._auth = auth
         self._uploads = uploads
         self._chunks = chunks
+        self._limiter = limiter
         # Wakes the in-process workers so a merge starts without waiting for a poll.
         self._on_merge_started = on_merge_started
 
@@ -40,6 +43,7 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.CreateUploadRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.Upload:
         identity = self._auth.require_user(context)
+        await self._limiter.check(identity, "CreateUpload")
         row = await self._uploads.create(identity, request)
         upload, missing = await self._uploads.get(identity, row.id)
         return convert.upload_message(upload, missing)
@@ -122,6 +126,7 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.ListUploadsRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.ListUploadsResponse:
         identity = self._auth.require_user(context)
+        await self._limiter.check(identity, "ListUploads")
         rows, token = await self._uploads.list(identity, request)
         return upload_pb2.ListUploadsResponse(
             uploads=[convert.upload_message(r) for r in rows], next_page_token=token
@@ -131,9 +136,10 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
 class FileServicer(upload_pb2_grpc.FileServiceServicer):
     """The versioned file tree."""
 
-    def __init__(self, auth: Authenticator, files: Files) -> None:
+    def __init__(self, auth: Authenticator, files: Files, limiter: RateLimiter) -> None:
         self._auth = auth
         self._files = files
+        self._limiter = limiter
 
     async def CreateFolder(
         self, request: upload_pb2.CreateFolderRequest, context: grpc.aio.ServicerContext
@@ -200,6 +206,7 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         self, request: upload_pb2.DownloadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[upload_pb2.DownloadChunk]:
         identity = self._auth.require_user(context)
+        await self._limiter.check(identity, "Download")
         file, blocks = await self._files.open_download(identity, request)
         offset = request.offset
         async for block in blocks:

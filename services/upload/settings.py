@@ -11,6 +11,7 @@ from services.common.config import CommonSettings, sqlite_url
 
 KIB = 1024
 MIB = 1024 * KIB
+GIB = 1024 * MIB
 
 
 class UploadSettings(CommonSettings):
@@ -58,6 +59,27 @@ class UploadSettings(CommonSettings):
     max_chunk_size: int = Field(32 * MIB, ge=1, description="Largest chunk_size.")
     default_chunk_size: int = Field(8 * MIB, ge=1, description="What the CLI sends by default.")
     max_total_chunks: int = Field(10_000, ge=1, description="Most chunks in one upload.")
+    # Limits (issue 11): refusals are RESOURCE_EXHAUSTED with an ErrorInfo reason.
+    max_upload_bytes: int = Field(
+        10 * GIB, ge=0, description="Largest file one upload may make (UPLOAD_TOO_LARGE)."
+    )
+    tenant_quota_bytes: int = Field(
+        100 * GIB,
+        ge=0,
+        description="Per tenant: current versions of its files (trash included) plus open "
+        "uploads (QUOTA_EXCEEDED).",
+    )
+    max_open_uploads_per_user: int = Field(
+        100, ge=1, description="Uploads one user may have uploading or merging (TOO_MANY_UPLOADS)."
+    )
+    rate_limit: str = Field(
+        "300/minute;10000/hour",
+        description="Per caller and RPC, for the expensive RPCs (CreateUpload, CreateFolder, "
+        "ListUploads, Download): `limits` notation; RATE_LIMITED with RetryInfo past it.",
+    )
+    upload_max_message_bytes: int | None = Field(
+        None, ge=1024, description="Largest request; default: max_chunk_size + 1 MiB."
+    )
     merge_lock_ttl_seconds: int = Field(60, ge=2, description="Lease of the merge's file lock.")
     merge_lock_wait_ms: int = Field(30_000, ge=0, description="How long a merge waits for it.")
     merge_max_attempts: int = Field(
@@ -94,6 +116,11 @@ class UploadSettings(CommonSettings):
         if parts.scheme == "s3" and parts.netloc:
             return value
         raise ValueError("blob_url must be file:///absolute/path or s3://bucket[/prefix]")
+
+    @property
+    def max_message_bytes(self) -> int:
+        """Largest request the upload service accepts: a full chunk plus its envelope."""
+        return self.upload_max_message_bytes or self.max_chunk_size + MIB
 
     @property
     def database_url(self) -> str:

@@ -120,7 +120,7 @@ async def test_upload_chunks_receives_the_next_chunk_while_storing_one(parts) ->
         enqueue_merge,
         upload_ttl_seconds=parts.settings.upload_ttl_seconds,
     )
-    servicer = UploadServicer(parts.auth, parts.uploads, store)
+    servicer = UploadServicer(parts.auth, parts.uploads, store, parts.limiter)
     second_pulled = asyncio.Event()
 
     async def stream():

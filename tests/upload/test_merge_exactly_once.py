@@ -25,8 +25,13 @@ SENDERS = 24
 
 @pytest.fixture
 def settings_overrides() -> dict[str, object]:
-    """Durability is not under test here: skip fsyncs so 200 uploads stay quick."""
-    return {"blob_fsync": False, "sqlite_synchronous": "NORMAL"}
+    """Durability is not under test here: skip fsyncs so 200 uploads stay quick. All 200 are
+    open at once, past the default per-user cap (tested in test_upload_limits.py)."""
+    return {
+        "blob_fsync": False,
+        "sqlite_synchronous": "NORMAL",
+        "max_open_uploads_per_user": UPLOADS,
+    }
 
 
 async def test_every_upload_merges_exactly_once(cluster) -> None:

@@ -53,11 +53,17 @@ class LocalBlobStore:
         staged = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
         # 0600 from the first byte (not after a chmod): blobs are every tenant's data.
         fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        with open(fd, "wb") as f:
-            f.write(data)
-            if self._fsync:
-                f.flush()
-                os.fsync(f.fileno())
+        try:
+            with open(fd, "wb") as f:
+                f.write(data)
+                if self._fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except BaseException:
+            # ENOSPC mid-write, a failed fsync: leave no partial temp file behind.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staged)
+            raise
         return str(staged)
 
     async def publish(self, staged: object, key: str) -> None:
