@@ -108,7 +108,9 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         after = 0
         if request.page_token:
             if not request.page_token.isdigit():
-                raise InvalidArgument("page_token", "not a token from a previous page")
+                raise InvalidArgument(
+                    "page_token", "not a token from a previous page", reason="INVALID_PAGE_TOKEN"
+                )
             after = int(request.page_token)
         async with self._sessions() as session, session.begin():
             rows = await list_dead_letters(

@@ -55,6 +55,11 @@ OUTBOX_PUBLISHED = Counter(
 OUTBOX_PUBLISH_FAILURES = Counter(
     "serentak_outbox_publish_failures_total", "Failed publish attempts.", ["event_type"]
 )
+OUTBOX_DEAD_LETTERS = Counter(
+    "serentak_outbox_dead_letters_total",
+    "Events a subscriber refused for good, moved to dead_letters (job type outbox.publish).",
+    ["event_type"],
+)
 EVENTS_SKIPPED_AS_OLD = Counter(
     "serentak_events_skipped_as_old_total",
     "Events older than the state they apply to (version < current), skipped.",

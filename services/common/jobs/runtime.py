@@ -31,6 +31,7 @@ from services.common.jobs.registry import JobRegistry
 from services.common.jobs.stats import queue_stats
 from services.common.jobs.worker import Worker
 from services.common.logging import get_logger
+from services.common.outbox.dead_letters import OUTBOX_PUBLISH_JOB, republish
 from services.common.outbox.relay import Relay
 from services.common.outbox.subscribers import Subscriber
 
@@ -72,6 +73,9 @@ class JobRuntime:
     ) -> None:
         self.sessions = sessions
         self.registry = registry
+        # Replaying an outbox dead letter runs this job (any service with an outbox).
+        if registry.get(OUTBOX_PUBLISH_JOB) is None:
+            registry.register(OUTBOX_PUBLISH_JOB, republish)
         self.options = options or RuntimeOptions()
         o = self.options
         self.workers = [

@@ -4,7 +4,9 @@ Per aggregate: take its relay lease (so one relay at a time publishes it, across
 replicas), then for each unpublished event in id order: publish to every subscriber,
 renew the lease, mark published. A crash between publish and mark republishes the event
 on the next run: subscribers deduplicate by event_id. A failed publish stops that
-aggregate (later events must not overtake it) and retries after a growing delay.
+aggregate (later events must not overtake it) and retries after a growing delay, unless
+the subscriber refused the event for good: then it goes to the dead letters and the
+aggregate goes on (`dead_letters.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from services.common.correlation import bound_correlation_id
 from services.common.jobs import metrics
 from services.common.logging import get_logger
 from services.common.outbox import leases
+from services.common.outbox.dead_letters import dead_letter_event, is_permanent
 from services.common.outbox.store import (
     mark_published,
     pending_aggregates,
@@ -131,6 +134,8 @@ class Relay:
                 for subscriber in self.subscribers:
                     await subscriber.publish(event)
             except Exception as exc:
+                if is_permanent(exc):
+                    return await self._dead_letter(key, token, row_id, event, exc)
                 failures = self._backoff.get(key, (0, 0.0))[0] + 1
                 delay = min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 2 ** min(failures - 1, 20))
                 self._backoff[key] = (failures, time.monotonic() + delay)
@@ -158,3 +163,23 @@ class Relay:
                 version=event.version,
             )
             return True
+
+    async def _dead_letter(
+        self, key: str, token: str, row_id: int, event: events_pb2.Event, exc: BaseException
+    ) -> bool:
+        """Refused for good: move the event to dead_letters and go on with the aggregate."""
+        metrics.OUTBOX_PUBLISH_FAILURES.labels(event.event_type).inc()
+        async with self.sessions() as session, session.begin():
+            if not await leases.renew(session, key, token, self.lease_seconds):
+                log.warning("relay_lease_lost", aggregate=key, event_id=event.event_id)
+                return False
+            await dead_letter_event(session, row_id, event, exc, self.relay_id)
+        metrics.OUTBOX_DEAD_LETTERS.labels(event.event_type).inc()
+        log.error(
+            "outbox_event_dead_lettered",
+            event_id=event.event_id,
+            aggregate=key,
+            version=event.version,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return True

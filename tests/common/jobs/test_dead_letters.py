@@ -11,6 +11,7 @@ import grpc
 import pytest
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 from sqlalchemy import func, select
+from support.grpc_errors import error_info
 from support.services import running_app
 
 from services.common.admin import admin_servicer
@@ -148,6 +149,7 @@ async def test_replay_applies_once_and_a_second_replay_is_a_no_op(runtime_db) ->
                     admin_pb2.ListDeadLettersRequest(page_token="x"), metadata=SERVICE_MD
                 )
             assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_info(bad.value).reason == "INVALID_PAGE_TOKEN"
     assert handler.effects == 1 and handler.calls == 2
     async with runtime_db.sessions() as session, session.begin():
         assert (await session.execute(select(func.count()).select_from(applied_jobs))).scalar() == 1
