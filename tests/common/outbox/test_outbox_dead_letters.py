@@ -18,7 +18,8 @@ from support.services import running_app
 
 from services.common.admin import admin_servicer
 from services.common.auth import Authenticator
-from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN
+from services.common.auth.client_token import ClientToken
+from services.common.channels import ClientSecurity
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.jobs import JobRegistry, Worker
@@ -28,7 +29,8 @@ from services.common.outbox import GrpcIngestSubscriber, Relay, record_event
 from services.common.outbox.dead_letters import OUTBOX_PUBLISH_JOB
 from services.common.outbox.models import outbox_events
 
-SERVICE_MD = (("authorization", f"Bearer {DEFAULT_SERVICE_TOKEN}"),)
+SERVICE_MD = (("authorization", "Bearer dev-ops"),)  # admin RPCs need the ops role
+AS_UPLOAD = ClientSecurity(token=ClientToken(token="dev-service-upload"))
 NOTIFY = notify_pb2.DESCRIPTOR.services_by_name["NotifyService"].full_name
 
 
@@ -91,16 +93,10 @@ async def test_a_refused_event_is_dead_lettered_and_replayable(runtime_db) -> No
         "127.0.0.1",
         0,
         0,
-        [
-            admin_servicer(
-                runtime_db.sessions, Authenticator(DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKEN)
-            )
-        ],
+        [admin_servicer(runtime_db.sessions, Authenticator.dev())],
     )
     async with running_app(notify) as notify_running, running_app(admin) as admin_running:
-        subscriber = GrpcIngestSubscriber(
-            f"127.0.0.1:{notify_running.app.bound_port}", DEFAULT_SERVICE_TOKEN
-        )
+        subscriber = GrpcIngestSubscriber(f"127.0.0.1:{notify_running.app.bound_port}", AS_UPLOAD)
         relay = Relay(runtime_db.sessions, [subscriber], relay_id="r1")
         events = [_event("f1", v) for v in (1, 2, 3)]
         ingest.refuse.add(events[1].event_id)
@@ -161,9 +157,7 @@ async def test_a_transient_failure_is_retried_not_dead_lettered(runtime_db) -> N
         [Servicer(notify_pb2_grpc.add_NotifyServiceServicer_to_server, ingest, NOTIFY)],
     )
     async with running_app(notify) as running:
-        subscriber = GrpcIngestSubscriber(
-            f"127.0.0.1:{running.app.bound_port}", DEFAULT_SERVICE_TOKEN
-        )
+        subscriber = GrpcIngestSubscriber(f"127.0.0.1:{running.app.bound_port}", AS_UPLOAD)
         relay = Relay(runtime_db.sessions, [subscriber], relay_id="r1")
         async with runtime_db.sessions() as session, session.begin():
             await record_event(session, _event("f2", 1))
