@@ -232,7 +232,8 @@ fn feed(
     options: &MergeOptions,
     failure: &Failure,
 ) {
-    let mut out = Writer { file: output.file(), path: output.temp_path(), options, written: 0, flushed: 0, dropped: 0 };
+    let mut out =
+        Writer { file: output.file(), path: output.temp_path(), options, written: 0, flushed: 0, dropped: 0 };
 
     for (position, chunk) in chunks.iter().enumerate() {
         if failure.aborted() {
@@ -564,7 +565,8 @@ impl Drop for Mapping {
 /// Waits for `offset..offset+len` to be written back, then drops it from the
 /// page cache. Only a hint too: errors surface at the final fsync.
 fn drop_written(fd: libc::c_int, offset: u64, len: u64) {
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    let flags =
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     // SAFETY: plain syscalls on an open fd.
     unsafe {
         libc::sync_file_range(fd, offset as libc::off64_t, len as libc::off64_t, flags);

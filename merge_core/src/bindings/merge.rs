@@ -50,10 +50,7 @@ pub fn merge(
         mmap,
         ..MergeOptions::default()
     };
-    let chunks: Vec<Chunk> = chunks
-        .into_iter()
-        .map(PyChunk::into_chunk)
-        .collect();
+    let chunks: Vec<Chunk> = chunks.into_iter().map(PyChunk::into_chunk).collect();
 
     let mut raised: Option<PyErr> = None;
     // The whole merge runs detached: it only does file I/O and hashing on
