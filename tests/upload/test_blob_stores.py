@@ -152,6 +152,20 @@ async def test_a_wrong_size_or_whole_file_checksum_leaves_no_object(store: BlobS
     assert not await store.exists("files/f/u-size")
 
 
+async def test_a_stored_object_of_the_wrong_size_is_named(store: BlobStore) -> None:
+    parts = [os.urandom(1000), os.urandom(1000), os.urandom(1000)]
+    refs = await put_chunks(store, "u-grown", parts)
+    # Chunk 1's object grew after its row was recorded: refused by size, whatever its bytes.
+    key = refs[1].key
+    await store.publish(await store.stage(key, parts[1] + os.urandom(5000)), key)
+    with pytest.raises(merge_core.ChunkSizeMismatch) as caught:
+        await store.merge(refs, "files/f/u-grown", "sha256", None)
+    err = caught.value
+    assert (err.index, err.expected, err.actual) == (1, 1000, 6000)
+    assert str(err.path).endswith(key)
+    assert not await store.exists("files/f/u-grown")
+
+
 async def test_missing_indexes_are_refused_before_any_read(store: BlobStore) -> None:
     refs = await put_chunks(store, "u-gap", [b"a", b"b", b"c"])
     with pytest.raises(merge_core.MissingChunk):

@@ -96,6 +96,16 @@ async def _hash(target: Any, block: Any) -> None:
         target.update(block)
 
 
+def _size_mismatch(chunk: ChunkRef, actual: int) -> merge_core.ChunkSizeMismatch:
+    """merge_core's exception for a chunk object of the wrong size, attributes set."""
+    err = merge_core.ChunkSizeMismatch(
+        f"chunk {chunk.index} ({chunk.key}): size mismatch: expected {chunk.size} bytes, "
+        f"got {actual}"
+    )
+    err.index, err.path, err.expected, err.actual = chunk.index, chunk.key, chunk.size, actual
+    return err
+
+
 class _ReadAhead:
     """Reads chunk objects with up to `window` GETs in flight, handed out in index order,
     so the next chunks' reads overlap hashing and uploading this one. Memory: `window`
@@ -126,6 +136,11 @@ class _ReadAhead:
         with _store_errors("get", chunk.key):
             try:
                 result = await obstore.get_async(self._store, chunk.key)
+                stored = int(result.meta["size"])
+                if stored != chunk.size:
+                    # Checked before reading the body: an oversized object must not be
+                    # pulled into memory (merge_core's file merge checks sizes first too).
+                    raise _size_mismatch(chunk, stored)
                 return await result.bytes_async()
             except FileNotFoundError as missing:
                 raise BlobStoreUnavailable(
