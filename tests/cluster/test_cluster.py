@@ -49,7 +49,7 @@ MORE_VERSIONS = 4  # uploads per file after the first: 10 + 40 = 50 uploads
 CHUNK = 16 * 1024
 DEADLINE_S = 180.0
 CHAOS_AFTER = 15  # main-phase uploads completed before the kills
-SERVICE_TOKEN = "dev-service-token"
+SERVICE_TOKEN = "dev-service-upload"  # the upload principal may lock file: keys
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -319,8 +319,14 @@ async def test_two_replicas_of_everything_survive_kills(
             return {
                 **s3_server.env(prefix),
                 "SERENTAK_UPLOAD_DATABASE_URL": upload_db,
-                "SERENTAK_LOCKS_ADDRESS": procs[f"locks{i}"].address,
-                "SERENTAK_NOTIFY_ADDRESS": procs[f"notify{i}"].address,
+                # Both replicas, round robin (services.common.channels): the first
+                # listed differs per upload replica, so both are in use from the start.
+                "SERENTAK_LOCKS_ADDRESS": ",".join(
+                    procs[f"locks{(i + k) % 2}"].address for k in range(2)
+                ),
+                "SERENTAK_NOTIFY_ADDRESS": ",".join(
+                    procs[f"notify{(i + k) % 2}"].address for k in range(2)
+                ),
                 "SERENTAK_MIN_CHUNK_SIZE": "1024",
                 "SERENTAK_MERGE_RETRY_BASE_SECONDS": "0.2",
                 "SERENTAK_MERGE_RETRY_CAP_SECONDS": "2",
