@@ -96,6 +96,13 @@ class S3Server:
         """Where s3s-fs keeps the object `key` of the default bucket (for inspection)."""
         return self.root / self.bucket / key
 
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object key in the default bucket under `prefix`, sorted (read from s3s-fs's
+        folder: completed objects only; its metadata and multipart state live elsewhere)."""
+        bucket = self.root / self.bucket
+        found = (p.relative_to(bucket).as_posix() for p in bucket.rglob("*") if p.is_file())
+        return sorted(k for k in found if k.startswith(prefix))
+
     def start(self) -> None:
         """Start (or restart) and return once the port accepts connections."""
         log = open(self.log_path, "ab")

@@ -175,6 +175,21 @@ async def test_missing_indexes_are_refused_before_any_read(store: BlobStore) -> 
     assert not await store.exists("files/f/u-gap")
 
 
+async def test_the_fixture_lists_what_the_store_holds(s3: Any) -> None:
+    prefix = "t-keys"
+    store = open_blob_store(UploadSettings(**s3.upload_settings(prefix)))
+    await put_chunks(store, "u-keys", [b"a", b"b"])
+    refs = await put_chunks(store, "u-keys2", [b"c"])
+    await store.merge(refs, "files/f/u-keys2", "sha256", None)
+    assert s3.keys(prefix) == [
+        f"{prefix}/files/f/u-keys2",
+        f"{prefix}/uploads/u-keys/0",
+        f"{prefix}/uploads/u-keys/1",
+        f"{prefix}/uploads/u-keys2/0",
+    ]
+    assert s3.object_path(f"{prefix}/uploads/u-keys/1").read_bytes() == b"b"
+
+
 async def test_a_missing_chunk_object_is_a_retryable_store_error(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
