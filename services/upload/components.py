@@ -26,6 +26,7 @@ from services.upload.file_locks import FileLocks
 from services.upload.files import Files
 from services.upload.listing_cache import ListingCache
 from services.upload.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
+from services.upload.retire import retire_files
 from services.upload.settings import UploadSettings
 from services.upload.sync.settings import SyncSettings
 from services.upload.sync.wiring import SyncWiring, wire_sync
@@ -120,6 +121,7 @@ def build_components(
         registry,
         auth,
         settings.data_dir / "sync-cache",
+        retire_files=retire_files,
         auth_mode=require_mode(settings),
     )
     schedules = [expiry_schedule(settings.expiry_interval_seconds)]

@@ -59,19 +59,23 @@ async def test_purge_removes_only_tombstones_past_retention(world: SyncWorld) ->
 async def test_purge_with_retire_hook_deletes_file_linked_rows(world: SyncWorld) -> None:
     from dataclasses import replace
 
-    retired: list[str] = []
+    offered: list[str] = []
 
-    async def retire(_session: object, file_ids: object) -> None:
-        retired.extend(file_ids)  # type: ignore[call-overload]
+    async def retire(_session: object, file_ids: list[str]) -> set[str]:
+        offered.extend(file_ids)
+        return {f for f in file_ids if f != "b" * 32}  # the hook keeps "b..." (a folder)
 
     engine = replace(world.engine, retire_files=retire)
     item = await world.link_item("f-old", file_id="a" * 32)
+    kept = await world.link_item("f-kept", file_id="b" * 32)
     await _tombstone(world, item, timedelta(days=400))
+    await _tombstone(world, kept, timedelta(days=401))
     async with world.sessions() as s, s.begin():
         result = await purge(engine, s)
-    assert result.rows_deleted == 1
-    assert retired == ["a" * 32]
-    assert await _ids(world) == set()
+    assert (result.rows_deleted, result.rows_kept) == (1, 1)
+    assert sorted(offered) == ["a" * 32, "b" * 32]
+    # A tombstone whose file was not retired stays: its file stays hidden.
+    assert await _ids(world) == {kept}
 
 
 async def test_reconcile_tombstones_expired_items_offline(world: SyncWorld) -> None:

@@ -31,6 +31,7 @@ from services.upload.sync import items, metrics
 from services.upload.sync.decisions import DeltaAction, decide_delta, is_expired
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.jobs import enqueue_item_sync
+from services.upload.sync.materialize import create_file
 from services.upload.sync.models import (
     EXPIRED,
     REMOVED,
@@ -88,6 +89,12 @@ async def apply_entry(
         # The delta itself says the item is gone: no per-item GET needed.
         return "tombstoned" if await tombstone_item(engine, session, row, REMOVED) else "ignored"
     if row is None:
+        # First seen here: the item becomes a file in the drive's folder (materialize.py).
+        file_id = (
+            None
+            if is_expired(entry.expires_at, now)
+            else await create_file(session, drive, entry.id, entry.name, entry.size)
+        )
         item_id = await items.insert_item(
             session,
             tenant_id=drive["tenant_id"],
@@ -95,6 +102,7 @@ async def apply_entry(
             upstream_drive_id=drive["upstream_drive_id"],
             upstream_item_id=entry.id,
             drive_id=drive["id"],
+            file_id=file_id,
             status=SYNCED,
             item=entry,
             now=now,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -11,9 +11,10 @@ from services.upload.sync.cache import ByteCache
 from services.upload.sync.provider import Provider
 from services.upload.sync.settings import SyncSettings
 
-# Called by purge, in its transaction, with the file ids whose tombstone rows it is about
-# to delete: the upload service retires those files (they must stay hidden for good).
-RetireFiles = Callable[[AsyncSession, Sequence[str]], Awaitable[None]]
+# Called by purge, in its transaction, with the file ids of the tombstones it is about to
+# delete: the upload service retires those files (they must stay hidden for good) and
+# returns the ids that are now gone; a tombstone whose file was not retired is kept.
+RetireFiles = Callable[[AsyncSession, Sequence[str]], Awaitable[Collection[str]]]
 
 
 @dataclass(frozen=True, slots=True)

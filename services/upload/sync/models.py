@@ -46,12 +46,20 @@ linked_drives = Table(
     Column("last_delta_at", UtcDateTime, nullable=True),
     Column("last_full_resync_at", UtcDateTime, nullable=True),
     Column("full_resync_count", Integer, nullable=False, default=0),
+    # Owner of the files a delta discovers (the folder's owner at link time) and the user
+    # who linked the drive (their events' actor). NULL on older links: no files created.
+    Column("owner_user_id", String(64), nullable=True),
+    Column("linked_by", String(64), nullable=True),
+    # The provider's change subscription for this drive (created and renewed by jobs).
+    Column("subscription_id", String(255), nullable=True),
+    Column("subscription_expires_at", UtcDateTime, nullable=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
     UniqueConstraint(
         "tenant_id", "account_id", "upstream_drive_id", name="uq_sync_linked_drives_upstream"
     ),
     Index("ix_sync_linked_drives_upstream_drive_id", "upstream_drive_id"),
+    Index("ix_sync_linked_drives_subscription_id", "subscription_id"),
 )
 
 synced_items = Table(

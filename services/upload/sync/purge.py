@@ -4,8 +4,11 @@ Runs in batches; each batch's rows are taken with FOR UPDATE SKIP LOCKED on Post
 (SQLite has one writer at a time), and the delete is conditional on TOMBSTONED, so
 several replicas purging at once neither block each other nor delete anything twice.
 A row that names a local file is deleted only when the upload service supplied
-`retire_files` (called in the same transaction); otherwise it stays, bytes evicted, so
-the file stays hidden.
+`retire_files` (the upload app always does: `services/upload/retire.py` deletes the file
+with its version bump and `file.deleted` event) and retired that file, in the same
+transaction: the file and its tombstone go together, so the lifecycle ends with nothing
+left to show. Without the hook (or for a file it keeps, e.g. a folder) the row stays,
+bytes evicted, so the file stays hidden.
 """
 
 from __future__ import annotations
@@ -61,12 +64,13 @@ async def purge_batch(
     for row in rows:
         if row.cache_key and engine.cache.evict(row.cache_key):
             result.bytes_evicted += 1
-    deletable = [r.id for r in rows if r.file_id is None or engine.retire_files is not None]
-    kept = [r.id for r in rows if r.id not in set(deletable)]
+    retired: set[str] = set()
     if engine.retire_files is not None:
         files = [r.file_id for r in rows if r.file_id is not None]
         if files:
-            await engine.retire_files(session, files)
+            retired = set(await engine.retire_files(session, files))
+    deletable = [r.id for r in rows if r.file_id is None or r.file_id in retired]
+    kept = [r.id for r in rows if r.id not in set(deletable)]
     if kept:
         await session.execute(
             update(synced_items).where(synced_items.c.id.in_(kept)).values(cache_key=None)
@@ -98,6 +102,8 @@ async def purge(
         total.rows_kept += batch.rows_kept
         if batch.rows_deleted + batch.rows_kept < settings.purge_batch_size:
             break
+        if not batch.rows_deleted and not batch.bytes_evicted:
+            break  # a full batch of rows kept as they were: the next run sees the same
     log.info("sync_purge_finished", **vars(total))
     return total
 

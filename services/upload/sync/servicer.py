@@ -212,11 +212,15 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         drive_id = items.new_id()
         try:
             async with self.engine.sessions() as session, session.begin():
+                owner = who.user_id
                 if folder is not None:
                     # Mirroring a drive into a folder writes into it: write access needed.
                     target, _ = await permissions.writable(session, who, folder)
                     if target.kind != FOLDER:
                         raise WrongKind("folder_id is not a folder", file_id=folder)
+                    # Files the delta discovers belong to the folder's owner (as an
+                    # upload's new file does): an editor's link fills the owner's tree.
+                    owner = target.owner_user_id
                 await session.execute(
                     insert(linked_drives).values(
                         id=drive_id,
@@ -224,6 +228,8 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
                         account_id=account,
                         upstream_drive_id=upstream,
                         folder_id=folder,
+                        owner_user_id=owner,
+                        linked_by=who.user_id,
                         full_resync_count=0,
                         created_at=now,
                         updated_at=now,
