@@ -13,6 +13,7 @@ Every transport failure, after failover to the other members, becomes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from etcd3aio import prefix_range_end
 from etcd3aio._protobuf import kv_pb2, rpc_pb2_grpc
 from etcd3aio._protobuf import rpc_pb2 as rpc
 
-from services.locks.errors import EtcdPermissionDenied, EtcdUnavailable
+from services.locks.errors import EtcdAuthFailed, EtcdPermissionDenied, EtcdUnavailable
 from services.locks.etcd_connection import (
     REQUIRE_LEADER,
     EtcdConnection,
@@ -282,14 +283,20 @@ class Etcd:
         failing_since: float | None = None
         while True:
             index, channel = conn.pick()
-            md = await conn.metadata()
-            watch = _Watch(channel, (*md, REQUIRE_LEADER), keys, start_revision)
+            watch = _Watch(channel, (), keys, start_revision)
             try:
+                md = await conn.metadata()
+                watch.metadata = (*md, REQUIRE_LEADER)
                 found = await watch.run()
+            except (EtcdAuthFailed, EtcdPermissionDenied):
+                raise
+            except EtcdUnavailable:
+                found = None  # no token to be had right now (e.g. mid-election): retry
             except grpc.aio.AioRpcError as exc:
                 if token_invalid(exc) and not refreshed:
                     refreshed = True
-                    await conn.token_rejected(md)
+                    with contextlib.suppress(EtcdUnavailable):
+                        await conn.token_rejected(md)
                     continue
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise EtcdPermissionDenied(f"etcd refused the watch: {exc.details()}") from exc

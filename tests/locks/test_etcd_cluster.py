@@ -130,6 +130,32 @@ async def test_a_hung_member_is_left_for_another_within_the_call_timeout(
         await etcd.close()
 
 
+async def test_a_watch_follows_the_cluster_through_member_after_member_dying(
+    etcd_cluster: EtcdCluster,
+) -> None:
+    """A waiter's watch re-opens on a live member each time its member dies, from the same
+    revision: the deletion made while it moved is still delivered."""
+    watcher = Etcd(options(etcd_cluster, prefer_first=True, call_timeout=3))
+    writer = Etcd(options(etcd_cluster))
+    try:
+        lease = await writer.grant_lease(30)
+        claim = await writer.claim(b"/x/w/1", b"v", lease, b"/x/w/")
+        waiting = asyncio.create_task(watcher.wait_deleted([b"/x/w/1"], claim.revision + 1))
+        for member in (0, 1):
+            await asyncio.to_thread(etcd_cluster.kill, member)
+            await asyncio.to_thread(etcd_cluster.leader)  # the survivors have a leader
+            # Longer than the watcher's call timeout: each break is a fresh failure.
+            await asyncio.sleep(3.5)
+            assert not waiting.done()
+            await asyncio.to_thread(etcd_cluster.start, member)
+        assert await writer.delete_if_created_at(b"/x/w/1", claim.my_revision)
+        deleted, revision = await asyncio.wait_for(waiting, 10)
+        assert deleted.key == b"/x/w/1" and revision > claim.revision
+    finally:
+        await watcher.close()
+        await writer.close()
+
+
 async def test_locks_keep_working_when_the_leader_dies(etcd_cluster: EtcdCluster) -> None:
     """Contending workers through the lock service; SIGKILL the leader mid-run.
 
