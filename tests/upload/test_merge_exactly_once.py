@@ -17,6 +17,7 @@ from upload.upload_helpers import chunk_request, create_request, sha256, split, 
 
 from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
+from services.upload.blob_store import content_key
 from services.upload.models import COMPLETED, ChunkRow, FileRow, UploadRow
 
 UPLOADS = 200
@@ -97,8 +98,7 @@ async def test_every_upload_merges_exactly_once(cluster) -> None:
         )
         assert done.status == upload_pb2.UPLOAD_STATUS_COMPLETED, done.failure_reason
         assert done.final_checksum == sha256(data)
-        merged = cluster.settings.blob_root / "files" / done.file_id / upload_id
-        assert merged.read_bytes() == data
+        assert await cluster.blobs.read(content_key(done.file_id, upload_id)) == data
 
     engine = create_engine(cluster.settings.database_url)
     try:
