@@ -14,6 +14,7 @@ from sync.sync_world import SyncWorld
 from services.common.auth import Authenticator
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.page_tokens import PageTokens
+from services.common.rate_limit import RateLimiter
 from services.upload.blob_store import LocalBlobStore
 from services.upload.files import Files
 from services.upload.listing_cache import ListingCache
@@ -52,7 +53,7 @@ async def sync_server(
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(auth, files),
+                FileServicer(auth, files, RateLimiter("100000/minute")),
                 services["FileService"].full_name,
             ),
         ],
