@@ -15,6 +15,7 @@ from services.common.server_limits import server_limits
 from services.upload.audit import UploadAudit
 from services.upload.components import build_components
 from services.upload.database import migration_locations, prepare
+from services.upload.quota_use import sample_quota_use
 from services.upload.servicer import FileServicer, UploadAdminServicer, UploadServicer
 from services.upload.settings import UploadSettings
 from services.upload.status_ages import sample_status_ages
@@ -36,6 +37,14 @@ def build_app(
     background = parts.runtime.background()
     background.append(
         functools.partial(sample_status_ages, parts.sessions, settings.metrics_sample_seconds)
+    )
+    background.append(
+        functools.partial(
+            sample_quota_use,
+            parts.sessions,
+            settings.tenant_quota_bytes,
+            settings.metrics_sample_seconds,
+        )
     )
     if parts.sync.engine.settings.enabled:
         background.append(parts.sync.webhook_server)

@@ -53,3 +53,7 @@ OLDEST_IN_STATUS = Gauge(
     "Age of the oldest upload in a status (uploading: since created; merging: since merge start).",
     ["status"],
 )
+QUOTA_USED_RATIO_MAX = Gauge(
+    "serentak_upload_tenant_quota_used_ratio_max",
+    "Highest share of the tenant storage quota any tenant uses (files + open uploads).",
+)
