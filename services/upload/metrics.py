@@ -23,6 +23,11 @@ MERGE_DURATION = Histogram(
     "Time of one merge job from start to commit.",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
+BLOB_STORE_ERRORS = Counter(
+    "serentak_upload_blob_store_errors_total",
+    "Object store requests that failed (answered BLOB_STORE_UNAVAILABLE), by operation.",
+    ["operation"],
+)
 CACHE_HITS = Counter(
     "serentak_upload_listing_cache_hits_total", "Folder listings served from cache."
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 import merge_core
 from services.upload.blob_store import (
@@ -208,8 +209,15 @@ async def test_an_unreachable_server_is_blob_store_unavailable(
     store = open_blob_store(UploadSettings(**server.upload_settings()))
     await store.publish(await store.stage("k", b"x"), "k")
     server.stop()
+    before = REGISTRY.get_sample_value(
+        "serentak_upload_blob_store_errors_total", {"operation": "put"}
+    )
     with pytest.raises(BlobStoreUnavailable) as caught:
         await store.publish(await store.stage("k", b"y"), "k")
     assert caught.value.reason == "BLOB_STORE_UNAVAILABLE"
+    assert (
+        REGISTRY.get_sample_value("serentak_upload_blob_store_errors_total", {"operation": "put"})
+        == (before or 0) + 1
+    )
     server.start()
     assert await store.read("k") == b"x"

@@ -44,6 +44,7 @@ from obstore.store import S3Store
 
 import merge_core
 from services.common.logging import get_logger
+from services.upload import metrics
 from services.upload.blob_store.base import ChunkRef, Merged
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.settings import UploadSettings
@@ -78,6 +79,7 @@ def _store_errors(operation: str, key: str) -> Iterator[None]:
     except (BaseError, OSError) as exc:
         # The detail (endpoint, bucket, server answer) is for the operator's log, not for
         # the caller, who only needs to know to retry.
+        metrics.BLOB_STORE_ERRORS.labels(operation).inc()
         log.warning("blob_store_error", operation=operation, key=key, error=_first_line(exc))
         raise BlobStoreUnavailable(
             f"the object store failed to {operation} a blob; retry later", operation=operation
