@@ -22,6 +22,11 @@ Some servers refuse AbortMultipartUpload (s3s-fs answers 403): the failed merge 
 raises its own error and the parts stay invisible; a bucket lifecycle rule
 (AbortIncompleteMultipartUpload) removes them.
 
+Settings: the SERENTAK_S3_* values are passed explicitly and win. obstore's S3 client also
+consults the standard AWS chain (AWS_* variables, web identity, instance metadata) for what
+they leave unset: the one deliberate exception to "only settings read the environment",
+so a deployment on AWS can use its workload identity instead of static keys.
+
 Store errors become `BlobStoreUnavailable` (UNAVAILABLE, retryable): a chunk PUT that
 fails leaves the caller free to retry; a merge that fails is retried by the job runtime.
 """
