@@ -7,7 +7,10 @@ How bytes are laid out (measured and argued in the README, "Blob store"):
   S3 requires parts of at least 5 MiB except the last, and chunks may be as small as
   `min_chunk_size` (256 KiB); and the whole-file checksum needs every byte read once anyway.
 - `stage` keeps the (already received) bytes in memory; `publish` is the PUT. It runs
-  after the chunk row's insert won (`chunks.py`), so only the row's inserter writes the key.
+  after the chunk row's insert won (`chunks.py`), so only the row's inserter writes the key,
+  and inside that transaction, as the local rename does: on PostgreSQL (what a replicated,
+  S3-backed deployment runs) it holds only that chunk's unique key; on SQLite it would hold
+  the database's write lock for the PUT, one more reason S3 goes with PostgreSQL.
 - The merge reads the chunk objects (`concurrency` GETs in flight, in index order) through
   `merge_core.StreamingMerge` (every chunk's size and checksum, and the whole file's,
   verified as bytes pass; hashing
