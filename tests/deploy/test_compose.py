@@ -92,10 +92,11 @@ def test_secrets_come_from_the_env_file_not_the_compose_file() -> None:
         "S3_SECRET_ACCESS_KEY",
         "GRAFANA_ADMIN_PASSWORD",
         "SYNC_CLIENT_STATE",
+        "PAGE_TOKEN_SECRET",  # one key shared by every replica
     ):
         assert f"${{{variable}:?" in text, variable
     example = (COMPOSE_DIR / "example.env").read_text()
-    assert "POSTGRES_PASSWORD=" in example
+    assert "POSTGRES_PASSWORD=" in example and "PAGE_TOKEN_SECRET=" in example
 
 
 def test_every_mounted_file_exists() -> None:

@@ -101,6 +101,8 @@ def test_tls_and_jwt_settings_point_at_mounted_secrets(objects) -> None:
                 for path_key in ("SERENTAK_TLS_CERT_FILE", "SERENTAK_TLS_KEY_FILE"):
                     if config[path_key].startswith(mount["mountPath"] + "/"):
                         assert config[path_key].rsplit("/", 1)[1] in secret["stringData"]
+        names = {e["name"] for e in container.get("env", [])}
+        assert "SERENTAK_PAGE_TOKEN_SECRET" in names, name  # one key for all replicas
         for env in container.get("env", []):
             ref = env.get("valueFrom", {}).get("secretKeyRef")
             if ref:
