@@ -2,7 +2,8 @@
 
 SQLite runs in WAL mode and every transaction begins IMMEDIATE: a writer takes the write
 lock up front, so two transactions never deadlock upgrading a read lock (which SQLite
-reports as "database is locked" without waiting on the busy timeout).
+reports as "database is locked" without waiting on the busy timeout). Pure reads may opt
+out with `read_only(session)`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy.ext.asyncio import (
 from services.common.private_files import private_sqlite
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+_READ_ONLY_OPTION = "serentak_read_only"
 
 # Deterministic constraint names, so migrations can drop and alter them on both backends.
 NAMING_CONVENTION = {
@@ -75,7 +77,12 @@ def _configure_sqlite(engine: Any, synchronous: str) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read-only transaction (READ_ONLY) reads a WAL snapshot without the write lock,
+        # so a slow reader never holds up writers; anything that may write goes IMMEDIATE.
+        if conn.get_execution_options().get(_READ_ONLY_OPTION):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def create_engine(
@@ -97,3 +104,14 @@ def create_engine(
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions that keep loaded attributes after commit (no lazy reload in async code)."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def read_only(session: AsyncSession) -> AsyncSession:
+    """Mark `session`'s transaction read-only before its first statement; returns it.
+
+    On SQLite it then begins DEFERRED (a snapshot, no write lock): a statement that writes
+    in it would fail, so use it only for pure reads. PostgreSQL readers never block
+    writers anyway.
+    """
+    await session.connection(execution_options={_READ_ONLY_OPTION: True})
+    return session

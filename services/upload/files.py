@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common import validation
 from services.common.auth import Identity
+from services.common.db import read_only
 from services.common.errors import InvalidArgument
 from services.common.page_tokens import PageTokens
 from services.upload import convert
@@ -123,6 +124,7 @@ class Files:
     async def get(self, identity: Identity, file_id: str) -> tuple[FileRow, str]:
         """The file and the caller's role (FILE_RETENTION_EXPIRED once tombstoned upstream)."""
         async with self._sessions() as session:
+            await read_only(session)
             # Permission first: another tenant learns nothing about the file.
             found = await readable(session, identity, _required(file_id, "file_id"))
             await raise_if_tombstoned(session, identity.tenant_id, file_id)
@@ -135,6 +137,8 @@ class Files:
         validation.resource_id(request.folder_id, "folder_id", required=False)
         folder_id = request.folder_id or await ensure_root(self._sessions, identity)
         async with self._sessions() as session:
+            # A snapshot without SQLite's write lock: a listing never holds up writers.
+            await read_only(session)
             return await list_page(session, self._cache, self._tokens, identity, folder_id, request)
 
     async def _change(

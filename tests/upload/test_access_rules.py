@@ -5,11 +5,13 @@ and its cache never shows one caller's role to another."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import grpc
+import psycopg
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from upload.tree_helpers import folder, listing, move, parent_of, role, share, upload
 from upload.upload_helpers import download, expect_error
 
@@ -190,3 +192,32 @@ async def test_a_viewers_deep_listing_takes_a_bounded_number_of_queries(cluster)
     assert len(seen) == 30 and set(seen.values()) == {VIEWER}
     # Folder, its chain, the page, the caller's shares on the page (+ tombstones, root).
     assert len(tree_queries) <= 8, tree_queries
+
+
+async def test_reads_do_not_wait_for_the_write_lock(cluster) -> None:
+    """GetFile and ListFolder read a snapshot: a writer holding the database's write lock
+    (SQLite: BEGIN IMMEDIATE; PostgreSQL: an EXCLUSIVE lock on files) does not stall them.
+    (Before, a read waited for SQLite's lock up to its 30 s busy timeout: past the deadline.)"""
+    alice, bob = cluster["alice"], cluster["bob"]
+    top = await folder(alice, "top")
+    await share(alice, top, "bob", VIEWER)
+    child = await folder(alice, "child", top)
+    url = make_url(cluster.settings.upload_database_url)
+    if url.get_backend_name() == "sqlite":
+        holder = sqlite3.connect(url.database, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+    else:
+        holder = psycopg.connect(url.set(drivername="postgresql").render_as_string(False))
+        holder.execute("LOCK TABLE files IN EXCLUSIVE MODE")
+    try:
+        page = await bob.files.ListFolder(
+            upload_pb2.ListFolderRequest(folder_id=top), metadata=bob.metadata, timeout=25
+        )
+        assert [(f.file_id, f.role) for f in page.files] == [(child, VIEWER)]
+        found = await bob.files.GetFile(
+            upload_pb2.GetFileRequest(file_id=child), metadata=bob.metadata, timeout=25
+        )
+        assert found.role == VIEWER
+    finally:
+        holder.rollback()
+        holder.close()
