@@ -24,6 +24,7 @@ from services.upload.models import FOLDER, FileRow
 from services.upload.permissions import (
     chain,
     child_role,
+    inherited,
     load_file,
     role_in_chain,
     shares_of,
@@ -79,8 +80,15 @@ async def list_page(
     resp = upload_pb2.ListFolderResponse(
         folder_version=folder.children_version, next_page_token=page.next_page_token
     )
+    folder_shared = inherited(links, folder.owner_user_id)
     for cached in page.files:
-        role = child_role(identity, links, cached.owner_user_id, shares.get(cached.file_id))
+        role = child_role(
+            identity,
+            folder.owner_user_id,
+            folder_shared,
+            cached.owner_user_id,
+            shares.get(cached.file_id),
+        )
         if role is None:
             continue  # another owner's item the caller was not given
         entry = resp.files.add()

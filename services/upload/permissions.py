@@ -113,13 +113,20 @@ def role_in_chain(identity: Identity, links: list[Link]) -> str | None:
 
 
 def child_role(
-    identity: Identity, folder_links: list[Link], child_owner: str, child_share: str | None
+    identity: Identity,
+    folder_owner: str,
+    folder_shared: str | None,
+    child_owner: str,
+    child_share: str | None,
 ) -> str | None:
-    """The caller's role on a child of `folder_links[0]` without walking up again."""
+    """The caller's role on a child without walking up again.
+
+    `folder_shared` is `inherited(folder_links, folder_owner)`, worked out once per listing.
+    """
     if child_owner == identity.user_id:
         return OWNER
-    if child_owner == folder_links[0].owner:
-        return best(child_share, inherited(folder_links, child_owner))
+    if child_owner == folder_owner:
+        return best(child_share, folder_shared)
     return child_share
 
 
