@@ -35,6 +35,7 @@ from services.common.errors import InvalidArgument
 from services.common.logging import get_logger
 from services.upload import checksums, metrics
 from services.upload.blob_store import BlobStore, chunk_key
+from services.upload.conflict_repeats import REPEATS
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
 from services.upload.models import EXPIRED, MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
 from services.upload.uploads import (
@@ -162,6 +163,7 @@ class ChunkStore:
     ) -> ChunkOutcome:
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
+            REPEATS.record(upload.id, index)
             raise ChunkConflict(
                 f"chunk {index} is already stored with another checksum or size",
                 upload_id=upload.id,

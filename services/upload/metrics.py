@@ -62,3 +62,7 @@ QUOTA_USED_RATIO_MAX = Gauge(
     "serentak_upload_tenant_quota_used_ratio_max",
     "Highest share of the tenant storage quota any tenant uses (files + open uploads).",
 )
+CHUNK_INDEX_CONFLICT_REPEATS = Counter(
+    "serentak_upload_chunk_index_conflict_repeats_total",
+    "Chunk conflicts on an (upload, index) that already conflicted on this replica.",
+)
