@@ -7,6 +7,11 @@
   for `next_token`; `expire(drive, token)` answers 410 for that cursor.
 - `hold(drive, item)` parks GETs of that item until the test releases them.
 - `set_page(drive, token, body)` serves any body for a cursor (e.g. a foreign nextLink).
+- Subscriptions: `POST /subscriptions` and `PATCH /subscriptions/{id}` keep them in
+  `subscriptions` (id -> the posted body, expiry updated); `fail_subscriptions(503, ...)`
+  queues error answers for the next subscription calls; `drop_subscription(id)` forgets
+  one (a renewal then 404s); `emit_lifecycle(id, event)` / `emit_change(id)` POST a
+  notification to the URL the subscription names, with its clientState (or `client_state`).
 - Every request lands in `calls` with a monotonic timestamp and its bearer token.
 """
 
@@ -18,7 +23,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientSession, web
 
 
 def _bearer(request: web.Request) -> str:
@@ -30,7 +35,7 @@ def _bearer(request: web.Request) -> str:
 class Call:
     """One request the fake received."""
 
-    kind: str  # "item" or "delta"
+    kind: str  # "item", "delta", "subscribe" or "renew"
     drive: str
     key: str  # item id or delta token
     at: float
@@ -64,6 +69,9 @@ class FakeProvider:
         self.calls: list[Call] = []
         self.held: dict[tuple[str, str], Held] = {}
         self.base_url = ""
+        self.subscriptions: dict[str, dict[str, Any]] = {}
+        self.subscription_failures: deque[Scripted] = deque()
+        self._next_sub = 0
         self._runner: web.AppRunner | None = None
 
     # -- scripting -------------------------------------------------------------------
@@ -113,6 +121,51 @@ class FakeProvider:
         """The link the fake hands out for cursor `token`."""
         return f"{self.base_url}/drives/{drive}/root/delta?token={token}"
 
+    def fail_subscriptions(self, *statuses: int, **headers: str) -> None:
+        """Answer these statuses to the next subscription creates/renewals, in order."""
+        hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
+        self.subscription_failures.extend(Scripted(s, hdrs) for s in statuses)
+
+    def drop_subscription(self, sub_id: str) -> None:
+        """Forget a subscription (as the provider does when it removes one)."""
+        self.subscriptions.pop(sub_id, None)
+
+    def subscription_for(self, drive: str) -> dict[str, Any]:
+        """The one live subscription on `drive`'s root."""
+        (found,) = [
+            s for s in self.subscriptions.values() if s["resource"] == f"drives/{drive}/root"
+        ]
+        return found
+
+    async def emit_lifecycle(
+        self, sub_id: str, event: str, *, client_state: str | None = None
+    ) -> int:
+        """POST a lifecycle notification for `sub_id`; the webhook's status code."""
+        sub = self.subscriptions[sub_id]
+        entry = {
+            "subscriptionId": sub_id,
+            "lifecycleEvent": event,
+            "resource": sub["resource"],
+            "subscriptionExpirationDateTime": sub["expirationDateTime"],
+            "clientState": sub["clientState"] if client_state is None else client_state,
+        }
+        return await self._post(sub["lifecycleNotificationUrl"], {"value": [entry]})
+
+    async def emit_change(self, sub_id: str) -> int:
+        """POST a change notification for `sub_id`; the webhook's status code."""
+        sub = self.subscriptions[sub_id]
+        entry = {
+            "subscriptionId": sub_id,
+            "changeType": "updated",
+            "resource": sub["resource"],
+            "clientState": sub["clientState"],
+        }
+        return await self._post(sub["notificationUrl"], {"value": [entry]})
+
+    async def _post(self, url: str, body: dict[str, Any]) -> int:
+        async with ClientSession() as session, session.post(url, json=body) as response:
+            return response.status
+
     # -- inspection ------------------------------------------------------------------
     def item_calls(self, drive: str, item: str) -> list[Call]:
         """GETs of one item, in order."""
@@ -158,11 +211,49 @@ class FakeProvider:
             )
         return web.json_response(answer)
 
+    async def _subscription_failure(self) -> web.Response | None:
+        if not self.subscription_failures:
+            return None
+        answer = self.subscription_failures.popleft()
+        return web.json_response(
+            {"error": {"code": str(answer.status)}}, status=answer.status, headers=answer.headers
+        )
+
+    async def _subscribe(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        drive = str(body.get("resource", "")).split("/")[1:2]
+        self.calls.append(
+            Call("subscribe", drive[0] if drive else "", "", time.monotonic(), _bearer(request))
+        )
+        failure = await self._subscription_failure()
+        if failure is not None:
+            return failure
+        self._next_sub += 1
+        sub = {**body, "id": f"sub-{self._next_sub}"}
+        self.subscriptions[sub["id"]] = sub
+        return web.json_response(sub, status=201)
+
+    async def _renew(self, request: web.Request) -> web.Response:
+        sub_id = request.match_info["sub"]
+        body = await request.json()
+        sub = self.subscriptions.get(sub_id)
+        drive = str(sub["resource"]).split("/")[1] if sub else ""
+        self.calls.append(Call("renew", drive, sub_id, time.monotonic(), _bearer(request)))
+        failure = await self._subscription_failure()
+        if failure is not None:
+            return failure
+        if sub is None:
+            return web.json_response({"error": {"code": "itemNotFound"}}, status=404)
+        sub["expirationDateTime"] = body["expirationDateTime"]
+        return web.json_response(sub)
+
     async def start(self) -> None:
         """Serve on 127.0.0.1, any free port."""
         app = web.Application()
         app.router.add_get("/drives/{drive}/items/{item}", self._item)
         app.router.add_get("/drives/{drive}/root/delta", self._delta)
+        app.router.add_post("/subscriptions", self._subscribe)
+        app.router.add_patch("/subscriptions/{sub}", self._renew)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

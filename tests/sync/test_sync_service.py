@@ -142,7 +142,15 @@ async def test_wire_sync_registers_jobs_and_serves_webhooks(world: SyncWorld, tm
     from support.ports import free_port
 
     from services.common.jobs.registry import JobRegistry
-    from services.upload.sync.jobs import DELTA_JOB, ITEM_JOB, PURGE_JOB, RECONCILE_JOB
+    from services.upload.sync.jobs import (
+        DELTA_JOB,
+        ITEM_JOB,
+        PURGE_JOB,
+        RECONCILE_JOB,
+        SUBSCRIPTION_JOB,
+        SUBSCRIPTIONS_JOB,
+        periodic_schedules,
+    )
     from services.upload.sync.wiring import wire_sync
 
     port = free_port()
@@ -150,8 +158,22 @@ async def test_wire_sync_registers_jobs_and_serves_webhooks(world: SyncWorld, tm
     registry = JobRegistry()
     auth = Authenticator.dev()
     wiring = wire_sync(settings, world.sessions, registry, auth, tmp_path / "cache")
-    assert set(registry.names) == {DELTA_JOB, ITEM_JOB, PURGE_JOB, RECONCILE_JOB}
+    assert set(registry.names) == {
+        DELTA_JOB,
+        ITEM_JOB,
+        PURGE_JOB,
+        RECONCILE_JOB,
+        SUBSCRIPTION_JOB,
+        SUBSCRIPTIONS_JOB,
+    }
+    # No public webhook URL: the provider cannot reach us, so no subscriptions.
     assert {s.job_type for s in wiring.schedules} == {RECONCILE_JOB, PURGE_JOB}
+    public = settings.model_copy(update={"webhook_public_url": "https://sync.example.com"})
+    assert {s.job_type for s in periodic_schedules(public)} == {
+        RECONCILE_JOB,
+        PURGE_JOB,
+        SUBSCRIPTIONS_JOB,
+    }
     task = asyncio.create_task(wiring.webhook_server())
     try:
         url = f"http://127.0.0.1:{port}{settings.webhook_path}"

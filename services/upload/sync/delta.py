@@ -185,18 +185,26 @@ def _raise_for(exc: UpstreamError, drive_id: str) -> None:
     raise PermanentError(f"{where}: {exc}") from exc
 
 
-async def poll_drive(engine: SyncEngine, session: AsyncSession, drive_id: str) -> DeltaResult:
-    """Poll one drive's delta in `session`'s transaction (see the module docstring)."""
+async def poll_drive(
+    engine: SyncEngine, session: AsyncSession, drive_id: str, *, full: bool = False
+) -> DeltaResult:
+    """Poll one drive's delta in `session`'s transaction (see the module docstring).
+
+    `full` (the provider dropped our subscription, so changes may have been missed):
+    enumerate from scratch exactly as after an expired cursor.
+    """
     result = DeltaResult()
     drive = await items.load_drive(session, drive_id)
     if drive is None:
         return result
     try:
         try:
+            if full:
+                raise CursorExpired("full re-enumeration requested")
             delta_link = await _follow(engine, session, drive, drive["delta_link"], result)
         except CursorExpired:
             metrics.FULL_RESYNCS.inc()
-            log.warning("sync_delta_cursor_expired", drive_id=drive_id)
+            log.warning("sync_delta_full_enumeration", drive_id=drive_id, requested=full)
             result.full_resync = True
             result.seen.clear()
             delta_link = await _follow(engine, session, drive, None, result)
@@ -225,7 +233,9 @@ def delta_handler(engine: SyncEngine) -> Handler:
     """The `upload.sync.delta` handler bound to `engine`."""
 
     async def handle(ctx: JobContext) -> None:
-        result = await poll_drive(engine, ctx.session, ctx.payload["drive_id"])
+        result = await poll_drive(
+            engine, ctx.session, ctx.payload["drive_id"], full=bool(ctx.payload.get("full"))
+        )
         ctx.effect = result.effect()
 
     return handle

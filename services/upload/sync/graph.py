@@ -4,8 +4,10 @@ Endpoints used: `GET {base}/drives/{drive}/items/{item}` and
 `GET {base}/drives/{drive}/root/delta` (then the returned `@odata.nextLink` /
 `@odata.deltaLink` URLs verbatim, but only on the base URL's own origin: a link to any
 other scheme, host or port is refused unfetched with `ForeignLink`, so a provider answer
-can never aim our bearer token, or a request from inside our network, elsewhere). Each
-call carries the calling tenant's own token. Every call is counted by status in metrics.
+can never aim our bearer token, or a request from inside our network, elsewhere);
+`POST {base}/subscriptions` and `PATCH {base}/subscriptions/{id}` for change
+subscriptions. Each call carries the calling tenant's own token. Every call is counted
+by status in metrics.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from services.upload.sync.provider import (
     DeltaPage,
     ForeignLink,
     NoCredential,
+    Subscription,
     UpstreamError,
     UpstreamItem,
     UpstreamTimeout,
@@ -56,7 +59,19 @@ def item_from_json(body: Mapping[str, Any]) -> UpstreamItem:
     )
 
 
-def _drive_of(resource: str) -> str | None:
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def _subscription(body: Mapping[str, Any]) -> Subscription:
+    """A Subscription from a Graph subscription resource (502 without a usable id)."""
+    sub_id = body.get("id")
+    if not isinstance(sub_id, str) or not sub_id or len(sub_id) > 255:
+        raise UpstreamError(502, "subscription answer has no usable id")
+    return Subscription(id=sub_id, expires_at=_parse_time(body.get("expirationDateTime")))
+
+
+def drive_of(resource: str) -> str | None:
     # "drives/{id}/root" or "/drives/{id}/items/..." -> {id}
     parts = [p for p in resource.split("/") if p]
     for i, part in enumerate(parts[:-1]):
@@ -105,13 +120,26 @@ class GraphProvider:
         return url
 
     async def _get(self, operation: str, tenant_id: str, url: str) -> dict[str, Any]:
+        return await self._call("GET", operation, tenant_id, url)
+
+    async def _call(
+        self,
+        method: str,
+        operation: str,
+        tenant_id: str,
+        url: str,
+        body: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
         token = self._tokens.get(tenant_id)
         if token is None:
             metrics.UPSTREAM_CALLS.labels(operation, "no_credential").inc()
             raise NoCredential(tenant_id)
         try:
-            response = await self._client.get(
-                self._own(url), headers={"Authorization": f"Bearer {token}"}
+            response = await self._client.request(
+                method,
+                self._own(url),
+                headers={"Authorization": f"Bearer {token}"},
+                json=body,
             )
         except httpx.TimeoutException as exc:
             metrics.UPSTREAM_CALLS.labels(operation, "timeout").inc()
@@ -156,6 +184,46 @@ class GraphProvider:
             delta_link=self._own(delta_link) if delta_link else None,
         )
 
+    async def create_subscription(
+        self,
+        tenant_id: str,
+        drive_id: str,
+        *,
+        notification_url: str,
+        lifecycle_url: str,
+        client_state: str,
+        expires_at: datetime,
+    ) -> Subscription:
+        """POST /subscriptions for the drive's root (changeType updated)."""
+        body = await self._call(
+            "POST",
+            "subscribe",
+            tenant_id,
+            f"{self.base_url}/subscriptions",
+            {
+                "changeType": "updated",
+                "resource": f"drives/{quote(drive_id, safe='')}/root",
+                "notificationUrl": notification_url,
+                "lifecycleNotificationUrl": lifecycle_url,
+                "clientState": client_state,
+                "expirationDateTime": _iso(expires_at),
+            },
+        )
+        return _subscription(body)
+
+    async def renew_subscription(
+        self, tenant_id: str, subscription_id: str, expires_at: datetime
+    ) -> Subscription:
+        """PATCH /subscriptions/{id} with a new expirationDateTime."""
+        body = await self._call(
+            "PATCH",
+            "renew",
+            tenant_id,
+            f"{self.base_url}/subscriptions/{quote(subscription_id, safe='')}",
+            {"expirationDateTime": _iso(expires_at)},
+        )
+        return _subscription(body)
+
     def notified_drives(self, payload: Mapping[str, Any], client_state: str) -> list[str]:
         """Drive ids named by a change notification batch; refuses a bad clientState.
 
@@ -176,7 +244,7 @@ class GraphProvider:
             resource = n.get("resource")
             if not isinstance(resource, str):
                 raise WebhookRefused("notification resource is not a string")
-            drive = _drive_of(resource)
+            drive = drive_of(resource)
             if drive is None:
                 raise WebhookRefused("notification resource names no drive")
             if drive not in drives:

@@ -6,8 +6,12 @@
 | `upload.sync.delta`    | `sync-drive:{id}`    | follow a drive's delta; full resync on 410    |
 | `upload.sync.reconcile`| periodic             | poll every drive, tombstone expired offline   |
 | `upload.sync.purge`    | periodic             | drop tombstones past retention, in batches    |
+| `upload.sync.subscription` | `sync-drive:{id}` | create/renew/recreate a subscription |
+| `upload.sync.subscriptions` | periodic        | queue the above for drives due a renewal      |
 
-Delta polls carry `dedupe_key = delta:{drive_id}`: webhook bursts collapse into one poll.
+Delta polls carry `dedupe_key = delta:{drive_id}`: webhook bursts collapse into one poll;
+a full re-enumeration (after `subscriptionRemoved`) has its own `delta-full:{drive_id}`,
+so it never folds into an ordinary poll.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ ITEM_JOB = "upload.sync.item"
 DELTA_JOB = "upload.sync.delta"
 RECONCILE_JOB = "upload.sync.reconcile"
 PURGE_JOB = "upload.sync.purge"
+SUBSCRIPTION_JOB = "upload.sync.subscription"
+SUBSCRIPTIONS_JOB = "upload.sync.subscriptions"
+# What a subscription job does: ensure (create if none, renew if due), renew (now: a
+# reauthorization), recreate (the provider dropped it).
+ENSURE, RENEW, RECREATE = "ensure", "renew", "recreate"
 
 
 def item_partition(item_id: str) -> str:
@@ -66,17 +75,42 @@ async def enqueue_item_sync(
 
 
 async def enqueue_delta_poll(
-    session: AsyncSession, drive_id: str, *, reason: str, dedupe_window_seconds: float
+    session: AsyncSession,
+    drive_id: str,
+    *,
+    reason: str,
+    dedupe_window_seconds: float,
+    full: bool = False,
 ) -> str:
-    """Queue a delta poll of one linked drive; polls inside the window collapse."""
+    """Queue a delta poll of one linked drive; polls inside the window collapse.
+
+    `full`: enumerate from scratch (ignore the stored cursor) and re-check unseen items.
+    """
     return await enqueue(
         session,
         NewJob(
             job_type=DELTA_JOB,
-            payload={"drive_id": drive_id, "reason": reason},
+            payload={"drive_id": drive_id, "reason": reason, "full": full},
             partition_key=f"sync-drive:{drive_id}",
             idempotency_key=f"{DELTA_JOB}:{drive_id}:{uuid.uuid4().hex}",
-            dedupe_key=delta_dedupe_key(drive_id),
+            dedupe_key=f"delta-full:{drive_id}" if full else delta_dedupe_key(drive_id),
+            dedupe_window_seconds=dedupe_window_seconds,
+        ),
+    )
+
+
+async def enqueue_subscription(
+    session: AsyncSession, drive_id: str, *, action: str, reason: str, dedupe_window_seconds: float
+) -> str:
+    """Queue a subscription job for one drive; the same action inside the window collapses."""
+    return await enqueue(
+        session,
+        NewJob(
+            job_type=SUBSCRIPTION_JOB,
+            payload={"drive_id": drive_id, "action": action, "reason": reason},
+            partition_key=f"sync-drive:{drive_id}",
+            idempotency_key=f"{SUBSCRIPTION_JOB}:{drive_id}:{uuid.uuid4().hex}",
+            dedupe_key=f"subscription:{action}:{drive_id}",
             dedupe_window_seconds=dedupe_window_seconds,
         ),
     )
@@ -92,8 +126,13 @@ def transient_policy(settings: SyncSettings) -> RetryPolicy:
 
 
 def periodic_schedules(settings: SyncSettings) -> list[PeriodicSchedule]:
-    """Reconciliation poll and purge, for the service's PeriodicScheduler."""
-    return [
+    """Reconciliation poll, purge and subscription renewals, for the PeriodicScheduler."""
+    schedules = [
         PeriodicSchedule(RECONCILE_JOB, settings.reconcile_interval_seconds),
         PeriodicSchedule(PURGE_JOB, settings.purge_interval_seconds),
     ]
+    if settings.subscriptions_enabled:
+        schedules.append(
+            PeriodicSchedule(SUBSCRIPTIONS_JOB, settings.subscription_interval_seconds)
+        )
+    return schedules

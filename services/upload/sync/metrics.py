@@ -34,7 +34,8 @@ FOREIGN_LINKS = Counter(
 )
 DELTA_PAGES = Counter("serentak_sync_delta_pages_total", "Delta pages fetched.")
 FULL_RESYNCS = Counter(
-    "serentak_sync_full_resyncs_total", "Full re-enumerations after an expired delta cursor."
+    "serentak_sync_full_resyncs_total",
+    "Full re-enumerations (an expired delta cursor, or a subscription the provider removed).",
 )
 WEBHOOK_DELIVERIES = Counter(
     "serentak_sync_webhook_deliveries_total",
@@ -49,4 +50,16 @@ PURGED = Counter(
     "serentak_sync_purged_total",
     "Tombstones purged past retention, by what (bytes, rows).",
     ["what"],
+)
+SUBSCRIPTION_OPERATIONS = Counter(
+    "serentak_sync_subscription_operations_total",
+    "Subscription creates and renewals, by operation (create, renew) and outcome "
+    "(ok, failed, not_found: a renewal of a subscription the provider no longer has).",
+    ["operation", "outcome"],
+)
+LIFECYCLE_EVENTS = Counter(
+    "serentak_sync_lifecycle_events_total",
+    "Accepted lifecycle notifications, by lifecycleEvent (subscriptionRemoved, missed, "
+    "reauthorizationRequired, other).",
+    ["event"],
 )

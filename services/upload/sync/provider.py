@@ -37,6 +37,14 @@ class DeltaPage:
     delta_link: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A change subscription the provider holds for one drive."""
+
+    id: str
+    expires_at: datetime | None = None
+
+
 class UpstreamError(Exception):
     """The provider answered an error status, or could not be reached (status 0)."""
 
@@ -93,6 +101,25 @@ class Provider(Protocol):
         Raises ForeignLink, before any request, for a cursor off the provider's origin, and
         for a page whose next/delta link is.
         """
+        ...
+
+    async def create_subscription(
+        self,
+        tenant_id: str,
+        drive_id: str,
+        *,
+        notification_url: str,
+        lifecycle_url: str,
+        client_state: str,
+        expires_at: datetime,
+    ) -> Subscription:
+        """Subscribe to changes of the drive's root with the tenant's credential."""
+        ...
+
+    async def renew_subscription(
+        self, tenant_id: str, subscription_id: str, expires_at: datetime
+    ) -> Subscription:
+        """Move a subscription's expiry (also how a reauthorization is answered)."""
         ...
 
     def notified_drives(self, payload: Mapping[str, Any], client_state: str) -> list[str]:

@@ -32,7 +32,12 @@ from services.upload.sync.errors import (
     SyncedItemNotFound,
     SyncProviderNotConfigured,
 )
-from services.upload.sync.jobs import enqueue_delta_poll, enqueue_item_sync
+from services.upload.sync.jobs import (
+    ENSURE,
+    enqueue_delta_poll,
+    enqueue_item_sync,
+    enqueue_subscription,
+)
 from services.upload.sync.models import (
     PENDING_RETRY,
     SYNCED,
@@ -241,6 +246,15 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
                     reason="link",
                     dedupe_window_seconds=self.engine.settings.webhook_dedupe_seconds,
                 )
+                if self.engine.settings.subscriptions_enabled:
+                    # Subscribe now rather than at the next periodic check.
+                    await enqueue_subscription(
+                        session,
+                        drive_id,
+                        action=ENSURE,
+                        reason="link",
+                        dedupe_window_seconds=self.engine.settings.webhook_dedupe_seconds,
+                    )
                 row = await items.load_drive(session, drive_id)
                 assert row is not None
                 return await drive_message(session, row)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DAY_SECONDS = 24 * 3600
@@ -34,6 +34,23 @@ class SyncSettings(BaseSettings):
         DEV_CLIENT_STATE,
         description="Shared secret echoed in every notification (the default: dev auth only).",
     )
+    # Subscriptions need the provider to reach us: the public origin of the webhook
+    # listener (behind its TLS ingress). Empty: no subscriptions, polling only.
+    webhook_public_url: str = Field(
+        "", description="Public origin of the webhook endpoint, e.g. https://sync.example.com."
+    )
+    webhook_lifecycle_path: str = Field(
+        "/webhooks/graph/lifecycle", description="Path of lifecycle notifications."
+    )
+    subscription_lifetime_seconds: float = Field(
+        3 * DAY_SECONDS, gt=0, description="Expiry asked for on create/renew (Graph caps it)."
+    )
+    subscription_renew_before_seconds: float = Field(
+        DAY_SECONDS, gt=0, description="Renew a subscription this long before it expires."
+    )
+    subscription_interval_seconds: float = Field(
+        3600.0, gt=0, description="Period of the job that creates and renews subscriptions."
+    )
     max_not_found_retries: int = Field(5, ge=0, description="404s tolerated before dead-letter.")
     not_found_backoff_base_seconds: float = Field(
         2.0, ge=0, description="First 404 backoff ceiling; doubles per retry (full jitter)."
@@ -56,6 +73,20 @@ class SyncSettings(BaseSettings):
     purge_interval_seconds: float = Field(3600.0, gt=0, description="Purge job period.")
     purge_batch_size: int = Field(500, ge=1, description="Tombstones purged per transaction.")
     max_delta_pages: int = Field(10_000, ge=1, description="Guard against a next-link loop.")
+
+    @model_validator(mode="after")
+    def _renewals_in_time(self) -> SyncSettings:
+        # A check every interval must see a subscription while it is still renewable.
+        if self.subscription_renew_before_seconds <= self.subscription_interval_seconds:
+            raise ValueError("subscription_renew_before_seconds must exceed the interval")
+        if self.subscription_lifetime_seconds <= self.subscription_renew_before_seconds:
+            raise ValueError("subscription_lifetime_seconds must exceed renew_before")
+        return self
+
+    @property
+    def subscriptions_enabled(self) -> bool:
+        """True when the provider can be told where to post (a public webhook URL)."""
+        return self.enabled and bool(self.webhook_public_url)
 
     def provider_configured(self, tenant_id: str) -> bool:
         """True when `tenant_id` has a provider credential (and there is a provider URL)."""

@@ -27,6 +27,8 @@ from services.upload.sync.jobs import (
     ITEM_JOB,
     PURGE_JOB,
     RECONCILE_JOB,
+    SUBSCRIPTION_JOB,
+    SUBSCRIPTIONS_JOB,
     periodic_schedules,
     transient_policy,
 )
@@ -34,12 +36,13 @@ from services.upload.sync.purge import purge_handler
 from services.upload.sync.reconcile import reconcile_handler
 from services.upload.sync.servicer import SyncServicer
 from services.upload.sync.settings import DEV_CLIENT_STATE, SyncSettings
+from services.upload.sync.subscriptions import subscription_handler, subscriptions_handler
 from services.upload.sync.sync_job import item_handler
 from services.upload.sync.webhooks import WebhookServer
 
 
 def register_sync_jobs(registry: JobRegistry, engine: SyncEngine) -> None:
-    """Register the four sync job types on the upload service's registry."""
+    """Register the sync job types on the upload service's registry."""
     policy = transient_policy(engine.settings)
     registry.register(ITEM_JOB, item_handler(engine), retry=policy)
     registry.register(
@@ -50,6 +53,8 @@ def register_sync_jobs(registry: JobRegistry, engine: SyncEngine) -> None:
     )
     registry.register(RECONCILE_JOB, reconcile_handler(engine), retry=policy)
     registry.register(PURGE_JOB, purge_handler(engine), retry=policy)
+    registry.register(SUBSCRIPTION_JOB, subscription_handler(engine), retry=policy)
+    registry.register(SUBSCRIPTIONS_JOB, subscriptions_handler(engine), retry=policy)
 
 
 class InsecureSyncSettings(ValueError):
