@@ -5,6 +5,9 @@ change to a child. A reader first reads the current version from the database, s
 only hit an entry made for that version: a listing older than a committed rename is never
 served (invariant 11). Entries of older versions are dropped after the commit that
 outdated them (never before: a concurrent reader could otherwise re-fill it stale).
+
+An entry holds only what every caller sees alike (rows without roles, `listing.Page`):
+each caller's roles are applied per request, so one caller's role never reaches another.
 """
 
 from __future__ import annotations
