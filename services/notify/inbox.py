@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from services.common.correlation import current_correlation_id
 from services.common.jobs import enqueue
 from services.common.logging import get_logger
+from services.common.validation import MAX_PRINCIPAL_LENGTH
 from services.notify import metrics
 from services.notify.clock import utcnow
 from services.notify.errors import InvalidEvent
@@ -61,14 +62,18 @@ def validate(event: events_pb2.Event, max_audience: int) -> None:
         value = getattr(event, name)
         if not value:
             raise InvalidEvent(name, "required")
-        if len(value) > ID_LEN:
-            raise InvalidEvent(name, f"longer than {ID_LEN} characters")
+        # Principals have one limit in every service (services.common.validation).
+        limit = MAX_PRINCIPAL_LENGTH if name == "tenant_id" else ID_LEN
+        if len(value) > limit:
+            raise InvalidEvent(name, f"longer than {limit} characters")
     if event.version < 1:
         raise InvalidEvent("version", "must be >= 1")
     if len(event.audience_user_ids) > max_audience:
         raise InvalidEvent("audience_user_ids", f"more than {max_audience} users")
-    if any(len(u) > ID_LEN for u in event.audience_user_ids):
-        raise InvalidEvent("audience_user_ids", f"a user id is longer than {ID_LEN} characters")
+    if any(len(u) > MAX_PRINCIPAL_LENGTH for u in event.audience_user_ids):
+        raise InvalidEvent(
+            "audience_user_ids", f"a user id is longer than {MAX_PRINCIPAL_LENGTH} characters"
+        )
 
 
 class Inbox:

@@ -112,6 +112,9 @@ async def test_ingest_is_for_services_only(notify):
         ("event.tenant_id", lambda e: e.ClearField("tenant_id")),
         ("event.version", lambda e: setattr(e, "version", 0)),
         ("event.event_id", lambda e: setattr(e, "event_id", "x" * 500)),
+        # The same principal limit as the upload service's ShareFile (64).
+        ("event.tenant_id", lambda e: setattr(e, "tenant_id", "t" * 65)),
+        ("event.audience_user_ids", lambda e: e.audience_user_ids.append("u" * 65)),
     ],
 )
 async def test_bad_events_are_invalid_argument_naming_the_field(notify, field, mutate):
