@@ -157,7 +157,7 @@ class Uploads:
         if request_key is not None:
             existing = await self._by_request_key(request_key)
             if existing is not None:
-                return self._same_request(existing, request)
+                return await self._same_request(identity, existing, request)
         validate_shape(self._settings, request.total_chunks, request.total_size, request.chunk_size)
         if request.total_size > self._settings.max_upload_bytes:
             raise UploadTooLarge(
@@ -207,7 +207,7 @@ class Uploads:
             existing = await self._by_request_key(request_key)
             if existing is None:
                 raise
-            return self._same_request(existing, request)
+            return await self._same_request(identity, existing, request)
         return row
 
     async def _check_allowance(
@@ -264,19 +264,42 @@ class Uploads:
                 await session.execute(select(UploadRow).where(UploadRow.request_key == key))
             ).scalar_one_or_none()
 
-    @staticmethod
-    def _same_request(existing: UploadRow, request: upload_pb2.CreateUploadRequest) -> UploadRow:
-        if (
-            existing.total_chunks != request.total_chunks
-            or existing.total_size != request.total_size
-            or existing.chunk_size != request.chunk_size
-        ):
+    async def _same_request(
+        self, identity: Identity, existing: UploadRow, request: upload_pb2.CreateUploadRequest
+    ) -> UploadRow:
+        """The earlier upload of this client_request_id, if the request asks for the same one.
+
+        A retry must name the same target (new name in the same folder, or the same file)
+        and the same layout; anything else is CLIENT_REQUEST_ID_REUSED, so a client never
+        gets another upload's result back for a different file.
+        """
+        same = (
+            existing.total_chunks == request.total_chunks
+            and existing.total_size == request.total_size
+            and existing.chunk_size == request.chunk_size
+            and await self._same_target(identity, existing, request)
+        )
+        if not same:
             raise AlreadyExists(
                 "client_request_id was used for a different upload",
                 reason="CLIENT_REQUEST_ID_REUSED",
                 upload_id=existing.id,
             )
         return existing
+
+    async def _same_target(
+        self, identity: Identity, existing: UploadRow, request: upload_pb2.CreateUploadRequest
+    ) -> bool:
+        which = request.WhichOneof("target")
+        if which == "file_id":
+            return not existing.is_new_file and existing.file_id == request.file_id
+        if which != "new_file" or not existing.is_new_file:
+            return False
+        name = validate_name(request.new_file.name, "new_file.name")
+        folder_id = request.new_file.folder_id
+        if not folder_id:
+            folder_id = await ensure_root(self._sessions, identity)
+        return existing.name == name and existing.folder_id == folder_id
 
     async def _target(
         self, identity: Identity, request: upload_pb2.CreateUploadRequest

@@ -69,6 +69,62 @@ async def test_create_upload_is_idempotent_per_client_request_id(cluster) -> Non
     )
 
 
+async def test_reused_client_request_id_for_another_target_is_refused(cluster) -> None:
+    """Same id, different name / folder / target file / size / chunk count: never the
+    earlier upload back (a retry with the same request still gets it)."""
+    alice = cluster["alice"]
+    docs = await alice.files.CreateFolder(
+        upload_pb2.CreateFolderRequest(name="docs"), metadata=alice.metadata
+    )
+    data = b"x" * (CHUNK + 10)
+    first = await alice.uploads.CreateUpload(
+        create_request(data, CHUNK, name="a.bin", client_request_id="crid"),
+        metadata=alice.metadata,
+    )
+    again = await alice.uploads.CreateUpload(
+        create_request(data, CHUNK, name="a.bin", client_request_id="crid"),
+        metadata=alice.metadata,
+    )
+    assert again.upload_id == first.upload_id
+    existing = await alice.uploads.CreateUpload(
+        create_request(b"old", CHUNK, name="old.bin"), metadata=alice.metadata
+    )
+    for i, part in enumerate(split(b"old", CHUNK)):
+        await alice.uploads.PutChunk(
+            chunk_request(existing.upload_id, i, part), metadata=alice.metadata
+        )
+    old = await wait_status(alice, existing.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    others = [
+        create_request(data, CHUNK, name="b.bin", client_request_id="crid"),
+        create_request(data, CHUNK, name="a.bin", folder_id=docs.file_id, client_request_id="crid"),
+        create_request(b"x" * (CHUNK + 11), CHUNK, name="a.bin", client_request_id="crid"),
+        create_request(b"x" * 10, CHUNK, name="a.bin", client_request_id="crid"),
+    ]
+    to_file = create_request(data, CHUNK, client_request_id="crid")
+    to_file.ClearField("new_file")
+    to_file.file_id = old.file_id
+    for request in [*others, to_file]:
+        await expect_error(
+            alice.uploads.CreateUpload(request, metadata=alice.metadata),
+            grpc.StatusCode.ALREADY_EXISTS,
+            "CLIENT_REQUEST_ID_REUSED",
+        )
+    # And the other way round: an id first used for a file_id target.
+    to_file.client_request_id = "crid-2"
+    by_file = await alice.uploads.CreateUpload(to_file, metadata=alice.metadata)
+    assert (await alice.uploads.CreateUpload(to_file, metadata=alice.metadata)).upload_id == (
+        by_file.upload_id
+    )
+    await expect_error(
+        alice.uploads.CreateUpload(
+            create_request(data, CHUNK, name="old.bin", client_request_id="crid-2"),
+            metadata=alice.metadata,
+        ),
+        grpc.StatusCode.ALREADY_EXISTS,
+        "CLIENT_REQUEST_ID_REUSED",
+    )
+
+
 async def test_upload_chunks_stream_and_duplicates(cluster) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 5)
