@@ -14,12 +14,15 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client import REGISTRY
+from serentak.upload.v1 import sync_pb2, sync_pb2_grpc
 from sqlalchemy import insert, select, update
 from support.ports import free_port
+from sync.sync_server import ALICE, sync_server
 from sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld, settings
 
 from services.common.jobs.periodic import PeriodicScheduler
@@ -283,3 +286,18 @@ async def test_lifecycle_posts_bounce_off(world: SyncWorld, hook: str) -> None:
     assert _lifecycle("missed") == before["missed"]
     assert _lifecycle("subscriptionRemoved") == before["subscriptionRemoved"]
     assert _lifecycle("other") - before["other"] == 1
+
+
+async def test_link_drive_subscribes_at_once(world: SyncWorld, tmp_path: Path) -> None:
+    async with sync_server(world, tmp_path) as channel:
+        sync = sync_pb2_grpc.SyncServiceStub(channel)
+        link = await sync.LinkDrive(
+            sync_pb2.LinkDriveRequest(account_id=ACCOUNT, upstream_drive_id="drv-new"),
+            metadata=ALICE,
+        )
+        world.fake.set_delta("drv-new", "", [[]], next_token="t1")
+        await world.drain()
+    (call,) = _calls(world, "subscribe")
+    assert (call.drive, call.token) == ("drv-new", TOKENS[TENANT])
+    row = (await _drives(world))[link.linked_drive_id]
+    assert row["subscription_id"] in world.fake.subscriptions
