@@ -70,8 +70,19 @@ class ClientSecurity:
 
 
 def service_client_security(settings: CommonSettings, principal: str) -> ClientSecurity:
-    """A service calling another as `principal`: TLS and token from its settings."""
-    return ClientSecurity(tls=client_tls(settings), token=service_token(settings, principal))
+    """A service calling another as `principal`: TLS and token from its settings.
+
+    In jwt mode a service with neither a token nor a client certificate could only call
+    anonymously, which every service refuses: that is a start-up error, not a runtime one.
+    """
+    tls, token = client_tls(settings), service_token(settings, principal)
+    if token is None and (tls is None or tls.cert_file is None):
+        raise ConfigError(
+            f"the {principal} service has no credential to call the others with: set "
+            "SERENTAK_CLIENT_TOKEN_FILE (or SERENTAK_CLIENT_TOKEN), or a client certificate "
+            "(SERENTAK_TLS_CLIENT_CERT_FILE/KEY_FILE) mapped by SERENTAK_AUTH_MTLS_PRINCIPALS"
+        )
+    return ClientSecurity(tls=tls, token=token)
 
 
 def user_client_security(

@@ -14,6 +14,7 @@ from support.ports import free_port
 from support.services import REPO_ROOT, running_app, service_process
 
 from services.common.auth import build_authenticator
+from services.common.channels import service_client_security
 from services.common.config import CommonSettings, ConfigError
 from services.common.grpc_server import ServiceApp
 from services.common.security import ServerSecurity
@@ -75,6 +76,30 @@ def test_jwt_mode_needs_its_issuer_settings_and_a_safe_algorithm_list(tmp_path: 
             build_authenticator(CommonSettings(**complete, auth_jwt_algorithms=algorithms))
     with pytest.raises(ConfigError, match="SERENTAK_AUTH_MODE is not set"):
         build_authenticator(CommonSettings(auth_mode=None))
+
+
+def test_a_service_needs_a_credential_for_its_own_calls(tmp_path: Path) -> None:
+    jwt = {
+        "auth_mode": "jwt",
+        "auth_jwks_url": "http://127.0.0.1:9/jwks",
+        "auth_jwt_issuer": "https://idp.test",
+        "auth_jwt_audience": "serentak",
+    }
+    with pytest.raises(ConfigError, match="no credential"):
+        service_client_security(CommonSettings(**jwt), "upload")
+    with pytest.raises(ConfigError, match="SERENTAK_CLIENT_TOKEN_FILE"):
+        service_client_security(
+            CommonSettings(**jwt, client_token_file=tmp_path / "missing"), "upload"
+        )
+    token_file = tmp_path / "upload.jwt"
+    token_file.write_text("a.b.c\n")
+    by_token = service_client_security(
+        CommonSettings(**jwt, client_token_file=token_file), "upload"
+    )
+    assert by_token.token is not None and by_token.token.current() == "a.b.c"
+    # dev mode: the principal's dev token.
+    dev = service_client_security(CommonSettings(auth_mode="dev"), "upload")
+    assert dev.token is not None and dev.token.current() == "dev-service-upload"
 
 
 async def test_an_app_without_declared_security_stays_on_loopback() -> None:

@@ -25,6 +25,8 @@ from serentak.notify.v1 import notify_pb2
 from support.grpc_errors import error_info
 from support.jwks import JwksServer, SigningKey, claims, jwt_settings
 
+from services.common.admin.cli import main as admin_cli
+
 
 @pytest.fixture
 def idp() -> Iterator[tuple[JwksServer, SigningKey]]:
@@ -115,7 +117,9 @@ async def test_unknown_kids_cannot_hammer_the_jwks_endpoint(notify_factory, idp)
         assert server.fetches == fetched  # no fetch within the minimum refresh interval
 
 
-async def test_ingest_and_admin_take_only_their_principals(notify_factory, idp) -> None:  # type: ignore[no-untyped-def]
+async def test_ingest_and_admin_take_only_their_principals(
+    notify_factory, idp, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     server, key = idp
     async with notify_factory(**jwt_settings(server)) as notify:
         ev = event(f"f-{uuid.uuid4().hex[:8]}", 1)
@@ -155,6 +159,12 @@ async def test_ingest_and_admin_take_only_their_principals(notify_factory, idp) 
             assert error_info(err.value).reason == "OPS_ROLE_REQUIRED"
         for token in (as_ops, as_ops_user):
             await notify.admin.QueueStats(admin_pb2.QueueStatsRequest(), metadata=_md(token))
+        # The admin CLI of an operator in jwt mode: --token is all it needs.
+        monkeypatch.setenv("SERENTAK_AUTH_MODE", "jwt")
+        address = ["--address", f"127.0.0.1:{notify.service.app.bound_port}"]
+        assert await asyncio.to_thread(admin_cli, [*address, "--token", as_ops, "stats"]) == 0
+        assert await asyncio.to_thread(admin_cli, [*address, "--token", as_user, "stats"]) == 2
+        assert await asyncio.to_thread(admin_cli, [*address, "stats"]) == 2  # no credentials
         # A service principal is not a user: user RPCs refuse it.
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _unread(notify, as_upload)

@@ -26,13 +26,10 @@ from rich.table import Table
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 
 from services.common.auth import OPS
-from services.common.channels import (
-    ClientSecurity,
-    open_sync_channel,
-    service_client_security,
-    user_client_security,
-)
+from services.common.auth.client_token import service_token
+from services.common.channels import ClientSecurity, open_sync_channel, user_client_security
 from services.common.config import ConfigError
+from services.common.tls import client_tls
 
 EXIT_RPC_ERROR = 2
 
@@ -152,26 +149,25 @@ def _purge(stub, args, md, console) -> None:  # type: ignore[no-untyped-def]
 
 
 def _security(args: argparse.Namespace) -> ClientSecurity:
-    """Flags first; the settings (ops principal's token, TLS files) for what is not given."""
-    if args.token is not None and (args.ca or args.cert or args.key):
-        return user_client_security(args.token, args.ca, args.cert, args.key)
+    """Flags first; the settings (TLS files, the ops principal's token) for what is not given.
+
+    A client certificate given on the command line is the credential: no settings token.
+    """
     from services.common.config import CommonSettings, load
 
-    settings = load(CommonSettings)
-    from_settings = service_client_security(settings, OPS)
     flags = user_client_security(args.token, args.ca, args.cert, args.key)
-    # A client certificate given on the command line is the credential: no settings token.
+    settings = load(CommonSettings)
+    tls = flags.tls or client_tls(settings)
+    token = flags.token
     cert_given = flags.tls is not None and flags.tls.cert_file is not None
-    security = ClientSecurity(
-        tls=flags.tls or from_settings.tls,
-        token=flags.token or (None if cert_given else from_settings.token),
-    )
-    if security.token is None and security.tls is None:
+    if token is None and not cert_given:
+        token = service_token(settings, OPS)
+    if token is None and (tls is None or tls.cert_file is None):
         raise ConfigError(
-            "no credentials: pass --token, or set SERENTAK_CLIENT_TOKEN[_FILE] "
-            "(or SERENTAK_AUTH_MODE=dev for the dev ops token)"
+            "no credentials: pass --token (or --cert/--key), or set "
+            "SERENTAK_CLIENT_TOKEN[_FILE] (or SERENTAK_AUTH_MODE=dev for the dev ops token)"
         )
-    return security
+    return ClientSecurity(tls=tls, token=token)
 
 
 _COMMANDS = {"stats": _stats, "dead-letters": _dead_letters, "replay": _replay, "purge": _purge}

@@ -64,7 +64,12 @@ class ClientToken(grpc.AuthMetadataPlugin):
 def service_token(settings: CommonSettings, principal: str) -> ClientToken | None:
     """How this service (as `principal`) authenticates its calls; None: mTLS only."""
     if settings.client_token_file is not None:
-        return ClientToken(path=settings.client_token_file)
+        from_file = ClientToken(path=settings.client_token_file)
+        try:
+            from_file.current()  # read at start: a missing file is a start-up error
+        except OSError as exc:
+            raise ConfigError(f"SERENTAK_CLIENT_TOKEN_FILE: {exc}") from exc
+        return from_file
     if settings.client_token is not None:
         return ClientToken(token=settings.client_token)
     if settings.auth_mode == "dev":
