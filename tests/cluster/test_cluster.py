@@ -26,6 +26,7 @@ import random
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,8 @@ class World:
     last_bytes: dict[str, bytes] = field(default_factory=dict)
     completed_main: int = 0
     chaos_started: asyncio.Event = field(default_factory=asyncio.Event)
+    # What the database is doing, for the message of a stuck upload.
+    diagnose: Callable[[], str] = lambda: ""
 
     async def upload_once(self, data: bytes, *, file_id: str = "", name: str = "") -> str:
         """CreateUpload, then every chunk twice at once through both replicas."""
@@ -194,7 +197,9 @@ class World:
                 self.versions[upload_id] = got.file_version
                 return got
             assert got.status != upload_pb2.UPLOAD_STATUS_FAILED, got.failure_reason
-            assert time.monotonic() < deadline, f"upload {upload_id} stuck in {got.status}"
+            assert time.monotonic() < deadline, (
+                f"upload {upload_id} stuck in {got.status}; database: {self.diagnose()}"
+            )
             await asyncio.sleep(0.1)  # GetUpload poll period
 
     async def rename(self, file_id: str, name: str) -> None:
@@ -346,6 +351,7 @@ async def test_two_replicas_of_everything_survive_kills(
             notify=Replicas(addresses["notify"], notify_pb2_grpc.NotifyServiceStub, tally),
             locks=Replicas(addresses["locks"], locks_pb2_grpc.LockServiceStub, tally),
             tally=tally,
+            diagnose=lambda: activity(upload_db),
         )
         streams = [
             Stream("bob", "bob-a", 0),
@@ -443,6 +449,24 @@ async def test_two_replicas_of_everything_survive_kills(
         f"client failovers {tally.failovers}, errors seen {dict(tally.errors)}, "
         f"{time.monotonic() - started:.0f} s"
     )
+
+
+def activity(url: str) -> str:
+    """Open transactions and lock waits in the database at `url` (for failure messages)."""
+    engine = create_engine(sync_url(url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT pid, state, wait_event_type, wait_event, now() - xact_start, "
+                    "left(query, 200) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND state <> 'idle' "
+                    "AND pid <> pg_backend_pid()"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    return "; ".join(str(tuple(r)) for r in rows) or "no open transactions"
 
 
 def first_uploads(world: World) -> list[str]:
