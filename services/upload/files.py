@@ -37,6 +37,7 @@ from services.upload.permissions import (
     role_of,
     writable,
 )
+from services.upload.shared import list_shared_with_me
 from services.upload.sync.tombstones import raise_if_tombstoned
 from services.upload.tree import (
     TreeTooDeep,
@@ -360,6 +361,12 @@ class Files:
             _ = event
         self._cache.invalidate_folder(file.parent_id)
         return file, "owner"
+
+    async def shared_with_me(
+        self, identity: Identity, request: upload_pb2.ListSharedWithMeRequest
+    ) -> upload_pb2.ListSharedWithMeResponse:
+        """A page of the items shared directly with the caller (services/upload/shared.py)."""
+        return await list_shared_with_me(self._sessions, self._tokens, identity, request)
 
     async def collaborators(self, identity: Identity, file_id: str) -> list[ShareRow]:
         """Direct shares of a file the caller can read."""

@@ -202,6 +202,11 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
             collaborators=[convert.collaborator_message(r) for r in rows]
         )
 
+    async def ListSharedWithMe(
+        self, request: upload_pb2.ListSharedWithMeRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ListSharedWithMeResponse:
+        return await self._files.shared_with_me(self._auth.require_user(context), request)
+
     async def Download(
         self, request: upload_pb2.DownloadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[upload_pb2.DownloadChunk]:

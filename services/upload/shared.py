@@ -1,0 +1,62 @@
+"""ListSharedWithMe: the live items of the caller's tenant shared directly with the caller.
+
+Scoped by the file's tenant (a share row names only a user id, which another tenant may
+also have), keyset-paginated by file id with a signed page token bound to the caller.
+"""
+
+from __future__ import annotations
+
+from serentak.upload.v1 import upload_pb2
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.auth import Identity
+from services.common.errors import InvalidArgument
+from services.common.page_tokens import PageTokens
+from services.upload import convert
+from services.upload.models import FileRow, ShareRow
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+async def list_shared_with_me(
+    sessions: async_sessionmaker[AsyncSession],
+    tokens: PageTokens,
+    identity: Identity,
+    request: upload_pb2.ListSharedWithMeRequest,
+) -> upload_pb2.ListSharedWithMeResponse:
+    """One page of the items shared with the caller, ordered by file id."""
+    if request.page_size < 0 or request.page_size > MAX_PAGE_SIZE:
+        raise InvalidArgument("page_size", f"must be 0..{MAX_PAGE_SIZE}")
+    size = request.page_size or DEFAULT_PAGE_SIZE
+    purpose = f"shared-with-me:{identity.tenant_id}:{identity.user_id}"
+    position = tokens.decode(request.page_token, purpose, 1)
+    query = (
+        select(FileRow, ShareRow)
+        .join(ShareRow, ShareRow.file_id == FileRow.id)
+        .where(
+            ShareRow.user_id == identity.user_id,
+            FileRow.tenant_id == identity.tenant_id,
+            FileRow.deleted_at.is_(None),
+        )
+        .order_by(FileRow.id)
+        .limit(size + 1)
+    )
+    if position is not None:
+        query = query.where(FileRow.id > str(position[0]))
+    async with sessions() as session:
+        rows = list((await session.execute(query)).all())
+    response = upload_pb2.ListSharedWithMeResponse()
+    for file, share in rows[:size]:
+        item = response.items.add(
+            file=convert.file_message(file, share.role),
+            role=convert.ROLE[share.role],
+            granted_by=share.granted_by,
+        )
+        ts = convert.timestamp(share.granted_at)
+        if ts is not None:
+            item.granted_at.CopyFrom(ts)
+    if len(rows) > size:
+        response.next_page_token = tokens.encode(purpose, [rows[size - 1][0].id])
+    return response
