@@ -22,7 +22,11 @@ from services.common.admin.cli import main as admin_cli
 from services.common.channels import ClientSecurity, open_channel, user_client_security
 from services.common.tls import ClientTls
 
-PRINCIPALS = {"upload.serentak.test": "upload", "ops-robot": "ops"}
+PRINCIPALS = {
+    "upload.serentak.test": "upload",
+    "ops-robot": "ops",
+    "spiffe://serentak.test/ns/prod/sa/upload": "upload",
+}
 
 
 def _tls(pki: Pki, client: CertFiles | None) -> ClientSecurity:
@@ -57,6 +61,12 @@ async def test_client_certificate_names_map_to_principals(notify_factory, pki: P
         async with channel:
             # No token at all: the certificate (SAN DNS) is the upload principal.
             assert not (await stub.Ingest(request)).duplicate
+        # A SPIFFE id (SAN URI), as a service mesh issues them.
+        spiffe = pki.issue_uri("spiffe-upload", "spiffe://serentak.test/ns/prod/sa/upload")
+        channel, stub = _stubs(address, _tls(pki, spiffe))
+        async with channel:
+            again = notify_pb2.IngestRequest(event=event(f"f-{uuid.uuid4().hex[:8]}", 1))
+            assert not (await stub.Ingest(again)).duplicate
         channel, stub = _stubs(address, _tls(pki, ops_cert))
         async with channel:
             # Mapped by its CN: ops may read the queue, but may not Ingest.
