@@ -28,12 +28,15 @@ $(VENV)/.merge_core: $(VENV)/.installed $(MERGE_CORE_SRC)
 	cd merge_core && ../$(VENV)/bin/maturin develop --release -q
 	touch $@
 
-# Generated protobuf/gRPC code and typed stubs; never edited by hand.
+# Generated protobuf/gRPC code and typed stubs; never edited by hand. The descriptor set (with
+# the protos' comments) is what server reflection serves.
 protos: $(GEN)/.stamp
 $(GEN)/.stamp: $(VENV)/.installed $(PROTOS)
 	rm -rf $(GEN) && mkdir -p $(GEN)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos \
-	  --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) --mypy_grpc_out=$(GEN) $(PROTOS)
+	  --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) --mypy_grpc_out=$(GEN) \
+	  --include_source_info --include_imports \
+	  --descriptor_set_out=$(GEN)/serentak/descriptors.binpb $(PROTOS)
 	touch $@
 
 run: setup

@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from services.common.auth import check_bind, require_mode
 from services.common.config import ConfigError
@@ -31,6 +30,7 @@ from services.common.interceptors import (
 from services.common.logging import get_logger
 from services.common.metrics import start_metrics_endpoint
 from services.common.readiness import LIVENESS, Probe, Readiness
+from services.common.reflection import enable_reflection
 from services.common.security import ServerSecurity
 from services.common.server_limits import ServerLimits
 from services.common.tls import server_credentials
@@ -133,14 +133,8 @@ async def start(app: ServiceApp) -> RunningService:
     names = [s.full_name for s in app.servicers]
     for s in app.servicers:
         s.add_to_server(s.instance, server)
-    reflection.enable_server_reflection(
-        [
-            *names,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
-    )
+    # Reflection (v1 and v1alpha) describes the services with their protos' comments.
+    enable_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server)
     address = f"{app.host}:{app.port}"
     if security is not None and security.tls is not None:
         app.bound_port = server.add_secure_port(address, server_credentials(security.tls))
