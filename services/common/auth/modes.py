@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from urllib.parse import urlsplit
 
 import jwt
 
@@ -16,6 +17,9 @@ from services.common.auth.dev_tokens import DevTokens
 from services.common.auth.jwt_tokens import ClaimsMapping, JwksKeys, JwtVerifier
 from services.common.auth.peers import PeerPrincipals
 from services.common.config import CommonSettings, ConfigError
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
 
 NO_MODE_MESSAGE = (
     "SERENTAK_AUTH_MODE is not set: set it to `jwt` (with SERENTAK_AUTH_JWKS_URL, "
@@ -62,6 +66,11 @@ def build_authenticator(settings: CommonSettings) -> Authenticator:
     if missing:
         raise ConfigError(f"SERENTAK_AUTH_MODE=jwt needs {', '.join(missing)}")
     assert settings.auth_jwks_url and settings.auth_jwt_issuer and settings.auth_jwt_audience
+    jwks = urlsplit(settings.auth_jwks_url)
+    if jwks.scheme != "https" and not is_loopback(jwks.hostname or ""):
+        # Whoever can answer this fetch can mint tokens: say so loudly (the compose demo
+        # serves its JWKS over plain HTTP on a private network).
+        log.warning("jwks_url_not_https", url=settings.auth_jwks_url)
     keys = JwksKeys(
         settings.auth_jwks_url,
         cache_seconds=settings.auth_jwks_cache_seconds,
