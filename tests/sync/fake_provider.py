@@ -7,7 +7,7 @@
   for `next_token`; `expire(drive, token)` answers 410 for that cursor.
 - `hold(drive, item)` parks GETs of that item until the test releases them.
 - `set_page(drive, token, body)` serves any body for a cursor (e.g. a foreign nextLink).
-- Subscriptions: `POST /subscriptions` and `PATCH /subscriptions/{id}` keep them in
+- Subscriptions: `POST /subscriptions`, `PATCH` and `DELETE /subscriptions/{id}` keep them in
   `subscriptions` (id -> the posted body, expiry updated); `fail_subscriptions(503, ...)`
   queues error answers for the next subscription calls; `drop_subscription(id)` forgets
   one (a renewal then 404s); `emit_lifecycle(id, event)` / `emit_change(id)` POST a
@@ -35,7 +35,7 @@ def _bearer(request: web.Request) -> str:
 class Call:
     """One request the fake received."""
 
-    kind: str  # "item", "delta", "subscribe" or "renew"
+    kind: str  # "item", "delta", "subscribe", "renew" or "unsubscribe"
     drive: str
     key: str  # item id or delta token
     at: float
@@ -247,6 +247,15 @@ class FakeProvider:
         sub["expirationDateTime"] = body["expirationDateTime"]
         return web.json_response(sub)
 
+    async def _unsubscribe(self, request: web.Request) -> web.Response:
+        sub_id = request.match_info["sub"]
+        sub = self.subscriptions.pop(sub_id, None)
+        drive = str(sub["resource"]).split("/")[1] if sub else ""
+        self.calls.append(Call("unsubscribe", drive, sub_id, time.monotonic(), _bearer(request)))
+        if sub is None:
+            return web.json_response({"error": {"code": "itemNotFound"}}, status=404)
+        return web.Response(status=204)
+
     async def start(self) -> None:
         """Serve on 127.0.0.1, any free port."""
         app = web.Application()
@@ -254,6 +263,7 @@ class FakeProvider:
         app.router.add_get("/drives/{drive}/root/delta", self._delta)
         app.router.add_post("/subscriptions", self._subscribe)
         app.router.add_patch("/subscriptions/{sub}", self._renew)
+        app.router.add_delete("/subscriptions/{sub}", self._unsubscribe)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -35,3 +35,25 @@ def test_the_upload_service_refuses_to_start_with_it(tmp_path: Path) -> None:
     )
     with pytest.raises(InsecureSyncSettings):
         build_app(settings, sync_settings=SyncSettings())
+
+
+@pytest.mark.parametrize(
+    ("knobs", "complaint"),
+    [
+        # A check every hour could miss a subscription renewable for only 30 minutes.
+        (
+            {"subscription_interval_seconds": 3600, "subscription_renew_before_seconds": 1800},
+            "renew_before",
+        ),
+        (
+            {"subscription_renew_before_seconds": 7200, "subscription_lifetime_seconds": 3600},
+            "lifetime",
+        ),
+        ({"webhook_lifecycle_path": "/webhooks/graph"}, "lifecycle_path"),
+    ],
+)
+def test_subscription_settings_that_cannot_work_are_refused(
+    knobs: dict[str, object], complaint: str
+) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        SyncSettings(**knobs)  # type: ignore[arg-type]

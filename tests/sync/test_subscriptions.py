@@ -26,7 +26,7 @@ from sync.sync_server import ALICE, sync_server
 from sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld, settings
 
 from services.common.jobs.periodic import PeriodicScheduler
-from services.upload.sync.jobs import SUBSCRIPTIONS_JOB, periodic_schedules
+from services.upload.sync.jobs import SUBSCRIPTIONS_JOB, enqueue_unsubscribe, periodic_schedules
 from services.upload.sync.models import linked_drives, utcnow
 from services.upload.sync.notifications import client_state_for
 from services.upload.sync.settings import SyncSettings
@@ -288,16 +288,44 @@ async def test_lifecycle_posts_bounce_off(world: SyncWorld, hook: str) -> None:
     assert _lifecycle("other") - before["other"] == 1
 
 
-async def test_link_drive_subscribes_at_once(world: SyncWorld, tmp_path: Path) -> None:
+async def test_link_subscribes_at_once_and_unlink_unsubscribes(
+    world: SyncWorld, tmp_path: Path, hook: str
+) -> None:
+    world.fake.set_delta("drv-new", "", [[]], next_token="t1")
     async with sync_server(world, tmp_path) as channel:
         sync = sync_pb2_grpc.SyncServiceStub(channel)
         link = await sync.LinkDrive(
             sync_pb2.LinkDriveRequest(account_id=ACCOUNT, upstream_drive_id="drv-new"),
             metadata=ALICE,
         )
-        world.fake.set_delta("drv-new", "", [[]], next_token="t1")
         await world.drain()
-    (call,) = _calls(world, "subscribe")
-    assert (call.drive, call.token) == ("drv-new", TOKENS[TENANT])
-    row = (await _drives(world))[link.linked_drive_id]
-    assert row["subscription_id"] in world.fake.subscriptions
+        (call,) = _calls(world, "subscribe")
+        assert (call.drive, call.token) == ("drv-new", TOKENS[TENANT])
+        sub_id = (await _drives(world))[link.linked_drive_id]["subscription_id"]
+        state = world.fake.subscriptions[sub_id]["clientState"]
+        lifecycle_url = world.fake.subscriptions[sub_id]["lifecycleNotificationUrl"]
+        deleted = _ops("delete", "ok")
+
+        await sync.UnlinkDrive(
+            sync_pb2.UnlinkDriveRequest(linked_drive_id=link.linked_drive_id), metadata=ALICE
+        )
+        await world.drain()
+    (call,) = _calls(world, "unsubscribe")
+    assert (call.key, call.token) == (sub_id, TOKENS[TENANT])
+    assert sub_id not in world.fake.subscriptions
+    assert _ops("delete", "ok") - deleted == 1
+    # A late notification of the old subscription acts on nothing.
+    body = {"value": [{"subscriptionId": sub_id, "clientState": state, "lifecycleEvent": "missed"}]}
+    async with httpx.AsyncClient() as client:
+        assert (await client.post(lifecycle_url, json=body)).status_code == 403
+    assert await world.open_jobs() == []
+
+
+async def test_unsubscribe_of_a_subscription_already_gone_is_done(world: SyncWorld) -> None:
+    gone = _ops("delete", "not_found")
+    async with world.sessions() as s, s.begin():
+        await enqueue_unsubscribe(s, TENANT, "sub-forgotten")
+    await world.drain()
+    assert [(c.kind, c.key) for c in world.fake.calls] == [("unsubscribe", "sub-forgotten")]
+    assert await world.dead() == []
+    assert _ops("delete", "not_found") - gone == 1

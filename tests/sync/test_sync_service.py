@@ -149,6 +149,7 @@ async def test_wire_sync_registers_jobs_and_serves_webhooks(world: SyncWorld, tm
         RECONCILE_JOB,
         SUBSCRIPTION_JOB,
         SUBSCRIPTIONS_JOB,
+        UNSUBSCRIBE_JOB,
         periodic_schedules,
     )
     from services.upload.sync.wiring import wire_sync
@@ -165,6 +166,7 @@ async def test_wire_sync_registers_jobs_and_serves_webhooks(world: SyncWorld, tm
         RECONCILE_JOB,
         SUBSCRIPTION_JOB,
         SUBSCRIPTIONS_JOB,
+        UNSUBSCRIBE_JOB,
     }
     # No public webhook URL: the provider cannot reach us, so no subscriptions.
     assert {s.job_type for s in wiring.schedules} == {RECONCILE_JOB, PURGE_JOB}

@@ -5,7 +5,7 @@ Endpoints used: `GET {base}/drives/{drive}/items/{item}` and
 `@odata.deltaLink` URLs verbatim, but only on the base URL's own origin: a link to any
 other scheme, host or port is refused unfetched with `ForeignLink`, so a provider answer
 can never aim our bearer token, or a request from inside our network, elsewhere);
-`POST {base}/subscriptions` and `PATCH {base}/subscriptions/{id}` for change
+`POST {base}/subscriptions`, `PATCH` and `DELETE {base}/subscriptions/{id}` for change
 subscriptions. Each call carries the calling tenant's own token. Every call is counted
 by status in metrics.
 """
@@ -155,6 +155,8 @@ class GraphProvider:
                 retry_after=parse_retry_after(response.headers.get("Retry-After")),
                 url=url,
             )
+        if method == "DELETE" and response.status_code == 204:
+            return {}  # No Content is the answer to a delete
         try:
             body = response.json()
         except ValueError as exc:
@@ -223,6 +225,15 @@ class GraphProvider:
             {"expirationDateTime": _iso(expires_at)},
         )
         return _subscription(body)
+
+    async def delete_subscription(self, tenant_id: str, subscription_id: str) -> None:
+        """DELETE /subscriptions/{id} (UpstreamError 404 if the provider has none)."""
+        await self._call(
+            "DELETE",
+            "unsubscribe",
+            tenant_id,
+            f"{self.base_url}/subscriptions/{quote(subscription_id, safe='')}",
+        )
 
     def notified_drives(self, payload: Mapping[str, Any], client_state: str) -> list[str]:
         """Drive ids named by a change notification batch; refuses a bad clientState.

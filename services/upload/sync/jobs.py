@@ -8,6 +8,7 @@
 | `upload.sync.purge`    | periodic             | drop tombstones past retention, in batches    |
 | `upload.sync.subscription` | `sync-drive:{id}` | create/renew/recreate a subscription |
 | `upload.sync.subscriptions` | periodic        | queue the above for drives due a renewal      |
+| `upload.sync.unsubscribe` | `sync-unsub:{id}` | delete an unlinked drive's subscription       |
 
 Delta polls carry `dedupe_key = delta:{drive_id}`: webhook bursts collapse into one poll;
 a full re-enumeration (after `subscriptionRemoved`) has its own `delta-full:{drive_id}`,
@@ -33,6 +34,7 @@ RECONCILE_JOB = "upload.sync.reconcile"
 PURGE_JOB = "upload.sync.purge"
 SUBSCRIPTION_JOB = "upload.sync.subscription"
 SUBSCRIPTIONS_JOB = "upload.sync.subscriptions"
+UNSUBSCRIBE_JOB = "upload.sync.unsubscribe"
 # What a subscription job does: ensure (create if none, renew if due), renew (now: a
 # reauthorization), recreate (the provider dropped it).
 ENSURE, RENEW, RECREATE = "ensure", "renew", "recreate"
@@ -112,6 +114,19 @@ async def enqueue_subscription(
             idempotency_key=f"{SUBSCRIPTION_JOB}:{drive_id}:{uuid.uuid4().hex}",
             dedupe_key=f"subscription:{action}:{drive_id}",
             dedupe_window_seconds=dedupe_window_seconds,
+        ),
+    )
+
+
+async def enqueue_unsubscribe(session: AsyncSession, tenant_id: str, subscription_id: str) -> str:
+    """Queue the deletion of a subscription whose drive link is gone (ids in the payload)."""
+    return await enqueue(
+        session,
+        NewJob(
+            job_type=UNSUBSCRIBE_JOB,
+            payload={"tenant_id": tenant_id, "subscription_id": subscription_id},
+            partition_key=f"sync-unsub:{subscription_id}",
+            idempotency_key=f"{UNSUBSCRIBE_JOB}:{tenant_id}:{subscription_id}",
         ),
     )
 

@@ -53,8 +53,8 @@ PURGED = Counter(
 )
 SUBSCRIPTION_OPERATIONS = Counter(
     "serentak_sync_subscription_operations_total",
-    "Subscription creates and renewals, by operation (create, renew) and outcome "
-    "(ok, failed, not_found: a renewal of a subscription the provider no longer has).",
+    "Subscription creates, renewals and deletes, by operation (create, renew, delete) and "
+    "outcome (ok, failed, not_found: the provider no longer has the subscription).",
     ["operation", "outcome"],
 )
 LIFECYCLE_EVENTS = Counter(

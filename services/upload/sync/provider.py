@@ -122,6 +122,10 @@ class Provider(Protocol):
         """Move a subscription's expiry (also how a reauthorization is answered)."""
         ...
 
+    async def delete_subscription(self, tenant_id: str, subscription_id: str) -> None:
+        """End a subscription (an unlinked drive's)."""
+        ...
+
     def notified_drives(self, payload: Mapping[str, Any], client_state: str) -> list[str]:
         """Upstream drive ids a webhook body names; WebhookRefused on a bad client state."""
         ...

@@ -37,6 +37,7 @@ from services.upload.sync.jobs import (
     enqueue_delta_poll,
     enqueue_item_sync,
     enqueue_subscription,
+    enqueue_unsubscribe,
 )
 from services.upload.sync.models import (
     PENDING_RETRY,
@@ -278,6 +279,9 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
                 )
             )
             await session.execute(delete(linked_drives).where(linked_drives.c.id == row["id"]))
+            if row["subscription_id"]:
+                # Stop the provider posting for a link that is gone (a job: it may fail).
+                await enqueue_unsubscribe(session, row["tenant_id"], row["subscription_id"])
         return sync_pb2.UnlinkDriveResponse()
 
     async def TriggerSync(

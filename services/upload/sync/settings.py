@@ -81,6 +81,9 @@ class SyncSettings(BaseSettings):
             raise ValueError("subscription_renew_before_seconds must exceed the interval")
         if self.subscription_lifetime_seconds <= self.subscription_renew_before_seconds:
             raise ValueError("subscription_lifetime_seconds must exceed renew_before")
+        if self.webhook_lifecycle_path == self.webhook_path:
+            # One route would shadow the other: lifecycle events would read as changes.
+            raise ValueError("webhook_lifecycle_path must differ from webhook_path")
         return self
 
     @property

@@ -11,9 +11,11 @@ A subscription job reads the drive in a short transaction, makes the upstream ca
 no transaction open, then writes the new id and expiry in its own. A renewal the provider
 answers 404 (it forgot the subscription) becomes a create. 429 retries after Retry-After,
 5xx and timeouts retry with backoff, 401/403 are permanent (dead letter, counted as auth
-failures like every sync call). Only tenants with a credential are subscribed. A drive
-unlinked meanwhile keeps nothing: its new subscription lapses upstream, and its
-notifications are refused (the clientState of a link that is gone matches nothing).
+failures like every sync call). Only tenants with a credential are subscribed.
+UnlinkDrive queues `upload.sync.unsubscribe` (DELETE upstream; 404 is success). A drive
+unlinked while its subscription job ran keeps nothing either: that subscription lapses
+upstream, and its notifications are refused (the clientState of a link that is gone
+matches no subscription we know, and is not the shared secret).
 """
 
 from __future__ import annotations
@@ -158,6 +160,29 @@ async def run_subscription(engine: SyncEngine, ctx: JobContext) -> str:
         expires_at=(sub.expires_at or want).isoformat(),
     )
     return "created" if operation == "create" else "renewed"
+
+
+async def unsubscribe(engine: SyncEngine, ctx: JobContext) -> str:
+    """Delete an unlinked drive's subscription upstream (already gone: done)."""
+    tenant_id, sub_id = ctx.payload["tenant_id"], ctx.payload["subscription_id"]
+    try:
+        await engine.provider.delete_subscription(tenant_id, sub_id)
+    except UpstreamError as exc:
+        if exc.status != 404:
+            _raise_for(exc, "delete", sub_id)
+        metrics.SUBSCRIPTION_OPERATIONS.labels("delete", "not_found").inc()
+        return "already_gone"
+    metrics.SUBSCRIPTION_OPERATIONS.labels("delete", "ok").inc()
+    return "deleted"
+
+
+def unsubscribe_handler(engine: SyncEngine) -> Handler:
+    """The `upload.sync.unsubscribe` handler bound to `engine`."""
+
+    async def handle(ctx: JobContext) -> None:
+        ctx.effect = {"outcome": await unsubscribe(engine, ctx)}
+
+    return handle
 
 
 def subscription_handler(engine: SyncEngine) -> Handler:

@@ -29,6 +29,7 @@ from services.upload.sync.jobs import (
     RECONCILE_JOB,
     SUBSCRIPTION_JOB,
     SUBSCRIPTIONS_JOB,
+    UNSUBSCRIBE_JOB,
     periodic_schedules,
     transient_policy,
 )
@@ -36,7 +37,11 @@ from services.upload.sync.purge import purge_handler
 from services.upload.sync.reconcile import reconcile_handler
 from services.upload.sync.servicer import SyncServicer
 from services.upload.sync.settings import DEV_CLIENT_STATE, SyncSettings
-from services.upload.sync.subscriptions import subscription_handler, subscriptions_handler
+from services.upload.sync.subscriptions import (
+    subscription_handler,
+    subscriptions_handler,
+    unsubscribe_handler,
+)
 from services.upload.sync.sync_job import item_handler
 from services.upload.sync.webhooks import WebhookServer
 
@@ -55,6 +60,7 @@ def register_sync_jobs(registry: JobRegistry, engine: SyncEngine) -> None:
     registry.register(PURGE_JOB, purge_handler(engine), retry=policy)
     registry.register(SUBSCRIPTION_JOB, subscription_handler(engine), retry=policy)
     registry.register(SUBSCRIPTIONS_JOB, subscriptions_handler(engine), retry=policy)
+    registry.register(UNSUBSCRIBE_JOB, unsubscribe_handler(engine), retry=policy)
 
 
 class InsecureSyncSettings(ValueError):
