@@ -32,6 +32,7 @@ def test_the_upload_service_refuses_to_start_with_it(tmp_path: Path) -> None:
         auth_jwks_url="http://127.0.0.1:9/jwks",  # complete jwt settings: never fetched here
         auth_jwt_issuer="https://idp.test",
         auth_jwt_audience="serentak",
+        client_token="upload-service-token",  # its own calls' credential: start-up gets past it
     )
     with pytest.raises(InsecureSyncSettings):
         build_app(settings, sync_settings=SyncSettings())
