@@ -371,6 +371,7 @@ class Files:
     async def collaborators(self, identity: Identity, file_id: str) -> list[ShareRow]:
         """Direct shares of a file the caller can read."""
         async with self._sessions() as session:
+            await read_only(session)
             file, _ = await readable(session, identity, _required(file_id, "file_id"))
             return list(
                 (

@@ -65,6 +65,9 @@ async def test_a_share_does_not_reach_into_another_owners_item(cluster) -> None:
     assert await role(bob, secret) == VIEWER
     assert (await listing(bob, bobs))[secret] == VIEWER
     assert await role(carol, secret) is None
+    # A share names a user of the sharer's tenant: mallory (tenant evil) gains nothing.
+    await share(alice, secret, "mallory", EDITOR)
+    assert await role(cluster["mallory"], secret) is None
 
 
 async def test_the_listing_cache_never_shows_another_callers_role(cluster) -> None:
