@@ -117,14 +117,14 @@ async def test_strangers_and_plaintext_never_get_in(
                 assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         # The CLI dialling a TLS server in plaintext says what to do.
         argv = ["--address", address, "--token", "dev-alice", "ls"]
-        assert await asyncio.to_thread(serentak_cli, argv) == 2
+        assert await asyncio.to_thread(serentak_cli, argv) == 6  # unavailable
 
 
 def test_cli_explains_an_unavailable_tls_server(capsys, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # Nothing listens here: the same UNAVAILABLE a plaintext dial to a TLS server gets.
     from support.ports import free_port
 
-    assert serentak_cli(["--address", f"127.0.0.1:{free_port()}", "ls"]) == 2
+    assert serentak_cli(["--address", f"127.0.0.1:{free_port()}", "ls"]) == 6  # unavailable
     err = capsys.readouterr().err
     assert "UNAVAILABLE" in err and "--ca" in err
 

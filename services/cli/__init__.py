@@ -1,0 +1,123 @@
+"""`serentak`: the command line over the SDK (`services.sdk`).
+
+    serentak [global flags] COMMAND [args] [global flags]
+
+Commands: upload, uploads, abort, status, ls, shared, download, share, unshare,
+collaborators, admin. `--json` prints one JSON document on stdout; messages and
+progress go to stderr. Exit codes: see `services.cli.output` and `serentak --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from services.cli import admin, commands
+from services.cli.output import (
+    EXIT_CORRUPT,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    CliError,
+    Output,
+    exit_code_for,
+)
+from services.cli.parser import parse
+from services.common.config import ConfigError
+from services.sdk import ChecksumMismatch, SerentakClient
+from services.sdk.client import rpc_reason
+
+Command = Callable[[argparse.Namespace, SerentakClient, Output], Awaitable[int]]
+
+COMMANDS: dict[str, Command] = {
+    "upload": commands.upload,
+    "uploads": commands.uploads,
+    "abort": commands.abort,
+    "status": commands.status,
+    "ls": commands.ls,
+    "shared": commands.shared,
+    "download": commands.download,
+    "share": commands.share,
+    "unshare": commands.unshare,
+    "collaborators": commands.collaborators,
+}
+
+_UNAVAILABLE_HINT = (
+    "hint: is the server up at --address? A TLS server needs --ca; "
+    "without --ca only loopback addresses are reached (plaintext)."
+)
+
+
+async def _run(args: argparse.Namespace, out: Output) -> int:
+    if args.command in ("admin", "audit"):
+        return await admin.run(args, out)
+    client = SerentakClient(
+        args.address, token=args.token, ca_file=args.ca, cert_file=args.cert, key_file=args.key
+    )
+    async with client:
+        return await COMMANDS[args.command](args, client, out)
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError) -> CliError:
+    reason, metadata = rpc_reason(exc)
+    code = exc.code()
+    hint = ""
+    if reason == "NAME_TAKEN":
+        hint = commands.name_taken_hint(metadata)
+    elif reason == "CLIENT_REQUEST_ID_REUSED":
+        hint = "the file changed since that upload began; start again (touch it) or --resume"
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        hint = _UNAVAILABLE_HINT
+    label = code.name + (f"/{reason}" if reason else "")
+    return CliError(f"{label}: {exc.details()}", exit_code_for(code), reason=reason, hint=hint)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `serentak` console script; returns the exit code."""
+    args = parse(argv)
+    out = Output(json_mode=args.json)
+    try:
+        code = asyncio.run(_run(args, out))
+        out.emit()
+        return code
+    except KeyboardInterrupt:
+        message = "interrupted"
+        upload_id = commands.UploadRun.upload_id
+        if args.command == "upload" and upload_id:
+            message += (
+                f"; upload {upload_id} kept. Resume with: "
+                f"serentak upload {commands.UploadRun.file} --resume {upload_id}"
+            )
+        error = CliError(message, EXIT_INTERRUPTED, reason="INTERRUPTED")
+    except CliError as exc:
+        error = exc
+    except grpc.aio.AioRpcError as exc:
+        error = _rpc_error(exc)
+    except ChecksumMismatch as exc:
+        error = CliError(
+            f"checksum mismatch, nothing kept: {exc}", EXIT_CORRUPT, reason="CHECKSUM_MISMATCH"
+        )
+    except (ConfigError, ValueError, OSError) as exc:
+        error = CliError(str(exc), EXIT_USAGE)
+    return _fail(out, error)
+
+
+def _fail(out: Output, error: CliError) -> int:
+    print(f"serentak: {error}", file=sys.stderr)
+    if error.hint:
+        print(error.hint, file=sys.stderr)
+    if out.json_mode:
+        out.document = {
+            **out.document,
+            "error": {
+                "message": str(error),
+                "reason": error.reason,
+                "exit_code": error.exit_code,
+                "hint": error.hint,
+            },
+        }
+        out.emit()
+    return error.exit_code

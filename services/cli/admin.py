@@ -1,0 +1,117 @@
+"""`serentak admin ...`: job-queue stats, dead letters, replay, purge and the upload audit.
+
+The address comes from the settings (`SERENTAK_UPLOAD_ADDRESS` / `SERENTAK_NOTIFY_ADDRESS`)
+unless `--address` is given; the credentials are the ops principal's from the settings
+(`SERENTAK_CLIENT_TOKEN[_FILE]`, dev mode: `dev-ops`) unless `--token`/`--cert` are given.
+Output fits 80 columns; `--json` prints the responses as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC
+
+import grpc
+from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
+from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+
+from services.cli.output import EXIT_FAILED, EXIT_OK, Output, message_dict
+from services.common.admin.cli import _security as admin_security
+from services.common.channels import open_channel
+from services.common.config import CommonSettings, load
+
+
+def _address(args: argparse.Namespace) -> str:
+    if "address" in args.given:
+        return str(args.address)
+    settings = load(CommonSettings)
+    return settings.notify_address if args.service == "notify" else settings.upload_address
+
+
+def _when(ts: object) -> str:
+    if not getattr(ts, "seconds", 0):
+        return "-"
+    return ts.ToDatetime(tzinfo=UTC).strftime("%m-%d %H:%M")  # type: ignore[attr-defined]
+
+
+async def run(args: argparse.Namespace, out: Output) -> int:
+    """Execute one `serentak admin` command."""
+    flags = argparse.Namespace(
+        token=args.token if "token" in args.given else None,
+        ca=args.ca if "ca" in args.given else None,
+        cert=args.cert if "cert" in args.given else None,
+        key=args.key if "key" in args.given else None,
+    )
+    security = admin_security(flags)
+    async with open_channel(_address(args), security) as channel:
+        if args.admin_command == "audit":
+            return await _audit(args, channel, out)
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        t = args.timeout
+        if args.admin_command == "stats":
+            r = await stub.QueueStats(admin_pb2.QueueStatsRequest(), timeout=t)
+            out.document = message_dict(r)
+            out.line(f"{'job type':<28} {'queued':>7} {'running':>7} {'lag s':>8} {'dead':>6}")
+            for j in r.job_types:
+                out.line(
+                    f"{j.job_type[:28]:<28} {j.queued:>7} {j.running:>7} "
+                    f"{j.lag_seconds:>8.1f} {j.dead_letters:>6}"
+                )
+            out.line(
+                f"unpublished events: {r.unpublished_events} "
+                f"(oldest {r.oldest_unpublished_event_age_seconds:.1f} s), "
+                f"dead letters: {r.dead_letter_count}"
+            )
+        elif args.admin_command == "dead-letters":
+            r = await stub.ListDeadLetters(
+                admin_pb2.ListDeadLettersRequest(job_type=args.job_type, page_size=args.limit),
+                timeout=t,
+            )
+            out.document = message_dict(r)
+            for d in r.dead_letters:
+                replayed = "replayed" if d.replayed_at.seconds else ""
+                out.line(
+                    f"#{d.id:<6} {d.job_type[:22]:<22} {_when(d.dead_at)} x{d.attempts} {replayed}"
+                )
+                error = f"{d.error_type.rsplit('.', 1)[-1]}: {d.error_message}"
+                out.line(f"        {error[:70]}")
+            if not r.dead_letters:
+                out.note("no dead letters")
+        elif args.admin_command == "replay":
+            r = await stub.ReplayDeadLetter(
+                admin_pb2.ReplayDeadLetterRequest(id=args.id), timeout=t
+            )
+            out.document = message_dict(r)
+            out.line(
+                f"dead letter {args.id} queued again as job {r.job_id}"
+                if r.enqueued
+                else f"dead letter {args.id} was already replayed (job {r.job_id})"
+            )
+        elif args.admin_command == "purge":
+            r = await stub.PurgeDeadLetters(
+                admin_pb2.PurgeDeadLettersRequest(job_type=args.job_type), timeout=t
+            )
+            out.document = message_dict(r)
+            out.line(f"purged {r.purged} dead letters")
+    return EXIT_OK
+
+
+async def _audit(args: argparse.Namespace, channel: grpc.aio.Channel, out: Output) -> int:
+    report = await upload_pb2_grpc.UploadAdminServiceStub(channel).AuditUploads(
+        upload_pb2.AuditUploadsRequest(sample_size=args.sample), timeout=args.timeout
+    )
+    out.document = message_dict(report)
+    out.document["healthy"] = report.healthy
+    for d in report.duplicate_chunks:
+        out.line(f"FAIL duplicate chunk rows  {d.upload_id} index {d.chunk_index}: {d.rows}")
+    for m in report.count_mismatches:
+        out.line(
+            f"FAIL chunk count  {m.upload_id}: {m.distinct_stored_chunks} stored, "
+            f"{m.received_chunk_count} counted, {m.total_chunks} expected"
+        )
+    for u in report.missing_chunks:
+        out.line(f"info uploading  {u.upload_id}: {u.received_chunk_count}/{u.total_chunks}")
+    for c in report.checksum_checks:
+        out.line(f"{'ok  ' if c.ok else 'FAIL'} re-hash  {c.file_id} {c.error}")
+    out.line("healthy" if report.healthy else "UNHEALTHY")
+    return EXIT_OK if report.healthy else EXIT_FAILED

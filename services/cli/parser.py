@@ -1,0 +1,202 @@
+"""The `serentak` argument parser: global flags accepted before or after the subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from importlib import metadata
+
+from services.cli.output import EXIT_CODES_HELP
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_CHUNK = 8 * 1024 * 1024
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+
+
+def size(text: str) -> int:
+    """`8MiB`, `512k`, `1024` -> bytes (binary units); at least 1 byte."""
+    m = _SIZE.match(text.lower())
+    if not m or m.group(2) not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (use bytes or KiB/MiB/GiB, e.g. 8MiB)"
+        )
+    value = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1 byte")
+    return value
+
+
+def positive(text: str) -> int:
+    """A positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def version() -> str:
+    """The installed package's version."""
+    try:
+        return metadata.version("serentak")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# Defaults of the global flags; the parsers leave them unset (SUPPRESS) so a flag given
+# after the subcommand is not overwritten by the top-level default, and the reverse.
+def global_defaults() -> dict[str, object]:
+    """Defaults of the global flags (the CLI's environment: SERENTAK_UPLOAD_ADDRESS, ...)."""
+    env = os.environ
+    return {
+        "address": env.get("SERENTAK_UPLOAD_ADDRESS", DEFAULT_ADDRESS),
+        "token": env.get("SERENTAK_TOKEN", "dev-alice"),
+        "ca": env.get("SERENTAK_TLS_CA_FILE"),
+        "cert": env.get("SERENTAK_TLS_CLIENT_CERT_FILE"),
+        "key": env.get("SERENTAK_TLS_CLIENT_KEY_FILE"),
+        "json": False,
+        "no_progress": False,
+    }
+
+
+def _globals() -> argparse.ArgumentParser:
+    g = argparse.ArgumentParser(add_help=False)
+    s = argparse.SUPPRESS
+    g.add_argument(
+        "--address",
+        default=s,
+        help="upload service host:port (default $SERENTAK_UPLOAD_ADDRESS, else 127.0.0.1:50051)",
+    )
+    g.add_argument(
+        "--token",
+        default=s,
+        help="bearer token: a JWT in jwt mode (default $SERENTAK_TOKEN, else dev-alice)",
+    )
+    g.add_argument(
+        "--ca",
+        default=s,
+        help="CA certificate (PEM) of a TLS server; without it, plaintext to loopback only",
+    )
+    g.add_argument("--cert", default=s, help="client certificate (mTLS)")
+    g.add_argument("--key", default=s, help="client key (mTLS)")
+    g.add_argument(
+        "--json",
+        action="store_true",
+        default=s,
+        help="print one JSON document on stdout (messages stay on stderr)",
+    )
+    g.add_argument("--no-progress", action="store_true", default=s, help="no progress on stderr")
+    return g
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser (global flags on the top level and on every subcommand)."""
+    common = _globals()
+    p = argparse.ArgumentParser(
+        prog="serentak",
+        parents=[common],
+        description="Serentak files from the command line.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"serentak {version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            parents=[common],
+            help=help_text,
+            description=help_text,
+            epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    up = command("upload", "upload FILE (resumable: re-run, or --resume ID)")
+    up.add_argument("file")
+    up.add_argument("--folder", default="", help="folder id (default: your root)")
+    up.add_argument(
+        "--name",
+        default="",
+        help="name in the folder (default: FILE's name); "
+        "a name the folder already has is refused: use --to FILE_ID for a new version",
+    )
+    up.add_argument(
+        "--to", default="", metavar="FILE_ID", help="upload a new version of this existing file"
+    )
+    up.add_argument("--resume", default="", metavar="UPLOAD_ID", help="continue this upload")
+    up.add_argument("--parallel", type=positive, default=4)
+    up.add_argument(
+        "--chunk-size",
+        type=size,
+        default=DEFAULT_CHUNK,
+        help="chunk size in bytes or KiB/MiB (default 8MiB)",
+    )
+    ups = command("uploads", "list your open uploads")
+    ups.add_argument("--all", action="store_true", help="every upload, not only open ones")
+    ab = command("abort", "abort an open upload")
+    ab.add_argument("upload_id")
+    st = command("status", "show an upload: status, chunks, missing ranges")
+    st.add_argument("upload_id")
+    ls_p = command("ls", "list a folder (default: your root)")
+    ls_p.add_argument("folder", nargs="?", default="")
+    command("shared", "files and folders shared with you")
+    dl = command("download", "download a file (atomic, checksum verified)")
+    dl.add_argument("file_id")
+    dl.add_argument("output", help="destination file, or an existing directory")
+    sh = command("share", "share a file or folder with a user")
+    sh.add_argument("file_id")
+    sh.add_argument("user")
+    sh.add_argument("--role", choices=("viewer", "editor"), default="viewer")
+    un = command("unshare", "take a user's share away")
+    un.add_argument("file_id")
+    un.add_argument("user")
+    co = command("collaborators", "who has which role on a file or folder")
+    co.add_argument("file_id")
+    top_audit = command("audit", "upload store audit (= admin audit; needs an ops token)")
+    top_audit.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
+    top_audit.set_defaults(admin_command="audit", service="upload", timeout=30.0)
+    ad = command("admin", "operator commands (ops credentials from settings)")
+    ad.add_argument(
+        "--service",
+        choices=("upload", "notify"),
+        default="upload",
+        help="whose job queue (address from settings unless --address)",
+    )
+    ad.add_argument("--timeout", type=float, default=10.0)
+    adsub = ad.add_subparsers(dest="admin_command", required=True, metavar="ADMIN_COMMAND")
+    adsub.add_parser("stats", parents=[common], help="queue depth and lag per job type")
+    dls = adsub.add_parser("dead-letters", parents=[common], help="list dead letters")
+    dls.add_argument("--job-type", default="")
+    dls.add_argument("--limit", type=positive, default=50)
+    rp = adsub.add_parser("replay", parents=[common], help="queue a dead letter again")
+    rp.add_argument("id", type=positive)
+    pg = adsub.add_parser("purge", parents=[common], help="delete dead letters")
+    pg.add_argument("--job-type", default="")
+    au = adsub.add_parser("audit", parents=[common], help="upload store audit")
+    au.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
+    return p
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse `argv`, filling the global flags' defaults where none was given."""
+    args = build_parser().parse_args(argv)
+    defaults = global_defaults()
+    args.given = {name for name in defaults if hasattr(args, name)}
+    for name, value in defaults.items():
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    return args

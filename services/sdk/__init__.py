@@ -1,0 +1,24 @@
+"""The Serentak Python SDK: one async client for uploads, files, locks and notifications.
+
+async with SerentakClient("127.0.0.1:50051", token="dev-alice") as client:
+    done = await client.upload(Path("movie.bin"), progress=print_progress)
+    await client.download(done.file_id, Path("copy.bin"))
+"""
+
+from services.sdk.client import (
+    ChecksumMismatch,
+    DownloadResult,
+    ProgressCallback,
+    SerentakClient,
+    UploadFailed,
+    upload_request_id,
+)
+
+__all__ = [
+    "ChecksumMismatch",
+    "DownloadResult",
+    "ProgressCallback",
+    "SerentakClient",
+    "UploadFailed",
+    "upload_request_id",
+]

@@ -1,0 +1,442 @@
+"""`SerentakClient`: the async SDK over the upload, file, lock and notify services.
+
+Channels come from `services.common.channels` (TLS, call token, round_robin, keepalive);
+the calls that are safe to repeat (reads, PutChunk, CreateUpload with its request id)
+are retried by gRPC on UNAVAILABLE with backoff from the channel's service config.
+Errors are the server's `grpc.aio.AioRpcError` (status + ErrorInfo reason), plus
+`UploadFailed` and `ChecksumMismatch` for what the client itself finds.
+"""
+
+# Client-side file I/O of one user's process: blocking reads and writes are fine here.
+# ruff: noqa: ASYNC230, ASYNC240
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+
+from services.common.channels import ClientSecurity, open_channel, user_client_security
+from services.sdk.transfer import (
+    DEFAULT_CHUNK_SIZE,
+    atomic_destination,
+    chunk_count,
+    chunk_length,
+    upload_request_id,
+)
+
+# (bytes done, bytes in all): called after every chunk sent or block received.
+ProgressCallback = Callable[[int, int], None]
+
+_MESSAGE_LIMIT = 64 * 1024 * 1024
+# Idempotent calls gRPC may repeat on UNAVAILABLE (PutChunk: a repeat is a duplicate;
+# CreateUpload: the client_request_id returns the same upload).
+_RETRY = (
+    "serentak.upload.v1.UploadService",
+    "serentak.upload.v1.FileService/GetFile",
+    "serentak.upload.v1.FileService/ListFolder",
+    "serentak.upload.v1.FileService/ListCollaborators",
+    "serentak.upload.v1.FileService/ListSharedWithMe",
+    "serentak.upload.v1.FileService/Download",
+    "serentak.locks.v1.LockService/Release",
+    "serentak.locks.v1.LockService/Describe",
+)
+_FINISHED = (
+    upload_pb2.UPLOAD_STATUS_COMPLETED,
+    upload_pb2.UPLOAD_STATUS_FAILED,
+    upload_pb2.UPLOAD_STATUS_ABORTED,
+    upload_pb2.UPLOAD_STATUS_EXPIRED,
+)
+
+
+class UploadFailed(Exception):
+    """The upload ended without a file version (merge failed, aborted or expired)."""
+
+    def __init__(self, upload: upload_pb2.Upload) -> None:
+        status = upload_pb2.UploadStatus.Name(upload.status).removeprefix("UPLOAD_STATUS_")
+        super().__init__(
+            f"upload {upload.upload_id} {status.lower()}: {upload.failure_reason or status}"
+        )
+        self.upload = upload
+
+
+class ChecksumMismatch(Exception):
+    """The bytes received do not hash to the checksum the server sent (nothing was kept)."""
+
+
+@dataclass(frozen=True)
+class DownloadResult:
+    """A finished, verified download."""
+
+    path: Path
+    size: int
+    checksum: str
+    checksum_algorithm: str
+    # False when the server sent no sha256 to compare against.
+    verified: bool
+
+
+class SerentakClient:
+    """Async client for one user (or service) of Serentak.
+
+    `address` is the upload service (UploadService + FileService); `locks_address` and
+    `notify_address` are needed only for `hold` and `subscribe`. Use as an async context
+    manager, or call `close()`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        locks_address: str | None = None,
+        notify_address: str | None = None,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        self._security = security or user_client_security(token, ca_file, cert_file, key_file)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._addresses = {"upload": address, "locks": locks_address, "notify": notify_address}
+
+    def _channel(self, which: str) -> grpc.aio.Channel:
+        if which not in self._channels:
+            address = self._addresses[which]
+            if not address:
+                raise ValueError(f"no {which} address given to SerentakClient")
+            self._channels[which] = open_channel(
+                address,
+                self._security,
+                retry=_RETRY,
+                options=[
+                    ("grpc.max_send_message_length", _MESSAGE_LIMIT),
+                    ("grpc.max_receive_message_length", _MESSAGE_LIMIT),
+                ],
+            )
+        return self._channels[which]
+
+    @property
+    def uploads(self) -> upload_pb2_grpc.UploadServiceStub:
+        """The raw UploadService stub."""
+        return upload_pb2_grpc.UploadServiceStub(self._channel("upload"))
+
+    @property
+    def files(self) -> upload_pb2_grpc.FileServiceStub:
+        """The raw FileService stub."""
+        return upload_pb2_grpc.FileServiceStub(self._channel("upload"))
+
+    async def close(self) -> None:
+        """Close every channel opened so far."""
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+    async def __aenter__(self) -> SerentakClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- uploads ------------------------------------------------------------------
+
+    async def create_upload(
+        self,
+        path: Path,
+        *,
+        folder_id: str = "",
+        name: str | None = None,
+        to_file_id: str = "",
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        client_request_id: str | None = None,
+    ) -> upload_pb2.Upload:
+        """Create (or, with the same request id, find again) the upload of `path`.
+
+        `to_file_id` uploads a new version of that file; otherwise a new file `name`
+        (default: the path's name) in `folder_id` (default: your root). The default
+        request id is `upload_request_id(path, chunk_size, target)`: re-running after a
+        crash finds the same upload.
+        """
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1 byte")
+        size = path.stat().st_size
+        request = upload_pb2.CreateUploadRequest(
+            total_chunks=chunk_count(size, chunk_size), total_size=size, chunk_size=chunk_size
+        )
+        if to_file_id:
+            request.file_id = to_file_id
+            target = f"file:{to_file_id}"
+        else:
+            request.new_file.folder_id = folder_id
+            request.new_file.name = name or path.name
+            target = f"folder:{folder_id}/{request.new_file.name}"
+        request.client_request_id = client_request_id or upload_request_id(path, chunk_size, target)
+        return await self.uploads.CreateUpload(request)
+
+    async def get_upload(self, upload_id: str) -> upload_pb2.Upload:
+        """One of your uploads."""
+        return await self.uploads.GetUpload(upload_pb2.GetUploadRequest(upload_id=upload_id))
+
+    async def list_uploads(self, status: int = 0) -> list[upload_pb2.Upload]:
+        """Your uploads (all pages), optionally only those in `status`."""
+        out: list[upload_pb2.Upload] = []
+        token = ""
+        while True:
+            page = await self.uploads.ListUploads(
+                upload_pb2.ListUploadsRequest(status=status, page_token=token)  # type: ignore[arg-type]
+            )
+            out.extend(page.uploads)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def abort_upload(self, upload_id: str) -> upload_pb2.Upload:
+        """Abort an open upload."""
+        return await self.uploads.AbortUpload(upload_pb2.AbortUploadRequest(upload_id=upload_id))
+
+    async def send_missing(
+        self,
+        upload: upload_pb2.Upload,
+        path: Path,
+        *,
+        parallel: int = 4,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Send the chunks of `path` the server still misses (from a fresh GetUpload)."""
+        state = await self.get_upload(upload.upload_id)
+        if state.status != upload_pb2.UPLOAD_STATUS_UPLOADING:
+            return
+        size, chunk = state.total_size, state.chunk_size
+        if path.stat().st_size != size:
+            raise ValueError(f"{path} is {path.stat().st_size} bytes; the upload expects {size}")
+        todo = [i for r in state.missing_ranges for i in range(r.start, r.end)]
+        done = size - sum(chunk_length(i, chunk, size) for i in todo)
+        if progress:
+            progress(done, size)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in todo:
+            queue.put_nowait(i)
+
+        async def sender() -> None:
+            nonlocal done
+            with open(path, "rb") as f:
+                while not queue.empty():
+                    i = queue.get_nowait()
+                    f.seek(i * chunk)
+                    data = f.read(chunk)
+                    await self.uploads.PutChunk(
+                        upload_pb2.PutChunkRequest(
+                            upload_id=state.upload_id,
+                            chunk_index=i,
+                            data=data,
+                            checksum=hashlib.sha256(data).hexdigest(),
+                        )
+                    )
+                    done += len(data)
+                    if progress:
+                        progress(done, size)
+
+        await asyncio.gather(*(sender() for _ in range(max(1, parallel))))
+
+    async def wait_finished(self, upload_id: str, poll_seconds: float = 0.2) -> upload_pb2.Upload:
+        """Poll until the upload leaves uploading/merging; UploadFailed unless completed."""
+        while True:
+            state = await self.get_upload(upload_id)
+            if state.status in _FINISHED:
+                break
+            await asyncio.sleep(poll_seconds)
+        if state.status != upload_pb2.UPLOAD_STATUS_COMPLETED:
+            raise UploadFailed(state)
+        return state
+
+    async def upload(
+        self,
+        path: Path,
+        *,
+        folder_id: str = "",
+        name: str | None = None,
+        to_file_id: str = "",
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        parallel: int = 4,
+        resume_upload_id: str = "",
+        progress: ProgressCallback | None = None,
+        on_created: Callable[[upload_pb2.Upload], None] | None = None,
+    ) -> upload_pb2.Upload:
+        """Upload `path` (create or resume, send what is missing, wait for the merge).
+
+        `resume_upload_id` continues that upload (its target and layout); otherwise see
+        `create_upload`. `on_created` gets the upload as soon as it exists (to print its
+        id for a later resume). Returns the completed upload (file_id, file_version).
+        """
+        if resume_upload_id:
+            upload = await self.get_upload(resume_upload_id)
+        else:
+            upload = await self.create_upload(
+                path, folder_id=folder_id, name=name, to_file_id=to_file_id, chunk_size=chunk_size
+            )
+        if on_created:
+            on_created(upload)
+        await self.send_missing(upload, path, parallel=parallel, progress=progress)
+        return await self.wait_finished(upload.upload_id)
+
+    # -- files --------------------------------------------------------------------
+
+    async def get_file(self, file_id: str) -> upload_pb2.File:
+        """One file or folder you can see."""
+        return await self.files.GetFile(upload_pb2.GetFileRequest(file_id=file_id))
+
+    async def list_folder(self, folder_id: str = "") -> list[upload_pb2.File]:
+        """A folder's items (all pages); empty `folder_id`: your root."""
+        out: list[upload_pb2.File] = []
+        token = ""
+        while True:
+            page = await self.files.ListFolder(
+                upload_pb2.ListFolderRequest(folder_id=folder_id, page_token=token)
+            )
+            out.extend(page.files)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def share(self, file_id: str, user_id: str, role: int) -> upload_pb2.File:
+        """Give `user_id` (same tenant) `role` on a file or folder."""
+        return await self.files.ShareFile(
+            upload_pb2.ShareFileRequest(file_id=file_id, user_id=user_id, role=role)  # type: ignore[arg-type]
+        )
+
+    async def unshare(self, file_id: str, user_id: str) -> upload_pb2.File:
+        """Take `user_id`'s share on a file or folder away."""
+        return await self.files.UnshareFile(
+            upload_pb2.UnshareFileRequest(file_id=file_id, user_id=user_id)
+        )
+
+    async def collaborators(self, file_id: str) -> list[upload_pb2.Collaborator]:
+        """Who has which role on a file or folder."""
+        got = await self.files.ListCollaborators(
+            upload_pb2.ListCollaboratorsRequest(file_id=file_id)
+        )
+        return list(got.collaborators)
+
+    async def shared_with_me(self) -> list[upload_pb2.SharedItem]:
+        """Items of your tenant others shared directly with you (all pages)."""
+        out: list[upload_pb2.SharedItem] = []
+        token = ""
+        while True:
+            page = await self.files.ListSharedWithMe(
+                upload_pb2.ListSharedWithMeRequest(page_token=token)
+            )
+            out.extend(page.items)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def download(
+        self, file_id: str, dest: Path, *, progress: ProgressCallback | None = None
+    ) -> DownloadResult:
+        """Download a file's current content to `dest`, atomically and verified.
+
+        The bytes go to a temporary file in `dest`'s directory, renamed over `dest` only
+        after the sha256 matched the server's trailing checksum; on any error nothing is
+        left behind. FileNotFoundError for a missing directory; ChecksumMismatch.
+        """
+        info = await self.get_file(file_id)
+        digest = hashlib.sha256()
+        done = 0
+        with atomic_destination(dest) as f:
+            call = self.files.Download(upload_pb2.DownloadRequest(file_id=file_id))
+            async for block in call:
+                f.write(block.data)
+                digest.update(block.data)
+                done += len(block.data)
+                if progress:
+                    progress(done, max(info.size, done))
+            trailing = dict(await call.trailing_metadata() or ())
+            algorithm = str(trailing.get("x-checksum-algorithm", ""))
+            expected = str(trailing.get("x-checksum", ""))
+            verified = algorithm == "sha256" and bool(expected)
+            if verified and expected != digest.hexdigest():
+                raise ChecksumMismatch(
+                    f"file {file_id}: received sha256 {digest.hexdigest()}, server says {expected}"
+                )
+        return DownloadResult(dest, done, digest.hexdigest(), "sha256", verified)
+
+    # -- locks and notifications ---------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self, key: str, *, owner: str = "sdk", ttl_seconds: int = 10, wait_timeout_ms: int = 0
+    ) -> AsyncIterator[locks_pb2.Lock]:
+        """Acquire `key` and keep its lease alive (a Hold stream) while the block runs.
+
+        Yields the Lock (its `token` fences writes). The lock is released on exit; if the
+        server reports it lost meanwhile, `lost` is set on the returned event's holder via
+        the stream ending (check with `describe` when it matters).
+        """
+        stub = locks_pb2_grpc.LockServiceStub(self._channel("locks"))
+        lock = await stub.Acquire(
+            locks_pb2.AcquireRequest(
+                key=key, owner=owner, ttl_seconds=ttl_seconds, wait_timeout_ms=wait_timeout_ms
+            )
+        )
+        stream = stub.Hold()
+        await stream.write(locks_pb2.HoldRequest(key=key, token=lock.token))
+        try:
+            yield lock
+        finally:
+            stream.cancel()
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.Release(locks_pb2.ReleaseRequest(key=key, token=lock.token))
+
+    async def subscribe(
+        self, cursor: str = "", *, device_id: str = ""
+    ) -> AsyncIterator[notify_pb2.SubscribeResponse]:
+        """Your notifications after `cursor` (empty: from now on), then live ones.
+
+        Keep the last `cursor` you saw and pass it again to resume without a gap.
+        """
+        stub = notify_pb2_grpc.NotifyServiceStub(self._channel("notify"))
+        call = stub.Subscribe(notify_pb2.SubscribeRequest(cursor=cursor, device_id=device_id))
+        try:
+            async for message in call:
+                yield message
+        finally:
+            call.cancel()
+
+
+def rpc_reason(exc: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
+    """The ErrorInfo reason and metadata of a failed call ("" and {} when absent)."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    for detail in status.details if status else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info.reason, dict(info.metadata)
+    return "", {}
+
+
+__all__: Sequence[str] = [
+    "ChecksumMismatch",
+    "DownloadResult",
+    "ProgressCallback",
+    "SerentakClient",
+    "UploadFailed",
+    "rpc_reason",
+    "upload_request_id",
+]
