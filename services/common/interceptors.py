@@ -6,6 +6,7 @@ context variables (the correlation id, structlog's bound keys) belong to that ca
 
 from __future__ import annotations
 
+import asyncio
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -21,7 +22,13 @@ from services.common.auth import Authenticator
 from services.common.disk_full import as_storage_full
 from services.common.errors import ERROR_DOMAIN, SerentakError
 from services.common.logging import get_logger
-from services.common.metrics import DOMAIN_ERRORS, RPC_DURATION, RPC_REQUESTS
+from services.common.metrics import (
+    DOMAIN_ERRORS,
+    RPC_HANDLED,
+    RPC_HANDLING_SECONDS,
+    RPC_STARTED,
+    split_method,
+)
 
 log = get_logger(__name__)
 
@@ -150,8 +157,47 @@ def _status_name(exc: BaseException) -> str:
     return grpc.StatusCode.INTERNAL.name
 
 
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
+    """grpc_type as the conventional metrics name it."""
+    if handler.request_streaming:
+        return "bidi_stream" if handler.response_streaming else "client_stream"
+    return "server_stream" if handler.response_streaming else "unary"
+
+
+def _aborted_code(context: grpc.aio.ServicerContext) -> str:
+    """The status a handler aborted with (context.abort sets it before raising)."""
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int):
+        return _CODE_NAMES.get(code, "UNKNOWN")
+    return "UNKNOWN"
+
+
 class ErrorMappingInterceptor(_WrappingInterceptor):
-    """Turns `SerentakError`s into their status and reason; anything else is a bug (INTERNAL)."""
+    """Turns `SerentakError`s into their status and reason; anything else is a bug (INTERNAL).
+
+    It also counts every call (grpc_server_started_total, grpc_server_handled_total with the
+    final status code, grpc_server_handling_seconds) and logs `rpc_completed`.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        rpc_type = _rpc_type(handler)
+
+        def wrap(behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
+            return self._wrap(behaviour, method, streams, rpc_type)
+
+        return _rewrap(handler, handler_call_details.method, wrap)
 
     async def _fail(
         self, exc: BaseException, method: str, context: grpc.aio.ServicerContext
@@ -174,22 +220,26 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
         log.error("rpc_bug", method=method, error=repr(exc), traceback=traceback.format_exc())
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
-    def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
-        def record(started: float, code: str | None) -> None:
+    def _wrap(
+        self, behaviour: Behaviour, method: str, streams: bool, rpc_type: str = "unary"
+    ) -> Behaviour:
+        labels = (*split_method(method), rpc_type)
+        started_total = RPC_STARTED.labels(*labels)
+        handling = RPC_HANDLING_SECONDS.labels(*labels)
+
+        def record(started: float, code: str) -> None:
             elapsed = time.perf_counter() - started
-            RPC_DURATION.labels(method).observe(elapsed)
-            RPC_REQUESTS.labels(method, code or "OK").inc()
+            handling.observe(elapsed)
+            RPC_HANDLED.labels(*labels, code).inc()
             log.info(
-                "rpc_completed",
-                method=method,
-                code=code or "OK",
-                duration_ms=round(elapsed * 1000, 3),
+                "rpc_completed", method=method, code=code, duration_ms=round(elapsed * 1000, 3)
             )
 
         if streams:
 
             async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                started, code = time.perf_counter(), None
+                started_total.inc()
+                started, code = time.perf_counter(), "OK"
                 try:
                     result = behaviour(request, context)
                     if hasattr(result, "__aiter__"):
@@ -197,8 +247,12 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                             yield item
                     else:
                         await result
-                except (grpc.aio.AbortError, GeneratorExit):
-                    code = "ABORTED_BY_HANDLER"
+                except grpc.aio.AbortError:
+                    code = _aborted_code(context)
+                    raise
+                except (GeneratorExit, asyncio.CancelledError):
+                    # The client went away (or cancelled) mid-stream.
+                    code = grpc.StatusCode.CANCELLED.name
                     raise
                 except Exception as exc:
                     code = _status_name(exc)
@@ -209,11 +263,15 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
             return stream_behaviour
 
         async def unary_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started, code = time.perf_counter(), None
+            started_total.inc()
+            started, code = time.perf_counter(), "OK"
             try:
                 return await behaviour(request, context)
             except grpc.aio.AbortError:
-                code = "ABORTED_BY_HANDLER"
+                code = _aborted_code(context)
+                raise
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED.name
                 raise
             except Exception as exc:
                 code = _status_name(exc)

@@ -5,17 +5,26 @@ Domain metrics live in each service's own `metrics.py`; these are the RPC-level 
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+import platform
+from importlib import metadata
 
-RPC_REQUESTS = Counter(
-    "serentak_rpc_requests_total",
-    "gRPC calls handled, by method and status code.",
-    ["method", "code"],
+import grpc
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+# The conventional gRPC server metrics (as go-grpc-prometheus / grpc-ecosystem name them), so
+# stock dashboards and alerts work: method "/pkg.Service/Method" -> grpc_service, grpc_method;
+# grpc_type is unary, client_stream, server_stream or bidi_stream.
+RPC_LABELS = ["grpc_service", "grpc_method", "grpc_type"]
+RPC_STARTED = Counter("grpc_server_started_total", "RPCs started on the server.", RPC_LABELS)
+RPC_HANDLED = Counter(
+    "grpc_server_handled_total",
+    "RPCs completed on the server, whatever their status code.",
+    [*RPC_LABELS, "grpc_code"],
 )
-RPC_DURATION = Histogram(
-    "serentak_rpc_duration_seconds",
-    "Time from a gRPC call's start to its last response, by method.",
-    ["method"],
+RPC_HANDLING_SECONDS = Histogram(
+    "grpc_server_handling_seconds",
+    "Time from an RPC's start to its last response (the application's handling).",
+    RPC_LABELS,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 DOMAIN_ERRORS = Counter(
@@ -23,6 +32,29 @@ DOMAIN_ERRORS = Counter(
     "Typed domain errors returned to callers, by reason.",
     ["reason"],
 )
+
+
+BUILD_INFO = Gauge(
+    "serentak_build_info",
+    "Always 1; the labels say which build runs (serentak version, Python, grpcio).",
+    ["version", "python_version", "grpc_version"],
+)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("serentak")
+    except metadata.PackageNotFoundError:  # a bare checkout without an install
+        return "unknown"
+
+
+BUILD_INFO.labels(_version(), platform.python_version(), grpc.__version__).set(1)
+
+
+def split_method(method: str) -> tuple[str, str]:
+    """The (service, method) names of a full method name "/pkg.Service/Method"."""
+    service, _, name = method.lstrip("/").rpartition("/")
+    return service, name
 
 
 def start_metrics_endpoint(host: str, port: int) -> None:

@@ -12,6 +12,11 @@ CHUNK_DUPLICATES = Counter(
     "serentak_upload_chunk_duplicates_total",
     "Idempotent chunk retries answered with duplicate=true and no new effect.",
 )
+BYTES_RECEIVED = Counter(
+    "serentak_upload_bytes_received_total",
+    "Chunk bytes callers sent to PutChunk/UploadChunks (stored, repeated or refused).",
+)
+BYTES_SENT = Counter("serentak_download_bytes_sent_total", "File bytes sent by Download.")
 CHUNKS_STORED = Counter("serentak_upload_chunks_stored_total", "Chunks stored for the first time.")
 DUPLICATE_MERGES_REFUSED = Counter(
     "serentak_upload_duplicate_merges_refused_total",

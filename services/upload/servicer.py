@@ -18,6 +18,7 @@ from services.upload import convert
 from services.upload.audit import UploadAudit
 from services.upload.chunks import ChunkOutcome, ChunkStore
 from services.upload.files import Files
+from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT
 from services.upload.uploads import Uploads
 
 
@@ -52,6 +53,7 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.PutChunkRequest, context: grpc.aio.ServicerContext
     ) -> ChunkOutcome:
         identity = self._auth.require_user(context)
+        BYTES_RECEIVED.inc(len(request.data))
         outcome = await self._chunks.put(
             identity, request.upload_id, request.chunk_index, request.data, request.checksum
         )
@@ -216,6 +218,7 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         offset = request.offset
         async for block in blocks:
             yield upload_pb2.DownloadChunk(offset=offset, data=block)
+            BYTES_SENT.inc(len(block))
             offset += len(block)
         context.set_trailing_metadata(
             (("x-checksum", file.checksum), ("x-checksum-algorithm", file.checksum_algorithm))

@@ -14,7 +14,7 @@ from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 from support.services import running_app
 
 from services.common.grpc_server import ServiceApp
-from services.common.metrics import RPC_REQUESTS
+from services.common.metrics import RPC_HANDLED
 from services.common.server_limits import ServerLimits, server_limits
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
@@ -27,9 +27,11 @@ ACQUIRE = "/serentak.locks.v1.LockService/Acquire"
 def _acquires() -> float:
     return sum(
         s.value
-        for m in RPC_REQUESTS.collect()
+        for m in RPC_HANDLED.collect()
         for s in m.samples
-        if s.name.endswith("_total") and s.labels.get("method") == ACQUIRE
+        if s.name.endswith("_total")
+        and (s.labels.get("grpc_service"), s.labels.get("grpc_method"))
+        == tuple(ACQUIRE.lstrip("/").split("/"))
     )
 
 
