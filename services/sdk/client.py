@@ -382,9 +382,10 @@ class SerentakClient:
     ) -> AsyncIterator[locks_pb2.Lock]:
         """Acquire `key` and keep its lease alive (a Hold stream) while the block runs.
 
-        Yields the Lock (its `token` fences writes). The lock is released on exit; if the
-        server reports it lost meanwhile, `lost` is set on the returned event's holder via
-        the stream ending (check with `describe` when it matters).
+        Yields the Lock; its `token` fences writes made under it. The lock is released on
+        exit. If the lock is lost meanwhile (the server ends the Hold stream), the block is
+        not interrupted: the fencing token is what makes a stale holder's writes fail.
+        LOCK_HELD (ABORTED) when another holder has it past `wait_timeout_ms`.
         """
         stub = locks_pb2_grpc.LockServiceStub(self._channel("locks"))
         lock = await stub.Acquire(
@@ -400,6 +401,11 @@ class SerentakClient:
             stream.cancel()
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stub.Release(locks_pb2.ReleaseRequest(key=key, token=lock.token))
+
+    async def describe_lock(self, key: str) -> locks_pb2.DescribeResponse:
+        """The holder and waiters of `key`."""
+        stub = locks_pb2_grpc.LockServiceStub(self._channel("locks"))
+        return await stub.Describe(locks_pb2.DescribeRequest(key=key))
 
     async def subscribe(
         self, cursor: str = "", *, device_id: str = ""

@@ -1,0 +1,187 @@
+"""The SDK's SerentakClient against real services (upload, locks on etcd, notify): upload
+with resume and progress, verified atomic download, a held lock, a subscription resumed
+from its cursor. Both databases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from serentak.notify.v1 import notify_pb2
+from serentak.upload.v1 import upload_pb2
+from support.services import running_app
+
+from services.common.jobs import RuntimeOptions
+from services.locks.app import build_app as build_locks_app
+from services.locks.settings import LocksSettings
+from services.notify.app import build_app as build_notify_app
+from services.notify.settings import NotifySettings
+from services.sdk import ChecksumMismatch, SerentakClient
+from services.upload.app import build_app as build_upload_app
+from services.upload.blob_store import content_key, open_blob_store
+from services.upload.settings import UploadSettings
+from services.upload.sync.settings import SyncSettings
+
+CHUNK = 1024
+DEADLINE_S = 60.0
+
+
+@dataclass
+class Stack:
+    """Addresses of the running services and the upload settings (for its blob store)."""
+
+    upload: str
+    locks: str
+    notify: str
+    settings: UploadSettings
+
+    def client(self, token: str) -> SerentakClient:
+        """An SDK client calling as the dev user of `token`."""
+        return SerentakClient(
+            self.upload, token=token, locks_address=self.locks, notify_address=self.notify
+        )
+
+
+@pytest.fixture
+async def stack(database_url: str, tmp_path: Path, etcd, request) -> AsyncIterator[Stack]:
+    """locks (etcd), notify and upload (publishing events) in-process on `database_url`."""
+    if database_url.startswith("sqlite"):
+        notify_url = f"sqlite+aiosqlite:///{tmp_path / 'notify.db'}"
+    else:
+        notify_url = request.getfixturevalue("postgres").create()
+    locks = build_locks_app(
+        LocksSettings(etcd_endpoint=etcd.endpoint, lock_prefix=f"/sdk-{uuid.uuid4().hex}/")
+    )
+    notify = build_notify_app(
+        NotifySettings(
+            notify_database_url=notify_url, data_dir=tmp_path / "notify", worker_poll_seconds=0.05
+        )
+    )
+    async with running_app(locks) as lk, running_app(notify) as nt:
+        settings = UploadSettings(
+            upload_database_url=database_url,
+            data_dir=tmp_path / "upload",
+            locks_address=f"127.0.0.1:{lk.app.bound_port}",
+            notify_address=f"127.0.0.1:{nt.app.bound_port}",
+            min_chunk_size=CHUNK,
+            publish_events=True,
+        )
+        upload = build_upload_app(
+            settings,
+            RuntimeOptions(node_id=f"sdk-{uuid.uuid4().hex[:6]}", poll_interval=0.05),
+            SyncSettings(webhook_port=0, client_state=f"state-{uuid.uuid4().hex}"),
+        )
+        async with running_app(upload) as up:
+            yield Stack(
+                f"127.0.0.1:{up.app.bound_port}",
+                f"127.0.0.1:{lk.app.bound_port}",
+                f"127.0.0.1:{nt.app.bound_port}",
+                settings,
+            )
+
+
+class Crash(Exception):
+    """Stands for the process dying part-way through sending chunks."""
+
+
+async def test_upload_resumes_and_download_is_verified(stack: Stack, tmp_path: Path) -> None:
+    source = tmp_path / "data.bin"
+    data = os.urandom(10 * CHUNK + 5)
+    source.write_bytes(data)
+    async with stack.client("dev-alice") as alice:
+        upload = await alice.create_upload(source, chunk_size=CHUNK)
+        sent: list[int] = []
+
+        def crash_after_four(done: int, total: int) -> None:
+            sent.append(done)
+            if len(sent) > 4:
+                raise Crash
+
+        with pytest.raises(Crash):
+            await alice.send_missing(upload, source, parallel=1, progress=crash_after_four)
+        assert (await alice.get_upload(upload.upload_id)).received_chunk_count == 4
+        # Again from scratch (a new process): the request id finds the same upload, and
+        # only the missing chunks are sent; progress starts at what the server holds.
+        seen: list[tuple[int, int]] = []
+        created: list[str] = []
+        done = await alice.upload(
+            source,
+            chunk_size=CHUNK,
+            progress=lambda d, t: seen.append((d, t)),
+            on_created=lambda u: created.append(u.upload_id),
+        )
+        assert created == [upload.upload_id] and done.upload_id == upload.upload_id
+        assert seen[0] == (4 * CHUNK, len(data)) and seen[-1] == (len(data), len(data))
+        assert len(seen) == 1 + 7  # the starting point, then 7 missing chunks
+        assert [u.upload_id for u in await alice.list_uploads()] == [upload.upload_id]
+
+        target = tmp_path / "out" / "copy.bin"
+        target.parent.mkdir()
+        progress: list[int] = []
+        result = await alice.download(
+            done.file_id, target, progress=lambda d, t: progress.append(d)
+        )
+        assert result.verified and target.read_bytes() == data and progress[-1] == len(data)
+
+        # A corrupted blob: the checksum does not match, and nothing is left behind.
+        blobs = open_blob_store(stack.settings)
+        key = content_key(done.file_id, done.upload_id)
+        raw = await blobs.read(key)
+        await blobs.publish(await blobs.stage(key, bytes([raw[0] ^ 1]) + raw[1:]), key)
+        await blobs.close()
+        with pytest.raises(ChecksumMismatch):
+            await alice.download(done.file_id, target.parent / "bad.bin")
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await alice.download("nosuchfile", target.parent / "none.bin")
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(FileNotFoundError):
+            await alice.download(done.file_id, tmp_path / "no-dir" / "x.bin")
+        assert sorted(p.name for p in target.parent.iterdir()) == ["copy.bin"]
+
+
+async def test_hold_keeps_the_lock_and_subscribe_resumes_from_a_cursor(stack: Stack, tmp_path):
+    async with stack.client("dev-alice") as alice, stack.client("dev-bob") as bob:
+        key = "user:alice:sdk"
+        async with alice.hold(key, ttl_seconds=2) as lock:
+            # Past the TTL the lease is still alive: the Hold stream renews it.
+            await asyncio.sleep(3)
+            held = await alice.describe_lock(key)
+            assert held.held and held.lock.token == lock.token
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                async with alice.hold(key, owner="other"):
+                    pass
+            assert busy.value.code() == grpc.StatusCode.ABORTED
+        assert not (await alice.describe_lock(key)).held
+
+        stream = bob.subscribe()
+        marker = await anext(stream)  # "now": the cursor to resume from
+        assert not marker.notification.notification_id and marker.cursor
+        source = tmp_path / "shared.bin"
+        source.write_bytes(b"for bob")
+        done = await alice.upload(source, chunk_size=CHUNK)
+        await alice.share(done.file_id, "bob", upload_pb2.ROLE_EDITOR)
+        first = await asyncio.wait_for(anext(stream), DEADLINE_S)
+        assert first.notification.file_id == done.file_id
+        await stream.aclose()
+
+        # From the marker: the same first notification again; from its cursor: what follows.
+        again = bob.subscribe(marker.cursor)
+        replay = await asyncio.wait_for(anext(again), DEADLINE_S)
+        assert replay.notification.notification_id == first.notification.notification_id
+        await again.aclose()
+        source.write_bytes(b"for bob, version 2")
+        await alice.upload(source, to_file_id=done.file_id, chunk_size=CHUNK)
+        after = bob.subscribe(first.cursor)
+        async with contextlib.aclosing(after):
+            following: notify_pb2.SubscribeResponse = await asyncio.wait_for(
+                anext(after), DEADLINE_S
+            )
+        assert following.notification.notification_id != first.notification.notification_id
+        assert following.notification.file_id == done.file_id
