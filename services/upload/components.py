@@ -24,6 +24,14 @@ from services.upload.chunks import ChunkStore
 from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
 from services.upload.file_locks import FileLocks
 from services.upload.files import Files
+from services.upload.lifecycle import (
+    PURGE_CHUNKS_JOB,
+    RECLAIM_JOB,
+    ReclaimPolicy,
+    purge_chunks_handler,
+    reclaim_handler,
+    reclaim_schedule,
+)
 from services.upload.listing_cache import ListingCache
 from services.upload.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
 from services.upload.retire import retire_files
@@ -61,6 +69,17 @@ class UploadComponents:
         await self.locks.close()
         await self.blobs.close()
         await self.engine.dispose()
+
+
+def reclaim_policy(settings: UploadSettings) -> ReclaimPolicy:
+    """The storage lifecycle's grace periods and version retention from settings."""
+    return ReclaimPolicy(
+        failed_grace_seconds=settings.failed_upload_grace_seconds,
+        version_keep_count=settings.version_keep_count,
+        version_keep_days=settings.version_keep_days,
+        orphan_grace_seconds=settings.orphan_grace_seconds,
+        temp_grace_seconds=settings.temp_grace_seconds,
+    )
 
 
 def build_components(
@@ -114,6 +133,16 @@ def build_components(
         expiry_handler(blobs, settings.upload_ttl_seconds),
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
     )
+    registry.register(
+        PURGE_CHUNKS_JOB,
+        purge_chunks_handler(blobs),
+        retry=RetryPolicy(max_attempts=10, base_seconds=1, cap_seconds=300),
+    )
+    registry.register(
+        RECLAIM_JOB,
+        reclaim_handler(blobs, reclaim_policy(settings)),
+        retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
+    )
     sync_config = sync_settings or load(SyncSettings)
     sync = wire_sync(
         sync_config,
@@ -124,7 +153,10 @@ def build_components(
         retire_files=retire_files,
         auth_mode=require_mode(settings),
     )
-    schedules = [expiry_schedule(settings.expiry_interval_seconds)]
+    schedules = [
+        expiry_schedule(settings.expiry_interval_seconds),
+        reclaim_schedule(settings.reclaim_interval_seconds),
+    ]
     if sync_config.enabled:
         schedules.extend(sync.schedules)
     # Events reach collaborators through notify's Ingest (idempotent by event_id).

@@ -96,3 +96,9 @@ class TooManyUploads(ResourceExhausted):
     """The user already has `max_open_uploads_per_user` uploads uploading or merging."""
 
     reason = "TOO_MANY_UPLOADS"
+
+
+class ContentReplaced(Aborted):
+    """The version a download was reading was replaced and deleted: download again."""
+
+    reason = "CONTENT_REPLACED"

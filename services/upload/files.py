@@ -22,7 +22,7 @@ from services.common.errors import InvalidArgument
 from services.common.page_tokens import PageTokens
 from services.upload import convert
 from services.upload.blob_store import BlobStore
-from services.upload.errors import FileDeleted, FileNotFound, WrongKind
+from services.upload.errors import ContentReplaced, FileDeleted, FileNotFound, WrongKind
 from services.upload.events import record_file_event
 from services.upload.listing import list_page
 from services.upload.listing_cache import ListingCache
@@ -395,7 +395,21 @@ class Files:
         if not 0 <= request.offset <= file.size:
             raise InvalidArgument("offset", f"must be 0..{file.size}")
         assert file.blob_key is not None
-        return file, self._blobs.iter_read(file.blob_key, request.offset, DOWNLOAD_BLOCK)
+        return file, _replaced_is_aborted(
+            self._blobs.iter_read(file.blob_key, request.offset, DOWNLOAD_BLOCK), file.id
+        )
+
+
+async def _replaced_is_aborted(blocks: AsyncIterator[bytes], file_id: str) -> AsyncIterator[bytes]:
+    """A version deleted by the retention policy while being read ends the download
+    ABORTED/CONTENT_REPLACED (the bytes sent so far were that version's)."""
+    try:
+        async for block in blocks:
+            yield block
+    except FileNotFoundError as exc:
+        raise ContentReplaced(
+            "this version of the file was replaced and deleted; download again", file_id=file_id
+        ) from exc
 
 
 def _required(value: str, field: str) -> str:

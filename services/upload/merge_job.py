@@ -59,6 +59,7 @@ from services.upload.errors import (
 )
 from services.upload.events import record_file_event
 from services.upload.file_locks import FileLocks
+from services.upload.lifecycle.chunks import enqueue_chunk_purge
 from services.upload.models import (
     COMPLETED,
     FAILED,
@@ -376,4 +377,7 @@ async def commit_content(
     if not moved:
         # Only this job moves a merging upload; losing here means a concurrent duplicate.
         raise ConflictError(f"upload {upload.id} left merging during the merge")
+    # The chunks go only once COMPLETED is committed: the purge job is enqueued here, in
+    # the same transaction (a retried merge, still `merging`, keeps finding them).
+    await enqueue_chunk_purge(session, upload.id)
     return file

@@ -71,3 +71,9 @@ CHUNK_INDEX_CONFLICT_REPEATS = Counter(
     "serentak_upload_chunk_index_conflict_repeats_total",
     "Chunk conflicts on an (upload, index) that already conflicted on this replica.",
 )
+BYTES_RECLAIMED = Counter(
+    "serentak_upload_bytes_reclaimed_total",
+    "Bytes the storage lifecycle deleted from the blob store, by kind (completed_chunks,"
+    " failed_chunks, failed_output, old_version, orphan, temp).",
+    ["kind"],
+)

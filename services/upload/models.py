@@ -144,6 +144,9 @@ class UploadRow(Base):
     final_checksum: Mapped[str] = mapped_column(String(128), nullable=False, default="")
     failure_reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
     chunks_purged_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # Set when the storage lifecycle deleted files/{file_id}/{id} (a superseded version past
+    # retention, or a failed upload's merge output): services/upload/lifecycle/.
+    content_purged_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
     __table_args__ = (
         Index("ix_uploads_owner", "tenant_id", "owner_user_id", "created_at"),

@@ -91,6 +91,27 @@ class UploadSettings(CommonSettings):
     merge_retry_cap_seconds: float = Field(30.0, ge=0, description="Longest merge backoff.")
     listing_cache_entries: int = Field(10_000, ge=0, description="Folder pages kept in memory.")
     expiry_interval_seconds: float = Field(60.0, gt=0, description="Cleanup sweep period.")
+    reclaim_interval_seconds: float = Field(
+        300.0, gt=0, description="Storage lifecycle sweep period (upload.reclaim)."
+    )
+    failed_upload_grace_seconds: float = Field(
+        24 * 3600, ge=0, description="A failed upload's chunks and output are kept this long."
+    )
+    version_keep_count: int = Field(
+        2, ge=1, description="Newest content versions of a file kept (the current one counts)."
+    )
+    version_keep_days: float = Field(
+        7.0, ge=0, description="Superseded versions younger than this are kept (0: count only)."
+    )
+    orphan_grace_seconds: float = Field(
+        24 * 3600, gt=0, description="Blobs no row refers to are deleted once this old."
+    )
+    temp_grace_seconds: float = Field(
+        3600,
+        gt=0,
+        description="Temp files (a killed merge's *.merge-tmp) are deleted once this old;"
+        " longer than any live write.",
+    )
     worker_lease_seconds: float = Field(
         30.0, gt=0, description="A job whose worker died is re-run after this long."
     )

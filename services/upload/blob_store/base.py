@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 
@@ -57,6 +58,17 @@ class Merged:
     chunk_count: int
 
 
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One listed object: its key, size and last write (UTC). `temporary` marks a write in
+    progress or abandoned (a local `.*.tmp` / `.*.merge-tmp` file; never on S3)."""
+
+    key: str
+    size: int
+    modified: datetime
+    temporary: bool = False
+
+
 class BlobStore(Protocol):
     """Byte storage addressed by key (the local folder or an S3-compatible bucket)."""
 
@@ -94,6 +106,10 @@ class BlobStore(Protocol):
 
     async def delete_prefix(self, prefix: str) -> int:
         """Delete every object under `prefix`; returns how many were removed."""
+        ...
+
+    def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
+        """Every object under `prefix/`, temporary files included (the orphan sweep)."""
         ...
 
     async def merge(

@@ -13,11 +13,15 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import merge_core
 from services.common.private_files import FILE_MODE, private_dirs
-from services.upload.blob_store.base import ChunkRef, Merged
+from services.upload.blob_store.base import ChunkRef, Merged, StoredObject
+
+# merge_core's temporary output beside the final name: `.{name}.{pid}-...merge-tmp`.
+MERGE_TMP_SUFFIX = ".merge-tmp"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -128,6 +132,51 @@ class LocalBlobStore:
         shutil.rmtree(folder, ignore_errors=True)
         return count
 
+    async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
+        """Every file under `prefix/` (walked on a thread), temp files marked temporary."""
+        for item in await asyncio.to_thread(self._list_sync, prefix):
+            yield item
+
+    def _list_sync(self, prefix: str) -> list[StoredObject]:
+        folder = self.path(prefix)
+        found: list[StoredObject] = []
+        if not folder.is_dir():
+            return found
+        for p in folder.rglob("*"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue  # deleted while we walked
+            if not p.is_file():
+                continue
+            temporary = p.name.startswith(".") and (
+                p.name.endswith(".tmp") or p.name.endswith(MERGE_TMP_SUFFIX)
+            )
+            found.append(
+                StoredObject(
+                    p.relative_to(self.root).as_posix(),
+                    st.st_size,
+                    datetime.fromtimestamp(st.st_mtime, UTC),
+                    temporary,
+                )
+            )
+        return found
+
+    def _remove_predecessors_sync(self, output: Path) -> int:
+        """Delete earlier merges' temp files of this output (a killed merge's litter).
+
+        The output key is per upload and one merge job runs per upload at a time, so a temp
+        file of the same output belongs to an attempt that died (SIGKILL leaves it), or to
+        a stalled duplicate whose lease lapsed: unlinking it makes that one's rename fail
+        (a retried I/O error), never corrupts the output.
+        """
+        removed = 0
+        for p in output.parent.glob(f".{output.name}.*{MERGE_TMP_SUFFIX}"):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed += 1
+        return removed
+
     async def merge(
         self,
         chunks: Sequence[ChunkRef],
@@ -139,6 +188,7 @@ class LocalBlobStore:
         files = [merge_core.Chunk(c.index, self.path(c.key), c.size, c.checksum) for c in chunks]
         output = self.path(key)
         private_dirs(output.parent)
+        await asyncio.to_thread(self._remove_predecessors_sync, output)
         # merge_core releases the GIL; a thread keeps the event loop (heartbeats) going.
         result = await asyncio.to_thread(
             merge_core.merge, files, output, algorithm, expected_checksum, self._fsync

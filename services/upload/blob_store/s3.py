@@ -41,7 +41,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,7 +53,7 @@ from obstore.store import S3Store
 import merge_core
 from services.common.logging import get_logger
 from services.upload import metrics
-from services.upload.blob_store.base import ChunkRef, Merged
+from services.upload.blob_store.base import ChunkRef, Merged, StoredObject
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.settings import UploadSettings
 
@@ -286,6 +286,17 @@ class S3BlobStore:
                     await obstore.delete_async(self._store, paths)
                     count += len(paths)
         return count
+
+    async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
+        """Every object under `prefix/` (S3 has no temp objects: an unfinished multipart
+        upload is not an object; a bucket lifecycle rule aborts those)."""
+        with _store_errors("list", prefix):
+            async for batch in obstore.list(self._store, prefix.rstrip("/") + "/"):
+                for meta in batch:
+                    modified = meta["last_modified"]
+                    if modified.tzinfo is None:
+                        modified = modified.replace(tzinfo=UTC)
+                    yield StoredObject(str(meta["path"]), int(meta["size"]), modified)
 
     async def merge(
         self,

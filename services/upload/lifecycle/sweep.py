@@ -1,0 +1,333 @@
+"""The periodic `upload.reclaim` job: failed uploads, superseded versions and orphans.
+
+Each run, in short transactions of its own (deleting blobs before the rows that name them,
+so a crash leaves at worst a row whose bytes are gone for something never read again):
+
+1. Failed uploads older than `failed_grace_seconds`: their chunk blobs (the rows stay, as
+   for completed uploads: `chunks.py`) and any
+   merge output that was written but never committed (`files/{file_id}/{upload_id}`; a
+   failed upload's output is never a file's `blob_key`, checked all the same).
+2. Completed uploads whose chunks are still there past the orphan grace (the
+   `upload.purge_chunks` job normally took them at commit; this is its backstop for
+   uploads completed before it existed, or whose job was dead-lettered).
+3. Versions: a file's earlier content (the merged blob of a completed upload that is no
+   longer the file's `blob_key`) is deleted once it is outside the newest `keep_count`
+   versions AND older than `keep_days` (0 days: by count alone). The file's current
+   content is never touched. A download that resolved an older version just before it was
+   deleted either finishes (an open local file outlives its unlink; an S3 GET in flight
+   streams its object) or ends ABORTED/CONTENT_REPLACED — never with other bytes.
+4. Orphans: blobs under `uploads/` and `files/` that no row refers to, and temp files
+   (a SIGKILLed merge's `*.merge-tmp`, a killed chunk write's `.tmp`), once older than
+   their grace (`orphan_grace_seconds`; temp files `temp_grace_seconds`, longer than any
+   live write: merge_core writes its temp file continuously and renames it when done).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.jobs import Handler, JobContext, PeriodicSchedule
+from services.common.logging import get_logger
+from services.upload import metrics
+from services.upload.blob_store import BlobStore, StoredObject, content_key, upload_prefix
+from services.upload.errors import BlobStoreUnavailable
+from services.upload.lifecycle.chunks import purge_completed_chunks
+from services.upload.models import COMPLETED, FAILED, MERGING, ChunkRow, FileRow, UploadRow, utcnow
+
+log = get_logger(__name__)
+
+RECLAIM_JOB = "upload.reclaim"
+BATCH = 200
+LOOKUP_BATCH = 500
+
+
+@dataclass(frozen=True)
+class ReclaimPolicy:
+    """Grace periods and the version retention policy (from UploadSettings)."""
+
+    failed_grace_seconds: float = 24 * 3600
+    version_keep_count: int = 2
+    version_keep_days: float = 7.0
+    orphan_grace_seconds: float = 24 * 3600
+    temp_grace_seconds: float = 3600
+
+
+@dataclass
+class ReclaimResult:
+    """What one run deleted, in bytes per kind (and objects)."""
+
+    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    objects: int = 0
+
+    def add(self, kind: str, size: int, objects: int = 1) -> None:
+        """Count one deletion."""
+        self.bytes[kind] += size
+        self.objects += objects
+        metrics.BYTES_RECLAIMED.labels(kind).inc(size)
+
+
+def reclaim_schedule(interval_seconds: float) -> PeriodicSchedule:
+    """The periodic schedule of the reclaim job."""
+    return PeriodicSchedule(RECLAIM_JOB, interval_seconds)
+
+
+async def _size(blobs: BlobStore, key: str) -> int | None:
+    try:
+        return await blobs.size(key)
+    except FileNotFoundError:
+        return None
+
+
+async def reclaim_failed(
+    sessions: async_sessionmaker[AsyncSession],
+    blobs: BlobStore,
+    policy: ReclaimPolicy,
+    result: ReclaimResult,
+    now: datetime,
+) -> None:
+    """Step 1: chunks and uncommitted merge output of failed uploads past the grace."""
+    cutoff = now - timedelta(seconds=policy.failed_grace_seconds)
+    async with sessions() as session:
+        rows = (
+            await session.execute(
+                select(UploadRow.id, UploadRow.file_id)
+                .where(
+                    UploadRow.status == FAILED,
+                    UploadRow.updated_at < cutoff,
+                    (UploadRow.chunks_purged_at.is_(None))
+                    | (UploadRow.content_purged_at.is_(None)),
+                )
+                .limit(BATCH)
+            )
+        ).all()
+        current = set(
+            (
+                await session.execute(
+                    select(FileRow.blob_key).where(FileRow.id.in_({r.file_id for r in rows}))
+                )
+            ).scalars()
+        )
+        sizes = dict(
+            (
+                await session.execute(
+                    select(ChunkRow.upload_id, func.sum(ChunkRow.size))
+                    .where(ChunkRow.upload_id.in_([r.id for r in rows]))
+                    .group_by(ChunkRow.upload_id)
+                )
+            ).all()
+        )
+    for row in rows:
+        files = await blobs.delete_prefix(upload_prefix(row.id))
+        if files:
+            result.add("failed_chunks", int(sizes.get(row.id) or 0), files)
+        key = content_key(row.file_id, row.id)
+        if key not in current and (size := await _size(blobs, key)) is not None:
+            await blobs.delete(key)
+            result.add("failed_output", size)
+        async with sessions.begin() as session:
+            await session.execute(
+                update(UploadRow)
+                .where(UploadRow.id == row.id, UploadRow.status == FAILED)
+                .values(chunks_purged_at=now, content_purged_at=now)
+            )
+        log.info("failed_upload_reclaimed", upload_id=row.id, file_id=row.file_id)
+
+
+async def reclaim_completed_chunks(
+    sessions: async_sessionmaker[AsyncSession],
+    blobs: BlobStore,
+    policy: ReclaimPolicy,
+    result: ReclaimResult,
+    now: datetime,
+) -> None:
+    """Step 2: the purge job's backstop for completed uploads still holding chunks."""
+    cutoff = now - timedelta(seconds=policy.orphan_grace_seconds)
+    async with sessions() as session:
+        ids = list(
+            (
+                await session.execute(
+                    select(UploadRow.id)
+                    .where(
+                        UploadRow.status == COMPLETED,
+                        UploadRow.chunks_purged_at.is_(None),
+                        UploadRow.merge_finished_at < cutoff,
+                    )
+                    .limit(BATCH)
+                )
+            ).scalars()
+        )
+    for upload_id in ids:
+        size = await purge_completed_chunks(sessions, blobs, upload_id)
+        result.objects += 1 if size else 0
+
+
+async def reclaim_versions(
+    sessions: async_sessionmaker[AsyncSession],
+    blobs: BlobStore,
+    policy: ReclaimPolicy,
+    result: ReclaimResult,
+    now: datetime,
+) -> None:
+    """Step 3: superseded versions outside the newest `keep_count` and older than `keep_days`."""
+    keep_after = now - timedelta(days=policy.version_keep_days)
+    async with sessions() as session:
+        crowded = (
+            select(UploadRow.file_id)
+            .where(UploadRow.status == COMPLETED, UploadRow.content_purged_at.is_(None))
+            .group_by(UploadRow.file_id)
+            .having(func.count() > policy.version_keep_count)
+            .limit(BATCH)
+        )
+        rows = (
+            await session.execute(
+                select(
+                    UploadRow.id,
+                    UploadRow.file_id,
+                    UploadRow.total_size,
+                    UploadRow.merge_finished_at,
+                    FileRow.blob_key,
+                )
+                .join(FileRow, FileRow.id == UploadRow.file_id)
+                .where(
+                    UploadRow.file_id.in_(crowded),
+                    UploadRow.status == COMPLETED,
+                    UploadRow.content_purged_at.is_(None),
+                )
+                .order_by(UploadRow.file_id, UploadRow.file_version.desc())
+            )
+        ).all()
+    by_file: dict[str, list] = defaultdict(list)
+    for row in rows:
+        by_file[row.file_id].append(row)
+    for file_id, versions in by_file.items():
+        for rank, row in enumerate(versions):
+            key = content_key(file_id, row.id)
+            if key == row.blob_key or rank < policy.version_keep_count:
+                continue
+            if row.merge_finished_at is not None and row.merge_finished_at > keep_after:
+                continue
+            await blobs.delete(key)
+            async with sessions.begin() as session:
+                await session.execute(
+                    update(UploadRow).where(UploadRow.id == row.id).values(content_purged_at=now)
+                )
+            result.add("old_version", int(row.total_size))
+            log.info("version_reclaimed", file_id=file_id, upload_id=row.id, rank=rank)
+
+
+def _chunks(items: list[StoredObject], size: int) -> Iterable[list[StoredObject]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+async def _live_keys(session: AsyncSession, keys: list[str]) -> set[str]:
+    """The keys among `keys` that a row still needs."""
+    chunk_keys = [k for k in keys if k.startswith("uploads/")]
+    file_keys = [k for k in keys if k.startswith("files/")]
+    live: set[str] = set()
+    if chunk_keys:
+        # A chunk row of an upload whose chunks were purged keeps no blob alive (a racing
+        # duplicate write can land one again after the purge).
+        live.update(
+            (
+                await session.execute(
+                    select(ChunkRow.blob_key)
+                    .join(UploadRow, UploadRow.id == ChunkRow.upload_id)
+                    .where(ChunkRow.blob_key.in_(chunk_keys), UploadRow.chunks_purged_at.is_(None))
+                )
+            ).scalars()
+        )
+    if file_keys:
+        current = await session.execute(
+            select(FileRow.blob_key).where(FileRow.blob_key.in_(file_keys))
+        )
+        live.update(k for k in current.scalars() if k is not None)
+        named = {k.split("/")[2]: k for k in file_keys if k.count("/") == 2}
+        kept = await session.execute(
+            select(UploadRow.id, UploadRow.status, UploadRow.content_purged_at, FileRow.id)
+            .outerjoin(FileRow, FileRow.id == UploadRow.file_id)
+            .where(UploadRow.id.in_(list(named)))
+        )
+        for upload_id, status, purged, file_id in kept.all():
+            # A merge in progress, or a version the retention policy still keeps.
+            if status == MERGING or (status == COMPLETED and purged is None and file_id):
+                live.add(named[upload_id])
+    return live
+
+
+async def _listing(blobs: BlobStore, prefix: str, attempts: int = 3) -> list[StoredObject]:
+    """The objects under `prefix`; a listing that fails (an object deleted mid-walk can
+    fail some S3-compatible servers' listings) is tried again, then left to the next run."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return [item async for item in blobs.list_objects(prefix)]
+        except BlobStoreUnavailable:
+            if attempt == attempts:
+                log.warning("orphan_sweep_skipped", prefix=prefix)
+    return []
+
+
+async def reclaim_orphans(
+    sessions: async_sessionmaker[AsyncSession],
+    blobs: BlobStore,
+    policy: ReclaimPolicy,
+    result: ReclaimResult,
+    now: datetime,
+) -> None:
+    """Step 4: blobs no row refers to, and abandoned temp files, past their grace."""
+    orphan_cutoff = now - timedelta(seconds=policy.orphan_grace_seconds)
+    temp_cutoff = now - timedelta(seconds=policy.temp_grace_seconds)
+    for prefix in ("uploads", "files"):
+        candidates: list[StoredObject] = []
+        for item in await _listing(blobs, prefix):
+            if item.temporary:
+                if item.modified < temp_cutoff:
+                    await blobs.delete(item.key)
+                    result.add("temp", item.size)
+                    log.info("temp_file_reclaimed", key=item.key, size=item.size)
+            elif item.modified < orphan_cutoff:
+                candidates.append(item)
+        for batch in _chunks(candidates, LOOKUP_BATCH):
+            async with sessions() as session:
+                live = await _live_keys(session, [i.key for i in batch])
+            for item in batch:
+                if item.key not in live:
+                    await blobs.delete(item.key)
+                    result.add("orphan", item.size)
+                    log.info("orphan_reclaimed", key=item.key, size=item.size)
+
+
+async def reclaim(
+    sessions: async_sessionmaker[AsyncSession],
+    blobs: BlobStore,
+    policy: ReclaimPolicy,
+    now: datetime | None = None,
+) -> ReclaimResult:
+    """One run of every step (module docstring)."""
+    at = now or utcnow()
+    result = ReclaimResult()
+    await reclaim_failed(sessions, blobs, policy, result, at)
+    await reclaim_completed_chunks(sessions, blobs, policy, result, at)
+    await reclaim_versions(sessions, blobs, policy, result, at)
+    await reclaim_orphans(sessions, blobs, policy, result, at)
+    log.info("storage_reclaimed", objects=result.objects, **dict(result.bytes))
+    return result
+
+
+def reclaim_handler(blobs: BlobStore, policy: ReclaimPolicy) -> Handler:
+    """The `upload.reclaim` handler."""
+
+    async def handle(ctx: JobContext) -> None:
+        sessions = ctx.sessions
+        if sessions is None:
+            raise RuntimeError("the job runtime gives handlers a session factory")
+        result = await reclaim(sessions, blobs, policy)
+        ctx.effect = {"objects": result.objects, **dict(result.bytes)}
+
+    return handle
