@@ -53,6 +53,7 @@ bench: setup
 lint: setup
 	$(VENV)/bin/ruff check services tests deploy merge_core/python
 	$(VENV)/bin/mypy
+	$(VENV)/bin/buf lint
 	cd merge_core && cargo clippy --all-targets -- -D warnings && cargo test -q
 	cd merge_core && ../$(PY) -m mypy.stubtest merge_core
 
