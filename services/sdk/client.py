@@ -356,6 +356,8 @@ class SerentakClient:
         info = await self.get_file(file_id)
         digest = hashlib.sha256()
         done = 0
+        if progress:
+            progress(0, info.size)
         with atomic_destination(dest) as f:
             call = self.files.Download(upload_pb2.DownloadRequest(file_id=file_id))
             async for block in call:

@@ -56,8 +56,8 @@ async def serentak(*argv: str, env: dict[str, str] | None = None) -> Run:
 
 
 def one_line_error(run: Run) -> str:
-    """The error message: no traceback, the first line starts with `serentak:`."""
+    """The error message: one `serentak: ...` line (after any progress), no traceback."""
     assert "Traceback" not in run.err, run.err
-    first = run.err.strip().splitlines()[0]
-    assert first.startswith("serentak: "), run.err
-    return first
+    errors = [line for line in run.err.splitlines() if line.startswith("serentak: ")]
+    assert len(errors) == 1, run.err
+    return errors[0]

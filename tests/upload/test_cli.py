@@ -10,6 +10,8 @@ import signal
 import pytest
 from upload.cli_helpers import Run, cli_env, one_line_error, serentak, start
 
+from services.upload.blob_store import content_key
+
 
 @pytest.fixture
 def database_url(tmp_path) -> str:
@@ -64,6 +66,21 @@ async def test_download_failures_leave_nothing(cluster, tmp_path) -> None:
     assert error["exit_code"] == 3 and error["reason"] and list(out_dir.iterdir()) == []
 
 
+async def test_corrupted_download_is_exit_7_and_leaves_nothing(cluster, tmp_path) -> None:
+    source = tmp_path / "data.bin"
+    source.write_bytes(os.urandom(3000))
+    doc = (await serentak(*_as(cluster), "--json", "upload", str(source))).json()["upload"]
+    key = content_key(doc["file_id"], doc["upload_id"])
+    raw = await cluster.blobs.read(key)
+    await cluster.blobs.publish(await cluster.blobs.stage(key, bytes([raw[0] ^ 1]) + raw[1:]), key)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    bad = await serentak(*_as(cluster), "--json", "download", doc["file_id"], str(out_dir))
+    assert bad.code == 7 and "checksum mismatch" in one_line_error(bad)
+    assert bad.json()["error"]["reason"] == "CHECKSUM_MISMATCH"
+    assert list(out_dir.iterdir()) == []
+
+
 async def test_usage_errors_are_one_line(cluster, tmp_path) -> None:
     (tmp_path / "f.bin").write_bytes(b"x")
     f = str(tmp_path / "f.bin")
@@ -110,7 +127,7 @@ async def test_name_taken_and_new_version_with_to(cluster, tmp_path) -> None:
 
 async def test_interrupt_uploads_resume_and_abort(cluster, tmp_path) -> None:
     big = tmp_path / "big.bin"
-    big.write_bytes(os.urandom(3000 * 1024))
+    big.write_bytes(os.urandom(400 * 1024))  # 400 chunks: far from done at the signal
     proc = await start(
         *_as(cluster), "upload", str(big), "--chunk-size", "1KiB", "--parallel", "1", env=cli_env()
     )
