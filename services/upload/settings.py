@@ -80,7 +80,12 @@ class UploadSettings(CommonSettings):
     upload_max_message_bytes: int | None = Field(
         None, ge=1024, description="Largest request; default: max_chunk_size + 1 MiB."
     )
-    merge_lock_ttl_seconds: int = Field(60, ge=2, description="Lease of the merge's file lock.")
+    merge_lock_ttl_seconds: int = Field(
+        10,
+        ge=2,
+        description="Lease of the merge's file lock, kept alive by its Hold stream while the"
+        " merge commits: a crashed merge's lock frees within this.",
+    )
     merge_lock_wait_ms: int = Field(30_000, ge=0, description="How long a merge waits for it.")
     merge_max_attempts: int = Field(
         8, ge=1, description="Merge attempts before the upload fails and the job is dead-lettered."
@@ -113,7 +118,10 @@ class UploadSettings(CommonSettings):
         " longer than any live write.",
     )
     worker_lease_seconds: float = Field(
-        30.0, gt=0, description="A job whose worker died is re-run after this long."
+        10.0,
+        gt=0,
+        description="A job whose worker died is re-run after this long (heartbeats renew it"
+        " every third of it; short so a killed merge resumes within seconds).",
     )
     worker_poll_seconds: float = Field(
         0.5, gt=0, description="Idle workers look for jobs this often."

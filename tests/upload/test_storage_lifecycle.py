@@ -274,3 +274,26 @@ async def test_a_download_whose_version_is_deleted_before_it_opens_is_aborted(
     with pytest.raises(ContentReplaced):
         async for _ in blocks:
             pass
+
+
+async def test_sweep_removes_only_old_temp_files(cluster, sessions) -> None:
+    """A killed merge's `*.merge-tmp` (and a killed chunk write's `.tmp`) go once older than
+    the temp grace; a fresh one (a live write) stays. (The killed-process case, where the
+    re-run merge removes its predecessor's: test_merge_crash_recovery.py.)"""
+    root = cluster.settings.blob_root
+    folder = root / "files" / "f1"
+    folder.mkdir(parents=True, exist_ok=True)
+    old = folder / ".u1.123-abc-0.merge-tmp"
+    old.write_bytes(b"m" * 300)
+    chunk_tmp = root / "uploads" / "u2" / ".0.deadbeef.tmp"
+    chunk_tmp.parent.mkdir(parents=True, exist_ok=True)
+    chunk_tmp.write_bytes(b"c" * 20)
+    policy = ReclaimPolicy(temp_grace_seconds=3600, orphan_grace_seconds=10 * 24 * 3600)
+    before = _reclaimed("temp")
+    # Now: both are younger than the grace (a live merge could be writing them).
+    assert (await reclaim(sessions, cluster.blobs, policy)).bytes["temp"] == 0
+    assert old.exists() and chunk_tmp.exists()
+    result = await reclaim(sessions, cluster.blobs, policy, now=utcnow() + timedelta(hours=2))
+    assert result.bytes["temp"] == 320
+    assert _reclaimed("temp") - before == 320
+    assert not old.exists() and not chunk_tmp.exists()
