@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -21,17 +21,15 @@ from services.common.auth import Identity
 from services.common.errors import AlreadyExists, InvalidArgument
 from services.common.page_tokens import PageTokens
 from services.upload import checksums, pagination
+from services.upload.allowance import check_allowance, check_size
 from services.upload.convert import STATUS_NAME
 from services.upload.errors import (
     FileDeleted,
     FileNotFound,
     NotAllowed,
-    QuotaExceeded,
-    TooManyUploads,
     UploaderNotAllowed,
     UploadNotActive,
     UploadNotFound,
-    UploadTooLarge,
     WrongKind,
 )
 from services.upload.models import (
@@ -39,10 +37,8 @@ from services.upload.models import (
     EXPIRED,
     FILE,
     FOLDER,
-    MERGING,
     UPLOADING,
     ChunkRow,
-    FileRow,
     UploadRow,
     utcnow,
 )
@@ -159,12 +155,7 @@ class Uploads:
             if existing is not None:
                 return await self._same_request(identity, existing, request)
         validate_shape(self._settings, request.total_chunks, request.total_size, request.chunk_size)
-        if request.total_size > self._settings.max_upload_bytes:
-            raise UploadTooLarge(
-                f"an upload may hold at most {self._settings.max_upload_bytes} bytes",
-                limit=self._settings.max_upload_bytes,
-                requested=request.total_size,
-            )
+        check_size(self._settings, request.total_size)
         algorithm = checksums.algorithm_name(request.checksum_algorithm)
         expected = ""
         if request.expected_checksum:
@@ -199,7 +190,7 @@ class Uploads:
         )
         try:
             async with self._sessions.begin() as session:
-                await self._check_allowance(session, identity, request.total_size)
+                await check_allowance(session, self._settings, identity, request.total_size)
                 session.add(row)
         except IntegrityError:
             # A concurrent retry with the same client_request_id committed first.
@@ -209,54 +200,6 @@ class Uploads:
                 raise
             return await self._same_request(identity, existing, request)
         return row
-
-    async def _check_allowance(
-        self, session: AsyncSession, identity: Identity, total_size: int
-    ) -> None:
-        """Refuse past the user's open-upload cap or the tenant's quota (in the insert's
-        transaction).
-
-        The check and the insert must not interleave with another CreateUpload of the
-        tenant, or two could each see room for one: SQLite's BEGIN IMMEDIATE already
-        serialises writers; on PostgreSQL a transaction-scoped advisory lock per tenant does.
-        """
-        if session.get_bind().dialect.name == "postgresql":
-            await session.execute(
-                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-                {"key": f"upload-allowance:{identity.tenant_id}"},
-            )
-        open_statuses = (UPLOADING, MERGING)
-        mine = await session.scalar(
-            select(func.count()).where(
-                UploadRow.tenant_id == identity.tenant_id,
-                UploadRow.owner_user_id == identity.user_id,
-                UploadRow.status.in_(open_statuses),
-            )
-        )
-        cap = self._settings.max_open_uploads_per_user
-        if (mine or 0) >= cap:
-            raise TooManyUploads(
-                f"at most {cap} open uploads per user; finish or abort one first", limit=cap
-            )
-        open_bytes = await session.scalar(
-            select(func.coalesce(func.sum(UploadRow.total_size), 0)).where(
-                UploadRow.tenant_id == identity.tenant_id, UploadRow.status.in_(open_statuses)
-            )
-        )
-        stored = await session.scalar(
-            select(func.coalesce(func.sum(FileRow.size), 0)).where(
-                FileRow.tenant_id == identity.tenant_id, FileRow.kind == FILE
-            )
-        )
-        used = int(open_bytes or 0) + int(stored or 0)
-        quota = self._settings.tenant_quota_bytes
-        if used + total_size > quota:
-            raise QuotaExceeded(
-                f"the tenant's quota of {quota} bytes has {max(0, quota - used)} bytes left",
-                quota=quota,
-                used=used,
-                requested=total_size,
-            )
 
     async def _by_request_key(self, key: str) -> UploadRow | None:
         async with self._sessions() as session:

@@ -1,0 +1,76 @@
+"""What one caller may still upload: upload size, open uploads per user, tenant quota.
+
+Refusals are RESOURCE_EXHAUSTED with their reason (UPLOAD_TOO_LARGE, TOO_MANY_UPLOADS,
+QUOTA_EXCEEDED). The quota counts the tenant's current file versions (trash included:
+deleted files still take space) plus its open (uploading, merging) uploads.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.auth import Identity
+from services.upload.errors import QuotaExceeded, TooManyUploads, UploadTooLarge
+from services.upload.models import FILE, MERGING, UPLOADING, FileRow, UploadRow
+from services.upload.settings import UploadSettings
+
+_OPEN = (UPLOADING, MERGING)
+
+
+def check_size(settings: UploadSettings, total_size: int) -> None:
+    """UPLOAD_TOO_LARGE past `max_upload_bytes`."""
+    if total_size > settings.max_upload_bytes:
+        raise UploadTooLarge(
+            f"an upload may hold at most {settings.max_upload_bytes} bytes",
+            limit=settings.max_upload_bytes,
+            requested=total_size,
+        )
+
+
+async def check_allowance(
+    session: AsyncSession, settings: UploadSettings, identity: Identity, total_size: int
+) -> None:
+    """Refuse past the user's open-upload cap or the tenant's quota, in the transaction
+    that then inserts the upload.
+
+    The check and the insert must not interleave with another CreateUpload of the
+    tenant, or two could each see room for one: SQLite's BEGIN IMMEDIATE already
+    serialises writers; on PostgreSQL a transaction-scoped advisory lock per tenant does.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": f"upload-allowance:{identity.tenant_id}"},
+        )
+    mine = await session.scalar(
+        select(func.count()).where(
+            UploadRow.tenant_id == identity.tenant_id,
+            UploadRow.owner_user_id == identity.user_id,
+            UploadRow.status.in_(_OPEN),
+        )
+    )
+    cap = settings.max_open_uploads_per_user
+    if (mine or 0) >= cap:
+        raise TooManyUploads(
+            f"at most {cap} open uploads per user; finish or abort one first", limit=cap
+        )
+    open_bytes = await session.scalar(
+        select(func.coalesce(func.sum(UploadRow.total_size), 0)).where(
+            UploadRow.tenant_id == identity.tenant_id, UploadRow.status.in_(_OPEN)
+        )
+    )
+    stored = await session.scalar(
+        select(func.coalesce(func.sum(FileRow.size), 0)).where(
+            FileRow.tenant_id == identity.tenant_id, FileRow.kind == FILE
+        )
+    )
+    used = int(open_bytes or 0) + int(stored or 0)
+    quota = settings.tenant_quota_bytes
+    if used + total_size > quota:
+        raise QuotaExceeded(
+            f"the tenant's quota of {quota} bytes has {max(0, quota - used)} bytes left",
+            quota=quota,
+            used=used,
+            requested=total_size,
+        )
