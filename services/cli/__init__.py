@@ -28,7 +28,7 @@ from services.cli.output import (
 from services.cli.parser import parse
 from services.common.config import ConfigError
 from services.sdk import ChecksumMismatch, SerentakClient
-from services.sdk.client import rpc_reason
+from services.sdk.results import rpc_reason
 
 Command = Callable[[argparse.Namespace, SerentakClient, Output], Awaitable[int]]
 

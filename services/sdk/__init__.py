@@ -5,14 +5,9 @@ async with SerentakClient("127.0.0.1:50051", token="dev-alice") as client:
     await client.download(done.file_id, Path("copy.bin"))
 """
 
-from services.sdk.client import (
-    ChecksumMismatch,
-    DownloadResult,
-    ProgressCallback,
-    SerentakClient,
-    UploadFailed,
-    upload_request_id,
-)
+from services.sdk.client import ProgressCallback, SerentakClient
+from services.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed
+from services.sdk.transfer import upload_request_id
 
 __all__ = [
     "ChecksumMismatch",

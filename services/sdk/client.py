@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -26,6 +25,7 @@ from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 from services.common.channels import ClientSecurity, open_channel, user_client_security
+from services.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed, rpc_reason
 from services.sdk.transfer import (
     DEFAULT_CHUNK_SIZE,
     atomic_destination,
@@ -56,33 +56,6 @@ _FINISHED = (
     upload_pb2.UPLOAD_STATUS_ABORTED,
     upload_pb2.UPLOAD_STATUS_EXPIRED,
 )
-
-
-class UploadFailed(Exception):
-    """The upload ended without a file version (merge failed, aborted or expired)."""
-
-    def __init__(self, upload: upload_pb2.Upload) -> None:
-        status = upload_pb2.UploadStatus.Name(upload.status).removeprefix("UPLOAD_STATUS_")
-        super().__init__(
-            f"upload {upload.upload_id} {status.lower()}: {upload.failure_reason or status}"
-        )
-        self.upload = upload
-
-
-class ChecksumMismatch(Exception):
-    """The bytes received do not hash to the checksum the server sent (nothing was kept)."""
-
-
-@dataclass(frozen=True)
-class DownloadResult:
-    """A finished, verified download."""
-
-    path: Path
-    size: int
-    checksum: str
-    checksum_algorithm: str
-    # False when the server sent no sha256 to compare against.
-    verified: bool
 
 
 class SerentakClient:
@@ -423,20 +396,6 @@ class SerentakClient:
                 yield message
         finally:
             call.cancel()
-
-
-def rpc_reason(exc: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
-    """The ErrorInfo reason and metadata of a failed call ("" and {} when absent)."""
-    from google.rpc import error_details_pb2
-    from grpc_status import rpc_status
-
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
-    for detail in status.details if status else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info.reason, dict(info.metadata)
-    return "", {}
 
 
 __all__: Sequence[str] = [
