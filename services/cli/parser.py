@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import sys
 from importlib import metadata
 
 from services.cli.output import EXIT_CODES_HELP
@@ -72,8 +74,22 @@ def global_defaults() -> dict[str, object]:
     }
 
 
-def _globals() -> argparse.ArgumentParser:
-    g = argparse.ArgumentParser(add_help=False)
+class _Parser(argparse.ArgumentParser):
+    """argparse, plus the `--json` error document on stdout for a usage error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if _JSON_REQUESTED[0]:
+            error = {"message": message, "reason": "USAGE", "exit_code": 2, "hint": ""}
+            print(json.dumps({"error": error}, indent=2, sort_keys=True), flush=True)
+        super().error(message)
+
+
+# Set by `parse` when its argv holds --json (argv need not be sys.argv).
+_JSON_REQUESTED = [False]
+
+
+def _globals() -> _Parser:
+    g = _Parser(add_help=False)
     s = argparse.SUPPRESS
     g.add_argument(
         "--address",
@@ -105,7 +121,7 @@ def _globals() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The full parser (global flags on the top level and on every subcommand)."""
     common = _globals()
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="serentak",
         parents=[common],
         description="Serentak files from the command line.",
@@ -193,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """Parse `argv`, filling the global flags' defaults where none was given."""
+    _JSON_REQUESTED[0] = "--json" in (sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     defaults = global_defaults()
     args.given = {name for name in defaults if hasattr(args, name)}

@@ -89,7 +89,7 @@ async def test_usage_errors_are_one_line(cluster, tmp_path) -> None:
         serentak("--version"),
         serentak(*_as(cluster), "upload", str(tmp_path / "nope.bin")),
         serentak(*_as(cluster), "upload", f, "--chunk-size", "0"),
-        serentak(*_as(cluster), "upload", f, "--chunk-size", "8XB"),
+        serentak(*_as(cluster), "upload", f, "--chunk-size", "8XB", "--json"),
         serentak("--help"),
         serentak("--address", cluster.address, "--token", "forged", "ls"),
         serentak("--address", "127.0.0.1:1", "ls", "--json"),
@@ -99,6 +99,7 @@ async def test_usage_errors_are_one_line(cluster, tmp_path) -> None:
     for bad in (zero, unit):
         assert bad.code == 2 and "Traceback" not in bad.err and "--chunk-size" in bad.err
         assert "_size" not in bad.err
+    assert unit.json()["error"]["exit_code"] == 2 and "8XB" in unit.json()["error"]["message"]
     assert "exit codes" in help_run.out and "3 not found" in help_run.out
     assert anonymous.code == 4 and "UNAUTHENTICATED" in one_line_error(anonymous)
     assert down.code == 6 and down.json()["error"]["exit_code"] == 6
