@@ -46,3 +46,18 @@ def bound_correlation_id(correlation_id: str | None) -> Iterator[str]:
             yield cid
         finally:
             _current.reset(token)
+
+
+def bind_for_call(correlation_id: str | None) -> str:
+    """Bind `correlation_id` (or a new one) for the rest of the current task, with no reset.
+
+    For streaming RPCs: their handler is an async generator, and when the client cancels,
+    the generator may be closed from another task (the event loop's async-generator
+    finalizer), where resetting a ContextVar token raises "was created in a different
+    Context". grpc.aio runs every RPC in a task of its own, so its context dies with it and
+    nothing needs resetting.
+    """
+    cid = sanitize(correlation_id) or new_correlation_id()
+    _current.set(cid)
+    structlog.contextvars.bind_contextvars(correlation_id=cid)
+    return cid

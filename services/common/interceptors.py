@@ -85,15 +85,15 @@ class CorrelationIdInterceptor(_WrappingInterceptor):
         if streams:
 
             async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                sent = _metadata_value(context, correlation.METADATA_KEY)
-                with correlation.bound_correlation_id(sent) as cid:
-                    await context.send_initial_metadata(((correlation.METADATA_KEY, cid),))
-                    result = behaviour(request, context)
-                    if hasattr(result, "__aiter__"):
-                        async for item in result:
-                            yield item
-                    else:
-                        await result
+                # No `with` (no reset across yields): see correlation.bind_for_call.
+                cid = correlation.bind_for_call(_metadata_value(context, correlation.METADATA_KEY))
+                await context.send_initial_metadata(((correlation.METADATA_KEY, cid),))
+                result = behaviour(request, context)
+                if hasattr(result, "__aiter__"):
+                    async for item in result:
+                        yield item
+                else:
+                    await result
 
             return stream_behaviour
 
@@ -227,12 +227,19 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
         started_total = RPC_STARTED.labels(*labels)
         handling = RPC_HANDLING_SECONDS.labels(*labels)
 
-        def record(started: float, code: str) -> None:
+        def record(started: float, code: str, cid: str | None = None) -> None:
             elapsed = time.perf_counter() - started
             handling.observe(elapsed)
             RPC_HANDLED.labels(*labels, code).inc()
+            # A stream closed by the loop's finalizer logs from another task: the call's
+            # correlation id is passed explicitly so the line keeps it.
+            extra = {"correlation_id": cid} if cid else {}
             log.info(
-                "rpc_completed", method=method, code=code, duration_ms=round(elapsed * 1000, 3)
+                "rpc_completed",
+                method=method,
+                code=code,
+                duration_ms=round(elapsed * 1000, 3),
+                **extra,
             )
 
         if streams:
@@ -240,6 +247,7 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
             async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 started_total.inc()
                 started, code = time.perf_counter(), "OK"
+                cid = correlation.current_correlation_id()
                 try:
                     result = behaviour(request, context)
                     if hasattr(result, "__aiter__"):
@@ -258,7 +266,18 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                     code = _status_name(exc)
                     await self._fail(exc, method, context)
                 finally:
-                    record(started, code)
+                    if code == "OK":
+                        # A handler that returned because its request stream ended cannot
+                        # tell a client's half-close from its cancel; the call's end can.
+                        context.add_done_callback(
+                            lambda ctx: record(
+                                started,
+                                grpc.StatusCode.CANCELLED.name if ctx.cancelled() else "OK",
+                                cid,
+                            )
+                        )
+                    else:
+                        record(started, code, cid)
 
             return stream_behaviour
 
