@@ -53,6 +53,7 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         list_limit=settings.lock_list_limit,
         list_max=settings.lock_list_max,
         services=settings.lock_service_principals,
+        max_hold_seconds=settings.lock_max_hold_seconds,
     )
     return ServiceApp(
         name="locks",

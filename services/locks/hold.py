@@ -19,6 +19,7 @@ from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockLost
 from services.locks.etcd_client import KeyValue, RevisionCompacted
 from services.locks.keys import LockKey
+from services.locks.metrics import HOLDS_CAPPED, LOCK_RENEWALS
 from services.locks.mutex import LockView, Mutex, Record
 
 log = get_logger(__name__)
@@ -33,6 +34,7 @@ class LostReason(enum.Enum):
     KEY_DELETED = 2
     ETCD_UNREACHABLE = 3
     NOT_HOLDER = 4
+    MAX_HOLD_EXCEEDED = 5
 
 
 @dataclass(frozen=True)
@@ -49,14 +51,24 @@ HoldEvent = LockView | Lost
 class Holding:
     """One open Hold: its background tasks and the queue of events for the stream."""
 
-    def __init__(self, mutex: Mutex, key: LockKey, token: int, call_timeout: float) -> None:
+    def __init__(
+        self,
+        mutex: Mutex,
+        key: LockKey,
+        token: int,
+        call_timeout: float,
+        max_hold_seconds: float | None = None,
+    ) -> None:
         self.mutex = mutex
+        # "Never extend a lock without bound": renewals stop this long after the acquire.
+        self.max_hold_seconds = max_hold_seconds
         self.key = key
         self.token = token
         self.call_timeout = call_timeout
         self.events: asyncio.Queue[HoldEvent] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._lost = False
+        self._hold_deadline: float | None = None
 
     async def start(self) -> None:
         """Check the token, renew once, then keep renewing and watching in the background."""
@@ -73,6 +85,10 @@ class Holding:
             return
         record = Record.decode(kv.value)
         self.events.put_nowait(self._view(kv, record, sent + ttl))
+        self._hold_deadline = None
+        if self.max_hold_seconds is not None:
+            acquired = record.acquired_at or record.waiting_since or sent
+            self._hold_deadline = sent_mono + (acquired + self.max_hold_seconds - sent)
         self._tasks = [
             asyncio.create_task(self._keep_alive(kv, record, sent_mono)),
             asyncio.create_task(self._watch(kv)),
@@ -113,8 +129,22 @@ class Holding:
         period = ttl / 3
         next_at = last_ok_mono + period
         while True:
+            if self._hold_deadline is not None:
+                next_at = min(next_at, self._hold_deadline)
             # Renewal timer, not a synchronisation point.
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if self._hold_deadline is not None and time.monotonic() >= self._hold_deadline:
+                # Reported first (the watcher then sees the deletion; one report only),
+                # then the lease is revoked so the next waiter gets the lock now.
+                self._report(
+                    Lost(
+                        LostReason.MAX_HOLD_EXCEEDED,
+                        f"held longer than the maximum of {self.max_hold_seconds}s",
+                    )
+                )
+                HOLDS_CAPPED.inc()
+                self.mutex.reaper.doom(kv.lease)
+                return
             deadline = last_ok_mono + ttl
             sent, sent_mono = time.time(), time.monotonic()
             budget = min(self.call_timeout, deadline - sent_mono)
@@ -136,6 +166,7 @@ class Holding:
             if granted <= 0:
                 self._report(Lost(LostReason.LEASE_EXPIRED, "etcd no longer has the lease"))
                 return
+            LOCK_RENEWALS.inc()
             last_ok_mono = sent_mono
             next_at = sent_mono + period
             self.events.put_nowait(self._view(kv, record, sent + granted))

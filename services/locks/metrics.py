@@ -35,3 +35,11 @@ ETCD_AUTHENTICATIONS = Counter(
     "serentak_etcd_authentications_total",
     "etcd auth tokens obtained (the first, then one per refusal: expiry, member restart).",
 )
+LOCK_RENEWALS = Counter(
+    "serentak_lock_renewals_total",
+    "Lease renewals a Hold made (each extends a held lock by its TTL).",
+)
+HOLDS_CAPPED = Counter(
+    "serentak_lock_max_hold_exceeded_total",
+    "Holds ended because the lock was held past SERENTAK_LOCK_MAX_HOLD_SECONDS.",
+)

@@ -42,7 +42,9 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         list_limit: int = 100,
         list_max: int = 1000,
         services: frozenset[str] = frozenset({"upload", "ops"}),
+        max_hold_seconds: float | None = None,
     ) -> None:
+        self.max_hold_seconds = max_hold_seconds
         self.mutex = mutex
         self.keys = mutex.keys
         self.call_timeout = call_timeout
@@ -123,7 +125,9 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         if first is None:
             return
         key, _ = self._locate(context, first.key, first.tenant_id)
-        holding = Holding(self.mutex, key, check_token(first.token), self.call_timeout)
+        holding = Holding(
+            self.mutex, key, check_token(first.token), self.call_timeout, self.max_hold_seconds
+        )
         # The client closing its side ends the hold: read (and ignore) pings until then.
         client_done = asyncio.create_task(_drain(request_iterator))
         LOCKS_HELD.inc()

@@ -19,6 +19,12 @@ class LocksSettings(CommonSettings):
     etcd_call_timeout_seconds: float = Field(
         5.0, gt=0, description="Longest wait for one etcd request before answering UNAVAILABLE."
     )
+    lock_max_hold_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="Longest total time one lock may be held; past it Hold ends with"
+        " LOST_REASON_MAX_HOLD_EXCEEDED and the lock is released.",
+    )
     lock_list_limit: int = Field(100, gt=0, description="List answers this many locks by default.")
     lock_list_max: int = Field(1000, gt=0, description="List never answers more locks than this.")
     lock_service_principals: frozenset[str] = Field(
