@@ -106,6 +106,14 @@ class ChunkStore:
                 f"must be 0..{upload.total_chunks - 1}",
                 reason="CHUNK_INDEX_OUT_OF_RANGE",
             )
+        chunk_log = log.bind(
+            upload_id=upload.id,
+            chunk_index=index,
+            total_chunks=upload.total_chunks,
+            checksum=checksum,
+            size=len(data),
+        )
+        chunk_log.info("chunk_received")
         want_size = expected_chunk_size(upload, index)
         if len(data) != want_size:
             raise InvalidArgument(
@@ -124,6 +132,7 @@ class ChunkStore:
                 actual=actual,
                 chunk_index=index,
             )
+        chunk_log.info("chunk_validated")
         # Fast path for retries: an existing row answers without touching the disk.
         existing = await self._existing(upload.id, index)
         if existing is not None:
@@ -163,6 +172,14 @@ class ChunkStore:
     ) -> ChunkOutcome:
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
+            log.info(
+                "chunk_conflict",
+                upload_id=upload.id,
+                chunk_index=index,
+                total_chunks=upload.total_chunks,
+                checksum=checksum,
+                stored_checksum=existing.checksum,
+            )
             REPEATS.record(upload.id, index)
             raise ChunkConflict(
                 f"chunk {index} is already stored with another checksum or size",
@@ -172,6 +189,13 @@ class ChunkStore:
                 stored_size=existing.size,
             )
         metrics.CHUNK_DUPLICATES.inc()
+        log.info(
+            "chunk_duplicate",
+            upload_id=upload.id,
+            chunk_index=index,
+            total_chunks=upload.total_chunks,
+            checksum=checksum,
+        )
         async with self._sessions() as session:
             fresh = await session.get(UploadRow, upload.id)
             assert fresh is not None
@@ -232,7 +256,22 @@ class ChunkStore:
             if started:
                 await self._enqueue_merge(session, fresh)
         metrics.CHUNKS_STORED.inc()
+        log.info(
+            "chunk_stored",
+            upload_id=upload.id,
+            chunk_index=index,
+            total_chunks=upload.total_chunks,
+            checksum=checksum,
+            size=size,
+        )
         if started:
+            log.info(
+                "upload_status_changed",
+                upload_id=upload.id,
+                from_status=UPLOADING,
+                to_status=MERGING,
+                transition=f"{UPLOADING} → {MERGING}",
+            )
             log.info("upload_merge_started", upload_id=upload.id, file_id=upload.file_id)
         return ChunkOutcome(fresh, index, duplicate=False, started_merge=started)
 

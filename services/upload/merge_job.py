@@ -187,6 +187,7 @@ class MergeHandler:
             file_id=file.id,
             version=file.version,
             size=result.size,
+            fencing_token=file.last_lock_token,
         )
         ctx.effect = {"file_id": file.id, "version": file.version}
 
@@ -283,6 +284,12 @@ class MergeHandler:
                     await check_uploader(session, upload)
                 except (UploaderNotAllowed, FileDeleted) as exc:
                     raise MergeRefused(f"{exc.reason}: {exc.message}") from exc
+                log.info(
+                    "merge_lock_acquired",
+                    upload_id=upload.id,
+                    file_id=upload.file_id,
+                    fencing_token=lock.token,
+                )
                 file = await commit_content(session, upload, result, lock.token)
         except StaleFencingToken as exc:
             # A newer holder committed first (ours was lost): retry under a fresh lock.

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from services.common import validation
 from services.common.auth import Identity
 from services.common.errors import AlreadyExists, InvalidArgument
+from services.common.logging import get_logger
 from services.common.page_tokens import PageTokens
 from services.upload import checksums, pagination
 from services.upload.allowance import check_allowance, check_size
@@ -57,6 +58,8 @@ _FORWARD = {
 
 MergeEnqueuer = Callable[[AsyncSession, UploadRow], Awaitable[None]]
 
+log = get_logger(__name__)
+
 
 def expected_chunk_size(upload: UploadRow, index: int) -> int:
     """Bytes chunk `index` must hold: chunk_size, except the last one takes the remainder."""
@@ -80,7 +83,17 @@ async def transition(
         .where(UploadRow.id == upload_id, UploadRow.status == from_status)
         .values(status=to_status, updated_at=utcnow(), **values)
     )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    moved = bool(result.rowcount)  # type: ignore[attr-defined]
+    if moved:
+        # In the caller's transaction: a rollback after this line undoes the move.
+        log.info(
+            "upload_status_changed",
+            upload_id=upload_id,
+            from_status=from_status,
+            to_status=to_status,
+            transition=f"{from_status} → {to_status}",
+        )
+    return moved
 
 
 def validate_shape(
