@@ -246,8 +246,23 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
 
             async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 started_total.inc()
-                started, code = time.perf_counter(), "OK"
+                started, code, recorded = time.perf_counter(), "OK", False
                 cid = correlation.current_correlation_id()
+
+                def finish(code: str) -> None:
+                    nonlocal recorded
+                    if not recorded:
+                        recorded = True
+                        record(started, code, cid)
+
+                def on_done(ctx: grpc.aio.ServicerContext) -> None:
+                    # A client that cancels mid-stream leaves this generator suspended at its
+                    # `yield` (closed only when garbage-collected): count the call when it
+                    # ends. A handler that returned because its request stream ended cannot
+                    # tell a client's half-close from its cancel either; the call's end can.
+                    finish(grpc.StatusCode.CANCELLED.name if ctx.cancelled() else "OK")
+
+                context.add_done_callback(on_done)
                 try:
                     result = behaviour(request, context)
                     if hasattr(result, "__aiter__"):
@@ -259,25 +274,14 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                     code = _aborted_code(context)
                     raise
                 except (GeneratorExit, asyncio.CancelledError):
-                    # The client went away (or cancelled) mid-stream.
                     code = grpc.StatusCode.CANCELLED.name
                     raise
                 except Exception as exc:
                     code = _status_name(exc)
                     await self._fail(exc, method, context)
                 finally:
-                    if code == "OK":
-                        # A handler that returned because its request stream ended cannot
-                        # tell a client's half-close from its cancel; the call's end can.
-                        context.add_done_callback(
-                            lambda ctx: record(
-                                started,
-                                grpc.StatusCode.CANCELLED.name if ctx.cancelled() else "OK",
-                                cid,
-                            )
-                        )
-                    else:
-                        record(started, code, cid)
+                    if code != "OK":
+                        finish(code)
 
             return stream_behaviour
 
