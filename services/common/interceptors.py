@@ -247,6 +247,7 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
             async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 started_total.inc()
                 started, code, recorded = time.perf_counter(), "OK", False
+                handler_done = False
                 cid = correlation.current_correlation_id()
 
                 def finish(code: str) -> None:
@@ -256,11 +257,13 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                         record(started, code, cid)
 
                 def on_done(ctx: grpc.aio.ServicerContext) -> None:
-                    # A client that cancels mid-stream leaves this generator suspended at its
-                    # `yield` (closed only when garbage-collected): count the call when it
-                    # ends. A handler that returned because its request stream ended cannot
-                    # tell a client's half-close from its cancel either; the call's end can.
-                    finish(grpc.StatusCode.CANCELLED.name if ctx.cancelled() else "OK")
+                    # The call ended. While the handler still runs, the client went away: a
+                    # generator suspended at its `yield` is only closed by the garbage
+                    # collector, and `cancelled()` may not say so yet. A handler that returned
+                    # because its request stream ended cannot tell a client's half-close from
+                    # its cancel; the call's end can.
+                    gone = not handler_done or ctx.cancelled()
+                    finish(grpc.StatusCode.CANCELLED.name if gone else "OK")
 
                 context.add_done_callback(on_done)
                 try:
@@ -280,6 +283,7 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                     code = _status_name(exc)
                     await self._fail(exc, method, context)
                 finally:
+                    handler_done = True
                     if code != "OK":
                         finish(code)
 
