@@ -172,6 +172,7 @@ class ChunkStore:
     ) -> ChunkOutcome:
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
+            metrics.CHUNK_CONFLICTS_BY_INDEX.labels(metrics.index_bucket(index)).inc()
             log.info(
                 "chunk_conflict",
                 upload_id=upload.id,
@@ -265,6 +266,9 @@ class ChunkStore:
             size=size,
         )
         if started:
+            metrics.STATUS_SECONDS.labels(UPLOADING).observe(
+                max((now - upload.created_at).total_seconds(), 0.0)
+            )
             log.info(
                 "upload_status_changed",
                 upload_id=upload.id,

@@ -180,6 +180,7 @@ class MergeHandler:
             ctx.effect = {"skipped": "left merging"}
             return
         metrics.MERGES.labels("completed").inc()
+        _observe_merging(upload)
         metrics.MERGE_DURATION.observe(time.monotonic() - started)
         log.info(
             "merge_completed",
@@ -232,6 +233,7 @@ class MergeHandler:
             log.info("merge_failure_not_recorded", upload_id=upload.id, reason=reason)
             return
         metrics.MERGES.labels("failed").inc()
+        _observe_merging(upload)
         log.warning("merge_failed", upload_id=upload.id, file_id=upload.file_id, reason=reason)
 
     async def _give_up(self, ctx: JobContext, upload_id: str, exc: Exception) -> None:
@@ -293,11 +295,20 @@ class MergeHandler:
                 file = await commit_content(session, upload, result, lock.token)
         except StaleFencingToken as exc:
             # A newer holder committed first (ours was lost): retry under a fresh lock.
+            metrics.MERGE_FAILURES.labels("lock").inc()
             raise ConflictError(str(exc)) from exc
         except SerentakError as exc:
+            metrics.MERGE_FAILURES.labels("lock").inc()
             # LOCK_HELD past the wait, lock service or etcd unavailable: try again later.
             raise TransientError(f"file lock: {exc}") from exc
         return file
+
+
+def _observe_merging(upload: UploadRow) -> None:
+    """Time from the merge's start (the last chunk) to its end, in the status histogram."""
+    if upload.merge_started_at is not None:
+        elapsed = (utcnow() - upload.merge_started_at).total_seconds()
+        metrics.STATUS_SECONDS.labels(MERGING).observe(max(elapsed, 0.0))
 
 
 async def _load(session: AsyncSession, upload_id: str) -> tuple[UploadRow | None, list[ChunkRow]]:

@@ -49,7 +49,7 @@ PURGED_CHUNKS = Counter(
     "Chunk files deleted for expired or aborted uploads.",
 )
 UPLOADS_MERGING = Gauge("serentak_upload_merging", "Uploads currently in merging (last audit).")
-MERGE_FAILURE_REASONS = ("missing_chunk", "checksum", "size", "duplicate_chunk")
+MERGE_FAILURE_REASONS = ("missing_chunk", "checksum", "size", "duplicate_chunk", "lock")
 MERGE_FAILURES = Counter(
     "serentak_upload_merge_failures_total",
     "Merge attempts that found the chunk set unusable, by reason (missing_chunk, checksum, ...).",
@@ -77,3 +77,29 @@ BYTES_RECLAIMED = Counter(
     " failed_chunks, failed_output, old_version, orphan, temp).",
     ["kind"],
 )
+STATUS_SECONDS = Histogram(
+    "serentak_upload_status_seconds",
+    "Time an upload spent in a status: uploading (created -> merging), merging (merge start"
+    " -> completed or failed).",
+    ["status"],
+    buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+)
+UPLOADS_MISSING_CHUNKS = Gauge(
+    "serentak_upload_uploads_missing_chunks",
+    "Uploads in `uploading` that still lack chunks (sampled with the status ages).",
+)
+CHUNK_CONFLICTS_BY_INDEX = Counter(
+    "serentak_upload_chunk_conflicts_by_index_total",
+    "Chunk conflicts by chunk index bucket (0, 1-9, 10-99, 100-999, 1000+).",
+    ["bucket"],
+)
+
+
+def index_bucket(index: int) -> str:
+    """The chunk-index bucket label of CHUNK_CONFLICTS_BY_INDEX."""
+    if index == 0:
+        return "0"
+    for bound, label in ((10, "1-9"), (100, "10-99"), (1000, "100-999")):
+        if index < bound:
+            return label
+    return "1000+"

@@ -45,8 +45,20 @@ async def refresh_status_ages(sessions: async_sessionmaker[AsyncSession]) -> dic
     """Read the ages once and set `serentak_upload_oldest_in_status_seconds`."""
     async with sessions() as session:
         ages = await oldest_in_status(session)
+        missing = int(
+            await session.scalar(
+                select(func.count())
+                .select_from(UploadRow)
+                .where(
+                    UploadRow.status == UPLOADING,
+                    UploadRow.received_chunk_count < UploadRow.total_chunks,
+                )
+            )
+            or 0
+        )
     for status, age in ages.items():
         metrics.OLDEST_IN_STATUS.labels(status).set(age)
+    metrics.UPLOADS_MISSING_CHUNKS.set(missing)
     return ages
 
 
