@@ -8,7 +8,6 @@ background tasks are cancelled, in-flight calls get `shutdown_grace_seconds` to 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -92,17 +91,51 @@ class RunningService:
     async def stop(self) -> None:
         """Graceful stop: NOT_SERVING, cancel background work, let calls finish."""
         await self.health.enter_graceful_shutdown()
+        # A stop never hangs: background work and shutdown hooks get a bounded time each,
+        # and whatever outlives it is logged with the await it is stuck in.
+        bound = max(self.app.grace_seconds, 5.0)
         for task in self.tasks:
             task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self.tasks:
+            finished, stuck = await asyncio.wait(self.tasks, timeout=bound)
+            for task in finished:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error(
+                        "background_task_failed", task=task.get_name(), error=repr(task.exception())
+                    )
+            for task in stuck:
+                log.error(
+                    "background_task_stuck_at_stop", task=task.get_name(), stack=_stack_of(task)
+                )
         await self.server.stop(self.app.grace_seconds)
         if self.health_server is not None:
             await self.health_server.stop(None)
         for hook in self.app.on_shutdown:
-            await hook()
+            hook_task = asyncio.ensure_future(hook())
+            done, _ = await asyncio.wait([hook_task], timeout=bound)
+            if not done:
+                log.error("shutdown_hook_stuck", hook=repr(hook), stack=_stack_of(hook_task))
+                hook_task.cancel()
+            elif hook_task.exception() is not None:
+                log.error(
+                    "shutdown_hook_failed", hook=repr(hook), error=repr(hook_task.exception())
+                )
         log.info("service_stopped", port=self.app.bound_port)
+
+
+def _stack_of(task: asyncio.Future[Any]) -> str:
+    """The await chain a task is suspended in, outermost first (Task.print_stack shows
+    only the outermost coroutine), for the log line of one that would not stop."""
+    frames: list[str] = []
+    awaited: Any = task.get_coro() if isinstance(task, asyncio.Task) else None
+    while awaited is not None and len(frames) < 64:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+        if frame is None:
+            frames.append(repr(awaited))
+            break
+        frames.append(f"{frame.f_code.co_qualname} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+    return " -> ".join(frames)
 
 
 async def start(app: ServiceApp) -> RunningService:

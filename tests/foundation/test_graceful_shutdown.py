@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import structlog.testing
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
@@ -64,3 +65,48 @@ async def test_in_flight_call_finishes_while_health_reports_not_serving() -> Non
         reply = await in_flight
         assert reply.token == 7
         await stopping
+
+
+async def test_stop_never_hangs_on_work_that_ignores_cancellation() -> None:
+    """A background task that swallows its cancellation and a shutdown hook that never
+    returns are left behind after a bounded wait, each logged with where it is stuck."""
+    released = asyncio.Event()
+    hook_entered = asyncio.Event()
+    loop_started = asyncio.Event()
+
+    async def stubborn_loop() -> None:
+        loop_started.set()
+        while not released.is_set():
+            try:
+                await released.wait()
+            except asyncio.CancelledError:
+                continue  # the bug this guards against: cancellation swallowed
+
+    async def stuck_hook() -> None:
+        hook_entered.set()
+        await asyncio.Event().wait()
+
+    app = ServiceApp(
+        name="t",
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        servicers=[],
+        background=[stubborn_loop],
+        on_shutdown=[stuck_hook],
+        grace_seconds=0,
+    )
+    running = await start(app)
+    await loop_started.wait()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await running.stop()
+    finally:
+        released.set()
+    events = [entry["event"] for entry in logs]
+    assert "background_task_stuck_at_stop" in events, events
+    assert "shutdown_hook_stuck" in events, events
+    assert events[-1] == "service_stopped"
+    stuck = next(e for e in logs if e["event"] == "background_task_stuck_at_stop")
+    assert "stubborn_loop" in stuck["stack"]
+    assert hook_entered.is_set()
