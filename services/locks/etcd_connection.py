@@ -357,13 +357,21 @@ def retryable(exc: grpc.aio.AioRpcError) -> bool:
     """Worth sending to another member: the member, not the request, was the problem.
 
     UNKNOWN is what etcd answers for errors it has no code for, in practice a follower
-    failing to forward a lease request to a leader that just died.
+    failing to forward a lease request to a leader that just died. INTERNAL with
+    "Internal error from Core" is made by our own gRPC core when a stream's connection
+    breaks under a send (seen when a member is SIGKILLed mid keep-alive): no member
+    ever answered, so it is the connection, not the request.
     """
+    if exc.code() == grpc.StatusCode.INTERNAL:
+        return (exc.details() or "") == _CORE_TRANSPORT_FAILURE
     return exc.code() in (
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.CANCELLED,
         grpc.StatusCode.UNKNOWN,
     )
+
+
+_CORE_TRANSPORT_FAILURE = "Internal error from Core"
 
 
 def token_invalid(exc: grpc.aio.AioRpcError) -> bool:
