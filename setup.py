@@ -44,6 +44,8 @@ class BuildPyWithStubs(build_py):
         ]
         if protoc.main(args) != 0:
             raise SystemExit("protoc failed on protos/")
+        # The stubs ship their .pyi files: mark the package typed (PEP 561).
+        (out / "serentak" / "py.typed").touch()
 
 
 setup(cmdclass={"build_py": BuildPyWithStubs})

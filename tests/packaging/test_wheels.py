@@ -104,6 +104,11 @@ def test_installed_wheels_import_and_run(fresh_venv: Path, tmp_path: Path) -> No
     for path in where[:3]:
         assert path.startswith(str(fresh_venv)), where
     assert int(where[3]) > 0
+    # Typed packages (PEP 561) for code that imports the SDK and the contracts.
+    contracts_root = Path(where[0]).parents[2]  # serentak/upload/v1/upload_pb2_grpc.py
+    services_root = Path(where[1]).parent
+    for root in (contracts_root, services_root):
+        assert (root / "py.typed").is_file(), root
     assert "upload" in _run([str(fresh_venv / "bin" / "serentak"), "--help"], tmp_path, env)
 
 
