@@ -215,7 +215,14 @@ class Worker:
             try:
                 outcome = await self._attempt(job_type, job)
             except asyncio.CancelledError:
-                await asyncio.shield(self._release(job))
+                # Hand the job back, bounded: on SQLite the cancelled attempt's own
+                # transaction may still hold the write lock for a while, and a stop must
+                # not wait behind it. A release that does not happen leaves the job to
+                # its lease, which expires and lets another worker claim it.
+                try:
+                    await asyncio.wait_for(self._release(job), _RELEASE_ON_CANCEL_S)
+                except TimeoutError:
+                    log.warning("job_release_abandoned", timeout_s=_RELEASE_ON_CANCEL_S)
                 raise
             except LeaseLost:
                 outcome = "lease_lost"
@@ -325,6 +332,10 @@ class Worker:
             log.info("job_released")
         except Exception:
             log.exception("job_release_failed")
+
+
+# How long a cancelled job may take to hand itself back before its lease is left to expire.
+_RELEASE_ON_CANCEL_S = 2.0
 
 
 class _LazyHeartbeat:
