@@ -4,8 +4,9 @@ A tombstoned synced file is hidden while its tombstone row exists. When the sync
 deletes tombstones past retention it calls `retire_files` in the same transaction, so
 the file goes with its tombstone and nothing can show it again: the row (and its shares)
 is deleted, after a version bump and a `file.deleted` outbox event (invariant 6) naming
-the folder's audience, and the folder's listing version moves. Any bytes the file had in
-the blob store are left to the store's orphan sweep. Folders are not retired (their
+the folder's audience, and the folder's listing version moves. The bytes of every version
+the file had are deleted by the next `upload.reclaim` run (`lifecycle/sweep.py`, retired
+files). Folders are not retired (their
 tombstone row stays, keeping them hidden). Tenants are locked in sorted order, so two
 purgers never wait on each other in a cycle.
 """

@@ -1,6 +1,6 @@
 """Storage lifecycle (services/upload/lifecycle): a completed upload's chunks go by the job
 its commit enqueued; failed uploads' chunks and output after the grace; superseded
-versions past retention; orphans and temp files past their grace; bytes reclaimed counted.
+versions past retention; every version of a file the sync purge retired, at once; orphans and temp files past their grace; bytes reclaimed counted.
 Both blob stores, SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from services.upload.files import Files
 from services.upload.lifecycle import ReclaimPolicy, reclaim
 from services.upload.listing_cache import ListingCache
 from services.upload.models import ChunkRow, FileRow, UploadRow, utcnow
+from services.upload.retire import retire_files
 
 CHUNK = 1024
 DEADLINE_S = 30
@@ -188,6 +189,37 @@ async def test_reclaim_failed_versions_and_orphans(cluster, sessions) -> None:
     # A second run finds nothing more.
     again = await reclaim(sessions, blobs, policy, now=later)
     assert again.objects == 0
+
+
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
+async def test_retired_files_bytes_go_with_the_next_run(cluster, sessions) -> None:
+    alice = cluster["alice"]
+    blobs = cluster.blobs
+    versions = [os.urandom(CHUNK + i) for i in range(2)]
+    first = await _upload(alice, versions[0], name="gone.bin")
+    second = await _upload(alice, versions[1], file_id=first.file_id)
+    kept_data = os.urandom(CHUNK)
+    kept = await _upload(alice, kept_data, name="kept.bin")
+    assert len(await _keys(blobs, f"files/{first.file_id}")) == 2
+    before = _reclaimed("retired")
+    # The sync purge retires the file (its row goes; its uploads stay).
+    async with sessions.begin() as session:
+        assert await retire_files(session, [first.file_id]) == {first.file_id}
+    # Every grace period long: retired bytes need none (nothing can read them again).
+    policy = ReclaimPolicy(version_keep_count=5, version_keep_days=30)
+    result = await reclaim(sessions, blobs, policy)
+    assert result.bytes["retired"] == len(versions[0]) + len(versions[1])
+    assert _reclaimed("retired") - before == result.bytes["retired"]
+    assert await _keys(blobs, f"files/{first.file_id}") == []
+    for up in (first, second):
+        assert await _keys(blobs, upload_prefix(up.upload_id)) == []
+        async with sessions() as session:
+            row = await session.get(UploadRow, up.upload_id)
+            assert row is not None and row.content_purged_at and row.chunks_purged_at
+    # Another file is untouched, and a second run finds nothing.
+    got, _ = await download(alice, kept.file_id)
+    assert got == kept_data
+    assert (await reclaim(sessions, blobs, policy)).bytes["retired"] == 0
 
 
 async def test_keep_count_and_days(cluster, sessions) -> None:

@@ -12,13 +12,14 @@ still hold.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.jobs import Handler, JobContext, NewJob, enqueue
 from services.common.logging import get_logger
 from services.upload import metrics
 from services.upload.blob_store import BlobStore, upload_prefix
+from services.upload.lifecycle.steps import Doomed, Mark, ReclaimResult, reclaim_step
 from services.upload.models import COMPLETED, ChunkRow, UploadRow, utcnow
 
 log = get_logger(__name__)
@@ -55,16 +56,16 @@ async def purge_completed_chunks(
             )
             or 0
         )
-    files = await blobs.delete_prefix(upload_prefix(upload_id))
-    async with sessions.begin() as session:
-        await session.execute(
-            update(UploadRow)
-            .where(UploadRow.id == upload_id, UploadRow.status == COMPLETED)
-            .values(chunks_purged_at=utcnow())
-        )
+    result = ReclaimResult()
+    files = await reclaim_step(
+        blobs,
+        result,
+        [Doomed("completed_chunks", size, prefix=upload_prefix(upload_id))],
+        "chunks_purged",
+        Mark(sessions, upload_id, ("chunks_purged_at",), utcnow(), COMPLETED),
+        upload_id=upload_id,
+    )
     metrics.PURGED_CHUNKS.inc(files)
-    metrics.BYTES_RECLAIMED.labels("completed_chunks").inc(size)
-    log.info("chunks_purged", upload_id=upload_id, chunk_files=files, bytes=size)
     return size
 
 

@@ -16,7 +16,9 @@ so a crash leaves at worst a row whose bytes are gone for something never read a
    content is never touched. A download that resolved an older version just before it was
    deleted either finishes (an open local file outlives its unlink; an S3 GET in flight
    streams its object) or ends ABORTED/CONTENT_REPLACED — never with other bytes.
-4. Orphans: blobs under `uploads/` and `files/` that no row refers to, and temp files
+4. Retired files (the sync purge deleted the file row, `services/upload/retire.py`): all
+   their versions' content and any chunks left, at once (nothing can read them again).
+5. Orphans: blobs under `uploads/` and `files/` that no row refers to, and temp files
    (a SIGKILLed merge's `*.merge-tmp`, a killed chunk write's `.tmp`), once older than
    their grace (`orphan_grace_seconds`; temp files `temp_grace_seconds`, longer than any
    live write: merge_core writes its temp file continuously and renames it when done).
@@ -26,18 +28,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.jobs import Handler, JobContext, PeriodicSchedule
 from services.common.logging import get_logger
-from services.upload import metrics
 from services.upload.blob_store import BlobStore, StoredObject, content_key, upload_prefix
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.lifecycle.chunks import purge_completed_chunks
+from services.upload.lifecycle.steps import Doomed, Mark, ReclaimResult, reclaim_step
 from services.upload.models import COMPLETED, FAILED, MERGING, ChunkRow, FileRow, UploadRow, utcnow
 
 log = get_logger(__name__)
@@ -56,20 +58,6 @@ class ReclaimPolicy:
     version_keep_days: float = 7.0
     orphan_grace_seconds: float = 24 * 3600
     temp_grace_seconds: float = 3600
-
-
-@dataclass
-class ReclaimResult:
-    """What one run deleted, in bytes per kind (and objects)."""
-
-    bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    objects: int = 0
-
-    def add(self, kind: str, size: int, objects: int = 1) -> None:
-        """Count one deletion."""
-        self.bytes[kind] += size
-        self.objects += objects
-        metrics.BYTES_RECLAIMED.labels(kind).inc(size)
 
 
 def reclaim_schedule(interval_seconds: float) -> PeriodicSchedule:
@@ -123,20 +111,22 @@ async def reclaim_failed(
             ).all()
         )
     for row in rows:
-        files = await blobs.delete_prefix(upload_prefix(row.id))
-        if files:
-            result.add("failed_chunks", int(sizes.get(row.id) or 0), files)
+        doomed = [
+            Doomed("failed_chunks", int(sizes.get(row.id) or 0), prefix=upload_prefix(row.id))
+        ]
         key = content_key(row.file_id, row.id)
         if key not in current and (size := await _size(blobs, key)) is not None:
-            await blobs.delete(key)
-            result.add("failed_output", size)
-        async with sessions.begin() as session:
-            await session.execute(
-                update(UploadRow)
-                .where(UploadRow.id == row.id, UploadRow.status == FAILED)
-                .values(chunks_purged_at=now, content_purged_at=now)
-            )
-        log.info("failed_upload_reclaimed", upload_id=row.id, file_id=row.file_id)
+            doomed.append(Doomed("failed_output", size, key=key))
+        mark = Mark(sessions, row.id, ("chunks_purged_at", "content_purged_at"), now, FAILED)
+        await reclaim_step(
+            blobs,
+            result,
+            doomed,
+            "failed_upload_reclaimed",
+            mark,
+            upload_id=row.id,
+            file_id=row.file_id,
+        )
 
 
 async def reclaim_completed_chunks(
@@ -212,13 +202,63 @@ async def reclaim_versions(
                 continue
             if row.merge_finished_at is not None and row.merge_finished_at > keep_after:
                 continue
-            await blobs.delete(key)
-            async with sessions.begin() as session:
-                await session.execute(
-                    update(UploadRow).where(UploadRow.id == row.id).values(content_purged_at=now)
+            await reclaim_step(
+                blobs,
+                result,
+                [Doomed("old_version", int(row.total_size), key=key)],
+                "version_reclaimed",
+                Mark(sessions, row.id, ("content_purged_at",), now),
+                file_id=file_id,
+                upload_id=row.id,
+                rank=rank,
+            )
+
+
+async def reclaim_retired(
+    sessions: async_sessionmaker[AsyncSession],
+    blobs: BlobStore,
+    policy: ReclaimPolicy,
+    result: ReclaimResult,
+    now: datetime,
+) -> None:
+    """Step 4: every version (and leftover chunks) of files retired by the sync purge.
+
+    `retire_files` deletes the file row and leaves its uploads; a completed upload whose
+    file row is gone can never be read again (the file cannot come back), so its bytes
+    go at once, with no grace period.
+    """
+    async with sessions() as session:
+        rows = (
+            await session.execute(
+                select(
+                    UploadRow.id,
+                    UploadRow.file_id,
+                    UploadRow.total_size,
+                    UploadRow.chunks_purged_at,
                 )
-            result.add("old_version", int(row.total_size))
-            log.info("version_reclaimed", file_id=file_id, upload_id=row.id, rank=rank)
+                .outerjoin(FileRow, FileRow.id == UploadRow.file_id)
+                .where(
+                    FileRow.id.is_(None),
+                    UploadRow.status == COMPLETED,
+                    (UploadRow.content_purged_at.is_(None))
+                    | (UploadRow.chunks_purged_at.is_(None)),
+                )
+                .limit(BATCH)
+            )
+        ).all()
+    for row in rows:
+        doomed = [Doomed("retired", int(row.total_size), key=content_key(row.file_id, row.id))]
+        if row.chunks_purged_at is None:
+            doomed.append(Doomed("retired", 0, prefix=upload_prefix(row.id)))
+        await reclaim_step(
+            blobs,
+            result,
+            doomed,
+            "retired_file_reclaimed",
+            Mark(sessions, row.id, ("chunks_purged_at", "content_purged_at"), now, COMPLETED),
+            upload_id=row.id,
+            file_id=row.file_id,
+        )
 
 
 def _chunks(items: list[StoredObject], size: int) -> Iterable[list[StoredObject]]:
@@ -280,7 +320,7 @@ async def reclaim_orphans(
     result: ReclaimResult,
     now: datetime,
 ) -> None:
-    """Step 4: blobs no row refers to, and abandoned temp files, past their grace."""
+    """Step 5: blobs no row refers to, and abandoned temp files, past their grace."""
     orphan_cutoff = now - timedelta(seconds=policy.orphan_grace_seconds)
     temp_cutoff = now - timedelta(seconds=policy.temp_grace_seconds)
     for prefix in ("uploads", "files"):
@@ -288,9 +328,8 @@ async def reclaim_orphans(
         for item in await _listing(blobs, prefix):
             if item.temporary:
                 if item.modified < temp_cutoff:
-                    await blobs.delete(item.key)
-                    result.add("temp", item.size)
-                    log.info("temp_file_reclaimed", key=item.key, size=item.size)
+                    doomed = [Doomed("temp", item.size, key=item.key)]
+                    await reclaim_step(blobs, result, doomed, "temp_file_reclaimed", key=item.key)
             elif item.modified < orphan_cutoff:
                 candidates.append(item)
         for batch in _chunks(candidates, LOOKUP_BATCH):
@@ -298,9 +337,8 @@ async def reclaim_orphans(
                 live = await _live_keys(session, [i.key for i in batch])
             for item in batch:
                 if item.key not in live:
-                    await blobs.delete(item.key)
-                    result.add("orphan", item.size)
-                    log.info("orphan_reclaimed", key=item.key, size=item.size)
+                    doomed = [Doomed("orphan", item.size, key=item.key)]
+                    await reclaim_step(blobs, result, doomed, "orphan_reclaimed", key=item.key)
 
 
 async def reclaim(
@@ -315,6 +353,7 @@ async def reclaim(
     await reclaim_failed(sessions, blobs, policy, result, at)
     await reclaim_completed_chunks(sessions, blobs, policy, result, at)
     await reclaim_versions(sessions, blobs, policy, result, at)
+    await reclaim_retired(sessions, blobs, policy, result, at)
     await reclaim_orphans(sessions, blobs, policy, result, at)
     log.info("storage_reclaimed", objects=result.objects, **dict(result.bytes))
     return result
