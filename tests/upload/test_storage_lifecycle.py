@@ -1,7 +1,8 @@
 """Storage lifecycle (services/upload/lifecycle): a completed upload's chunks go by the job
 its commit enqueued; failed uploads' chunks and output after the grace; superseded
-versions past retention; every version of a file the sync purge retired, at once; orphans and temp files past their grace; bytes reclaimed counted.
-Both blob stores, SQLite and PostgreSQL."""
+versions past retention; every version of a file the sync purge retired, at once; orphans
+and temp files past their grace; bytes reclaimed counted. Both blob stores, SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
