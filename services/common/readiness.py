@@ -70,7 +70,8 @@ class Readiness:
     async def _run_probe(self, probe: Probe) -> str | None:
         """None when `probe` passes, else why it failed."""
         try:
-            await asyncio.wait_for(probe.check(), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                await probe.check()
         except TimeoutError:
             return f"no answer within {self._timeout:g} s"
         except Exception as exc:

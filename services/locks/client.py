@@ -47,6 +47,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# How long leaving a hold waits for its watcher to stop before cutting the Hold stream.
+_WATCH_STOP_S = 1.0
 # Safe to resend on UNAVAILABLE: they act on a token, or only read.
 _IDEMPOTENT = [
     "serentak.locks.v1.LockService/Release",
@@ -194,8 +196,10 @@ class HeldLock:
         self._in_body = False  # from here on, a loss no longer cancels anything
         if self._watch is not None:
             self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
+            # Bounded: whatever the watcher is stuck in, the caller's transaction waits on us.
+            await asyncio.wait({self._watch}, timeout=_WATCH_STOP_S)
+            if not self._watch.done() and self._call is not None:
+                self._call.cancel()  # its read() then ends, and so does the watcher
         try:
             await self.client.release(self.key, self.token, self.tenant_id)
         except SerentakError as err:
@@ -224,8 +228,11 @@ class HeldLock:
         call = self.client.stub.Hold(metadata=self.client.metadata(), wait_for_ready=wait_for_ready)
         self._call = call
         first = locks_pb2.HoldRequest(key=self.key, token=self.token, tenant_id=self.tenant_id)
-        await asyncio.wait_for(call.write(first), timeout)
-        event = await asyncio.wait_for(call.read(), timeout)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that races
+        # the result, and the watcher would then renew forever after __aexit__ cancels it.
+        async with asyncio.timeout(timeout):
+            await call.write(first)
+            event = await call.read()
         if event is grpc.aio.EOF:
             raise Unavailable("the lock service closed the Hold stream")
         self._note(event)
@@ -244,7 +251,8 @@ class HeldLock:
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
-                event = await asyncio.wait_for(self._call.read(), remaining)
+                async with asyncio.timeout(remaining):
+                    event = await self._call.read()
                 if event is grpc.aio.EOF:
                     raise Unavailable("the lock service closed the Hold stream")
             except (grpc.aio.AioRpcError, Unavailable, TimeoutError):

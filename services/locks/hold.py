@@ -151,9 +151,8 @@ class Holding:
             try:
                 if budget <= 0:
                     raise TimeoutError
-                granted = await asyncio.wait_for(
-                    self.mutex.etcd.keep_alive(kv.lease, call_timeout=budget), budget
-                )
+                async with asyncio.timeout(budget):
+                    granted = await self.mutex.etcd.keep_alive(kv.lease, call_timeout=budget)
             except (EtcdUnavailable, TimeoutError):
                 if time.monotonic() >= deadline:
                     self.mutex.reaper.doom(kv.lease)

@@ -152,7 +152,8 @@ class Worker:
         self.idling.set()
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
         finally:
             self.idling.clear()
 
@@ -220,7 +221,8 @@ class Worker:
                 # not wait behind it. A release that does not happen leaves the job to
                 # its lease, which expires and lets another worker claim it.
                 try:
-                    await asyncio.wait_for(self._release(job), _RELEASE_ON_CANCEL_S)
+                    async with asyncio.timeout(_RELEASE_ON_CANCEL_S):
+                        await self._release(job)
                 except TimeoutError:
                     log.warning("job_release_abandoned", timeout_s=_RELEASE_ON_CANCEL_S)
                 raise

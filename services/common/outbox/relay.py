@@ -80,7 +80,8 @@ class Relay:
                 published = 0
             if not published:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                    async with asyncio.timeout(self.poll_interval):
+                        await self._wake.wait()
                 self._wake.clear()
 
     async def publish_pending(self) -> int:
