@@ -6,14 +6,14 @@ from prometheus_client import Counter, Gauge, Histogram
 
 LOCK_WAIT_SECONDS = Histogram(
     "serentak_lock_wait_seconds",
-    "Time an Acquire spent before it got the lock or gave up, by outcome.",
-    ["outcome"],
+    "Time an Acquire spent before it got the lock or gave up, by outcome and key pattern.",
+    ["outcome", "pattern"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 LOCK_CONTENTION = Counter(
     "serentak_lock_contention_total",
-    "Acquires that found the lock held: outcome=waited (then got it) or failed.",
-    ["outcome"],
+    "Acquires that found the lock held: outcome=waited (then got it) or failed; by key pattern.",
+    ["outcome", "pattern"],
 )
 STALE_LOCK_RECOVERIES = Counter(
     "serentak_lock_stale_recoveries_total",

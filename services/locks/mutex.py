@@ -125,6 +125,8 @@ class Mutex:
         """
         started = time.monotonic()
         granted_at = time.time()
+        # `file` or `user` (keys.py admits no other form): a bounded label.
+        pattern = key.name.split(":", 1)[0]
         lease = await self.etcd.grant_lease(ttl)
         my_key = key.contender_key(lease)
         record = Record(owner, correlation_id, ttl, waiting_since=granted_at)
@@ -136,7 +138,7 @@ class Mutex:
             if admit is not None:
                 await admit(my_rev, is_holder)
             if is_holder:
-                LOCK_WAIT_SECONDS.labels("acquired").observe(time.monotonic() - started)
+                LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
                 return _view(key.name, my_rev, lease, record, granted_at, granted_at + ttl)
             if wait_timeout_ms == 0:
                 raise _Timeout
@@ -144,17 +146,17 @@ class Mutex:
                 view = await self._wait_turn(key, my_key, my_rev, lease, record)
         except (_Timeout, TimeoutError):
             await self._abandon(my_key, my_rev, lease)
-            LOCK_CONTENTION.labels("failed").inc()
-            LOCK_WAIT_SECONDS.labels("timed_out").observe(time.monotonic() - started)
+            LOCK_CONTENTION.labels("failed", pattern).inc()
+            LOCK_WAIT_SECONDS.labels("timed_out", pattern).observe(time.monotonic() - started)
             raise await self._held_error(key) from None
         except BaseException:
             # Lost, cancelled by the caller, or etcd trouble: leave no waiter behind.
             await asyncio.shield(self._abandon(my_key, my_rev, lease))
-            LOCK_CONTENTION.labels("failed").inc()
-            LOCK_WAIT_SECONDS.labels("failed").observe(time.monotonic() - started)
+            LOCK_CONTENTION.labels("failed", pattern).inc()
+            LOCK_WAIT_SECONDS.labels("failed", pattern).observe(time.monotonic() - started)
             raise
-        LOCK_CONTENTION.labels("waited").inc()
-        LOCK_WAIT_SECONDS.labels("acquired").observe(time.monotonic() - started)
+        LOCK_CONTENTION.labels("waited", pattern).inc()
+        LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
         return view
 
     async def _wait_turn(

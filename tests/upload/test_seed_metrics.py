@@ -1,6 +1,8 @@
 """The seeds' upload metrics, each moved by the thing it counts: uploads missing chunks
-(gauge), time in `uploading` and `merging` (histogram), merge failures for the lock
-(reason="lock"), chunk conflicts by index bucket."""
+(gauge), time in `uploading` and `merging` (histogram), merge failures by reason (lock,
+missing_chunk, size; checksum: test_merge_failures.py), chunk conflicts by index bucket,
+the age of the oldest unpublished outbox event. Lock wait and contention by key pattern:
+tests/locks/test_lock_metrics.py."""
 
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 from serentak.upload.v1 import upload_pb2
+from sqlalchemy import delete
 from upload.upload_helpers import chunk_request, create_request, split, wait_status
 
 from services.common.db import create_engine, session_factory
+from services.common.jobs import RuntimeOptions
 from services.locks.client import LockClient
+from services.upload.blob_store import chunk_key
 from services.upload.metrics import index_bucket
+from services.upload.models import ChunkRow
 from services.upload.status_ages import refresh_status_ages
 
 CHUNK = 1024
@@ -28,6 +34,25 @@ CHUNK = 1024
 def settings_overrides() -> dict[str, Any]:
     # A merge gives up waiting for a held file lock quickly (and retries).
     return {"merge_lock_wait_ms": 200, "merge_retry_base_seconds": 0.05}
+
+
+@pytest.fixture
+def runtime_options() -> RuntimeOptions:
+    # The queue gauges (outbox age among them) re-read often enough to watch them move.
+    return RuntimeOptions(
+        node_id=f"test-{uuid.uuid4().hex[:6]}",
+        concurrency=4,
+        poll_interval=0.05,
+        lease_seconds=10,
+        stats_interval=0.2,
+    )
+
+
+async def _until(condition, what: str, within: float = 30) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < end, what
+        await asyncio.sleep(0.05)
 
 
 def _value(name: str, labels: dict[str, str] | None = None) -> float:
@@ -97,3 +122,60 @@ async def test_seed_metrics_move(cluster, locks_address) -> None:
     await wait_status(alice, up.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
     assert _value("serentak_upload_status_seconds_count", {"status": "uploading"}) - uploading == 1
     assert _value("serentak_upload_status_seconds_count", {"status": "merging"}) - merging == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "damage"),
+    [
+        # An index has no chunk row (the merge finds the set is not 0..n-1).
+        ("missing_chunk", None),
+        # The chunk's blob is shorter than its row says (merge_core: ChunkSizeMismatch).
+        ("size", b"short"),
+    ],
+)
+async def test_merge_failures_by_reason(cluster, reason: str, damage: bytes | None) -> None:
+    alice = cluster["alice"]
+    before = _value("serentak_upload_merge_failures_total", {"reason": reason})
+    data = os.urandom(CHUNK * 3)
+    chunks = split(data, CHUNK)
+    up = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
+    for i in (0, 1):
+        await alice.uploads.PutChunk(
+            chunk_request(up.upload_id, i, chunks[i]), metadata=alice.metadata
+        )
+    key = chunk_key(up.upload_id, 1)
+    if damage is None:
+        engine = create_engine(cluster.settings.database_url)
+        try:
+            async with session_factory(engine).begin() as session:
+                await session.execute(
+                    delete(ChunkRow).where(
+                        ChunkRow.upload_id == up.upload_id, ChunkRow.chunk_index == 1
+                    )
+                )
+        finally:
+            await engine.dispose()
+    else:
+        await cluster.blobs.publish(await cluster.blobs.stage(key, damage), key)
+    await alice.uploads.PutChunk(chunk_request(up.upload_id, 2, chunks[2]), metadata=alice.metadata)
+    failed = await wait_status(
+        alice, up.upload_id, upload_pb2.UPLOAD_STATUS_FAILED, upload_pb2.UPLOAD_STATUS_COMPLETED
+    )
+    assert failed.status == upload_pb2.UPLOAD_STATUS_FAILED
+    assert _value("serentak_upload_merge_failures_total", {"reason": reason}) - before == 1
+
+
+async def test_oldest_unpublished_outbox_event_age(cluster) -> None:
+    """No notify here (publish_events off): a committed upload's event stays unpublished,
+    and the gauge reports its age, growing."""
+    gauge = "serentak_outbox_oldest_unpublished_age_seconds"
+    await _until(lambda: _value(gauge) == 0, "a fresh outbox reports age 0")
+    alice = cluster["alice"]
+    data = os.urandom(CHUNK)
+    up = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
+    await alice.uploads.PutChunk(chunk_request(up.upload_id, 0, data), metadata=alice.metadata)
+    await wait_status(alice, up.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    await _until(lambda: _value(gauge) > 0, "the unpublished event's age never showed")
+    first = _value(gauge)
+    await _until(lambda: _value(gauge) > first, "the age did not grow")
+    assert _value("serentak_outbox_unpublished_events") >= 1
