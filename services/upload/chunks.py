@@ -65,6 +65,8 @@ class _Stored:
 
     checksum: str
     size: int
+    # Sends of this index that reached its row (1: the one that stored it).
+    attempts: int
 
 
 class _AlreadyStored(Exception):
@@ -100,6 +102,10 @@ class ChunkStore:
             upload = await self._uploads.load(session, identity, upload_id)
             # Shares may have changed since CreateUpload (the merge checks again).
             await check_uploader(session, upload)
+            # Read here, in the session we have anyway: it answers a retry (fast path
+            # below) and numbers this send's attempt for the logs.
+            existing = await _stored(session, upload.id, index)
+        attempt = 1 if existing is None else existing.attempts + 1
         if not 0 <= index < upload.total_chunks:
             raise InvalidArgument(
                 "chunk_index",
@@ -112,6 +118,7 @@ class ChunkStore:
             total_chunks=upload.total_chunks,
             checksum=checksum,
             size=len(data),
+            attempt=attempt,
         )
         chunk_log.info("chunk_received")
         want_size = expected_chunk_size(upload, index)
@@ -134,11 +141,8 @@ class ChunkStore:
             )
         chunk_log.info("chunk_validated")
         # Fast path for retries: an existing row answers without touching the disk.
-        existing = await self._existing(upload.id, index)
         if existing is not None:
-            return await self._answer_existing(
-                upload, _Stored(existing.checksum, existing.size), index, len(data), actual
-            )
+            return await self._answer_existing(upload, existing, index, len(data), actual)
         upload = await self._uploads.expire_if_due(upload)
         if upload.status != UPLOADING:
             raise UploadNotActive(
@@ -157,19 +161,10 @@ class ChunkStore:
             # Shielded: a cancelled call must still remove its temp file.
             await asyncio.shield(self._blobs.discard(staged))
 
-    async def _existing(self, upload_id: str, index: int) -> ChunkRow | None:
-        async with self._sessions() as session:
-            return (
-                await session.execute(
-                    select(ChunkRow).where(
-                        ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index
-                    )
-                )
-            ).scalar_one_or_none()
-
     async def _answer_existing(
         self, upload: UploadRow, existing: _Stored, index: int, size: int, checksum: str
     ) -> ChunkOutcome:
+        attempt = await self._count_attempt(upload.id, index)
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
             metrics.CHUNK_CONFLICTS_BY_INDEX.labels(metrics.index_bucket(index)).inc()
@@ -180,6 +175,7 @@ class ChunkStore:
                 total_chunks=upload.total_chunks,
                 checksum=checksum,
                 stored_checksum=existing.checksum,
+                attempt=attempt,
             )
             REPEATS.record(upload.id, index)
             raise ChunkConflict(
@@ -196,11 +192,24 @@ class ChunkStore:
             chunk_index=index,
             total_chunks=upload.total_chunks,
             checksum=checksum,
+            attempt=attempt,
         )
         async with self._sessions() as session:
             fresh = await session.get(UploadRow, upload.id)
             assert fresh is not None
         return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
+
+    async def _count_attempt(self, upload_id: str, index: int) -> int:
+        """One more send of a stored index (a retry, or other bytes): counted on its row,
+        which answers with the total, so concurrent retries each log their own number."""
+        async with self._sessions.begin() as session:
+            counted = await session.scalar(
+                update(ChunkRow)
+                .where(ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index)
+                .values(attempts=ChunkRow.attempts + 1)
+                .returning(ChunkRow.attempts)
+            )
+        return int(counted or 0)
 
     async def _record(
         self, upload: UploadRow, index: int, size: int, checksum: str, key: str, staged: object
@@ -264,6 +273,7 @@ class ChunkStore:
             total_chunks=upload.total_chunks,
             checksum=checksum,
             size=size,
+            attempt=1,
         )
         if started:
             metrics.STATUS_SECONDS.labels(UPLOADING).observe(
@@ -283,9 +293,9 @@ class ChunkStore:
 async def _stored(session: AsyncSession, upload_id: str, index: int) -> _Stored | None:
     row = (
         await session.execute(
-            select(ChunkRow.checksum, ChunkRow.size).where(
+            select(ChunkRow.checksum, ChunkRow.size, ChunkRow.attempts).where(
                 ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index
             )
         )
     ).first()
-    return None if row is None else _Stored(row.checksum, row.size)
+    return None if row is None else _Stored(row.checksum, row.size, row.attempts)

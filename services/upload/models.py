@@ -166,5 +166,8 @@ class ChunkRow(Base):
     checksum: Mapped[str] = mapped_column(String(128), nullable=False)
     blob_key: Mapped[str] = mapped_column(String(255), nullable=False)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+    # Sends of this index that reached the row: 1 for the store, +1 per duplicate or
+    # conflicting retry (the chunk lifecycle logs' `attempt`).
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1", default=1)
 
     __table_args__ = (UniqueConstraint("upload_id", "chunk_index", name="uq_upload_chunks_index"),)

@@ -1,7 +1,7 @@
 """Chunk lifecycle logs (seed 004): one correlation id followed through the JSON log of a
 real upload process: every chunk received, validated and stored (upload_id, chunk_index,
-total_chunks, checksum), a resend logged duplicate, other bytes logged conflict, the status
-transitions `uploading → merging → completed`, and the merge job's lock and commit lines
+total_chunks, checksum, attempt), a resend logged duplicate, other bytes logged conflict,
+the status transitions `uploading → merging → completed`, and the merge job's lock and commit lines
 with the fencing token, under the PutChunk's correlation id."""
 
 from __future__ import annotations
@@ -68,6 +68,17 @@ async def test_one_correlation_id_from_put_chunk_to_commit(
         assert r["upload_id"] == up.upload_id and r["total_chunks"] == 3 and r["checksum"]
     assert [r["chunk_index"] for r in of("chunk_duplicate")] == [0]
     assert [r["chunk_index"] for r in of("chunk_conflict")] == [0]
+    # attempt: how many times this index has been sent (counted on its chunk row).
+    for name in ("chunk_received", "chunk_validated"):
+        sent = [(r["chunk_index"], r["attempt"]) for r in of(name)]
+        assert sent == [(0, 1), (0, 2), (0, 3), (1, 1), (2, 1)], (name, sent)
+    assert [(r["chunk_index"], r["attempt"]) for r in of("chunk_stored")] == [
+        (0, 1),
+        (1, 1),
+        (2, 1),
+    ]
+    assert [r["attempt"] for r in of("chunk_duplicate")] == [2]
+    assert [r["attempt"] for r in of("chunk_conflict")] == [3]
     transitions = [r["transition"] for r in of("upload_status_changed")]
     assert transitions == ["uploading → merging", "merging → completed"], transitions
     # The merge job runs under the correlation id of the PutChunk that started it.
