@@ -34,7 +34,7 @@ it commits (an `after_commit` hook), so a stream never shows an uncommitted row.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from serentak.events.v1 import events_pb2
@@ -46,7 +46,7 @@ from sqlalchemy.orm import SessionTransaction
 
 from services.common.jobs import ConflictError, JobContext, NewJob, PermanentError, RetryPolicy
 from services.common.logging import get_logger
-from services.notify import metrics
+from services.notify import fanout_batch, metrics
 from services.notify.clock import to_naive_utc, utcnow
 from services.notify.fanout import Written, audience, fan_out, lock_streams
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
@@ -140,6 +140,11 @@ class FanOutHandler:
     async def _write(
         self, session: AsyncSession, chain: list[events_pb2.Event]
     ) -> tuple[list[Written], int]:
+        described = [describe(ev) for ev in chain]
+        if fanout_batch.batchable(session, described):
+            # PostgreSQL, nothing to fold: the whole chain in two statements.
+            occurred = [self._occurred_at(ev) for ev in chain]
+            return await fanout_batch.fan_out_chain(session, chain, described, occurred, utcnow())
         if len(chain) > 1:
             # Every user this transaction will notify, locked up front in one global
             # order (a single event's seq upsert already visits its users sorted).
@@ -150,23 +155,24 @@ class FanOutHandler:
                 await lock_streams(session, tenant_id, sorted(users))
         written: list[Written] = []
         duplicates = 0
-        for ev in chain:
-            occurred_at = (
-                to_naive_utc(ev.occurred_at.ToDatetime())
-                if ev.HasField("occurred_at")
-                else utcnow()
-            )
+        for ev, description in zip(chain, described, strict=True):
             fanned = await fan_out(
                 session,
                 ev,
-                describe(ev),
-                occurred_at=occurred_at,
+                description,
+                occurred_at=self._occurred_at(ev),
                 now=utcnow(),
                 window=self._window,
             )
             written.extend(fanned.written)
             duplicates += fanned.duplicates
         return written, duplicates
+
+    @staticmethod
+    def _occurred_at(ev: events_pb2.Event) -> datetime:
+        if ev.HasField("occurred_at"):
+            return to_naive_utc(ev.occurred_at.ToDatetime())
+        return utcnow()
 
     def _publish_after_commit(
         self, session: AsyncSession, written: list[Written], duplicates: int, events: int

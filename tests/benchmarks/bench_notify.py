@@ -1,22 +1,30 @@
 # ruff: noqa: E402 - the script puts the repository on sys.path before importing it
-"""Notify benchmark: renames on a file shared with 100 users, 100 open Subscribe streams.
+"""Notify benchmark: content updates of one file shared with N users, open Subscribe streams.
 
     .venv/bin/python tests/benchmarks/bench_notify.py [--quick] [--dsn postgresql://...]
-        [--interval-ms 20] [--sqlite]
+        [--sqlite] [--audience 100 --audience 1000] [--streams 100]
 
-A rename is ingested every `interval` ms (one file, audience of 100 users plus the actor;
-the renames share a dedupe_key, so they fold into one digest per user that moves forward
-in each stream). Measured: send -> delivery latency on the streams (p50/p99; the send
-time is taken before the Ingest call, so it bounds commit -> delivery from above; it
-includes Ingest, the fan-out job's queue hop and its transaction) and notifications
-delivered per second. Baseline, measured in the same run: the job
-runtime's bare lag (enqueue commit -> handler start, `bench_jobs.lag`).
+The notify service runs in this process; its clients (the producer calling Ingest and the
+Subscribe streams) run in a separate process (`--client`), so the numbers are the
+service's, not the benchmark's own. Every content update must become one notification per
+collaborator (content changes never fold), so a run of E events to an audience of N
+writes exactly E x N notifications.
+
+Per audience, two runs on a fresh database:
+- throughput: Ingest as fast as 4 calls in flight allow; notifications/s = E x N / (first
+  send -> last version delivered on every open stream);
+- latency at half the 10,000 notifications/s target (5,000/N events/s, paced): send ->
+  stream delivery p50/p99 (the send time is taken before the Ingest call, so it bounds
+  commit -> delivery from above).
+Baseline, measured in the same run: the job runtime's bare lag (enqueue commit -> handler
+start, `bench_jobs.lag`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -43,73 +51,130 @@ from services.notify.app import build_app
 from services.notify.settings import NotifySettings
 
 DEFAULT_DSN = "postgresql://postgres:serentak@127.0.0.1:5432/postgres"
-USERS = [f"u{i:03d}" for i in range(100)]
+TARGET_RATE = 10_000  # notifications/s
+INFLIGHT = 4
 
 
-def rename(version: int) -> events_pb2.Event:
+def users(audience: int) -> list[str]:
+    return [f"u{i:04d}" for i in range(audience)]
+
+
+def content_update(version: int, audience: list[str]) -> events_pb2.Event:
     ev = events_pb2.Event(
         event_id=uuid.uuid4().hex,
-        event_type="file.renamed",
+        event_type="file.content_updated",
         aggregate_type="file",
         aggregate_id="bench-file",
         tenant_id="acme",
         actor_user_id="owner",
         version=version,
-        dedupe_key="file:bench-file:rename",
-        audience_user_ids=[*USERS, "owner"],
+        audience_user_ids=[*audience, "owner"],
         correlation_id=f"{time.perf_counter():.9f}",  # send time, read back on delivery
     )
     ev.occurred_at.GetCurrentTime()
-    ev.file_renamed.CopyFrom(events_pb2.FileRenamed(file_id="bench-file", new_name=f"n{version}"))
+    ev.file_content_updated.CopyFrom(
+        events_pb2.FileContentUpdated(file_id="bench-file", name="report.txt", size=version)
+    )
     return ev
 
 
-async def notify_run(url: str, data_dir: Path, renames: int, interval: float) -> tuple[list, float]:
-    tokens = {f"tok-{u}": {"tenant_id": "acme", "user_id": u} for u in USERS}
-    settings = NotifySettings(
-        notify_database_url=url, data_dir=data_dir, auth_tokens=tokens, migrate_on_start=True
-    )
+# --- the client process ---------------------------------------------------------------
+
+
+async def client(port: int, audience: int, streams: int, events: int, rate: float) -> dict:
+    """Open `streams` streams, send `events` content updates (paced at `rate` events/s, or
+    INFLIGHT calls at a time when 0), wait until every stream has the last version."""
+    audience_ids = users(audience)
     latencies: list[float] = []
+    done_at: list[float] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = notify_pb2_grpc.NotifyServiceStub(channel)
+        calls = [
+            stub.Subscribe(
+                notify_pb2.SubscribeRequest(device_id="bench"),
+                metadata=(("authorization", f"Bearer tok-{u}"),),
+            )
+            for u in audience_ids[:streams]
+        ]
+        for call in calls:  # the position marker: every stream is registered
+            await call.read()
+
+        async def drain(call) -> None:  # type: ignore[no-untyped-def]
+            seen = 0
+            while seen < events:
+                item = await call.read()
+                n = item.notification
+                latencies.append(time.perf_counter() - float(n.correlation_id))
+                seen += 1
+                if n.version == events:
+                    break
+            done_at.append(time.perf_counter())
+
+        readers = [asyncio.create_task(drain(c)) for c in calls]
+        md = (("authorization", "Bearer dev-service-upload"),)
+        slots = asyncio.Semaphore(INFLIGHT)
+
+        async def send(v: int) -> None:
+            async with slots:
+                await stub.Ingest(
+                    notify_pb2.IngestRequest(event=content_update(v, audience_ids)), metadata=md
+                )
+
+        started = time.perf_counter()
+        pending = []
+        for v in range(1, events + 1):
+            if rate:
+                delay = started + (v - 1) / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # a steady producer rate, not synchronisation
+            else:
+                await slots.acquire()  # at most INFLIGHT calls waiting
+                slots.release()
+            pending.append(asyncio.ensure_future(send(v)))
+        await asyncio.gather(*pending)
+        sent = time.perf_counter() - started
+        async with asyncio.timeout(300):
+            await asyncio.gather(*readers)
+        elapsed = max(done_at) - started
+        for call in calls:
+            call.cancel()
+    q = statistics.quantiles(latencies, n=100)
+    return {
+        "rate": events * audience / elapsed,
+        "sent_per_s": events / sent,
+        "p50": q[49],
+        "p99": q[98],
+        "delivered": len(latencies),
+    }
+
+
+# --- the service process --------------------------------------------------------------
+
+
+async def run_client(port: int, audience: int, streams: int, events: int, rate: float) -> dict:
+    args = [str(port), str(audience), str(streams), str(events), str(rate)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--client", *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"client failed ({proc.returncode})")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+async def notify_run(
+    url: str, data_dir: Path, audience: int, streams: int, events: int, rate: float
+) -> dict:
+    tokens = {f"tok-{u}": {"tenant_id": "acme", "user_id": u} for u in users(audience)}
+    settings = NotifySettings(
+        notify_database_url=url,
+        data_dir=data_dir,
+        auth_tokens=tokens,
+        migrate_on_start=True,
+        auth_mode="dev",
+    )
     async with running_app(build_app(settings)) as service:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.app.bound_port}") as channel:
-            stub = notify_pb2_grpc.NotifyServiceStub(channel)
-            calls = [
-                stub.Subscribe(
-                    notify_pb2.SubscribeRequest(device_id="bench"),
-                    metadata=(("authorization", f"Bearer tok-{u}"),),
-                )
-                for u in USERS
-            ]
-            for call in calls:  # the position marker: every stream is registered
-                await call.read()
-
-            async def drain(call) -> None:  # type: ignore[no-untyped-def]
-                # Until the last version arrives: a stream that had to re-read from the
-                # database sends a digest's latest state once, not every step of it.
-                while True:
-                    item = await call.read()
-                    latencies.append(time.perf_counter() - float(item.notification.correlation_id))
-                    if item.notification.version == renames:
-                        return
-
-            readers = [asyncio.create_task(drain(c)) for c in calls]
-            md = (("authorization", "Bearer dev-service-upload"),)
-            started = time.perf_counter()
-            pending = []
-            for v in range(1, renames + 1):
-                ev = rename(v)
-                pending.append(
-                    asyncio.ensure_future(
-                        stub.Ingest(notify_pb2.IngestRequest(event=ev), metadata=md)
-                    )
-                )
-                await asyncio.sleep(interval)  # a steady producer rate, not synchronisation
-            await asyncio.gather(*pending)
-            await asyncio.wait_for(asyncio.gather(*readers), 120)
-            elapsed = time.perf_counter() - started
-            for call in calls:
-                call.cancel()
-    return latencies, len(latencies) / elapsed
+        return await run_client(service.app.bound_port, audience, streams, events, rate)
 
 
 async def job_lag(url: str, n: int) -> tuple[float, float]:
@@ -135,36 +200,54 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--dsn", default=os.environ.get("SERENTAK_TEST_PG_DSN", DEFAULT_DSN))
-    parser.add_argument("--interval-ms", type=float, default=20.0)
     parser.add_argument("--sqlite", action="store_true", help="notify on SQLite, not PostgreSQL")
+    parser.add_argument("--audience", type=int, action="append")
+    parser.add_argument("--streams", type=int, default=100, help="open streams (<= audience)")
+    parser.add_argument("--only", choices=["throughput", "latency"])
     args = parser.parse_args()
-    renames = 50 if args.quick else 300
+    audiences = args.audience or [100, 1000]
+    total = 20_000 if args.quick else 60_000  # notifications per throughput run
+    seconds = 4 if args.quick else 10  # length of a paced latency run
     names: list[str] = []
+    db = "SQLite" if args.sqlite else "PostgreSQL"
     try:
         name, jobs_url = fresh_pg(args.dsn)
         names.append(name)
         base50, base99 = await job_lag(jobs_url, 100 if args.quick else 500)
-        with tempfile.TemporaryDirectory() as tmp:
-            if args.sqlite:
-                url = f"sqlite+aiosqlite:///{tmp}/notify.db"
-            else:
-                name, url = fresh_pg(args.dsn)
-                names.append(name)
-            lat, rate = await notify_run(url, Path(tmp), renames, args.interval_ms / 1000)
-        q = statistics.quantiles(lat, n=100)
-        db = "SQLite" if args.sqlite else "PostgreSQL"
-        print(
-            f"notify: {renames} renames every {args.interval_ms:g} ms, 100 users, 100 streams, {db}"
-        )
+        print(f"notify: content updates of one file, {db}, clients in a separate process")
         print(
             f"baseline job runtime lag (commit -> handler): "
             f"p50 {base50 * 1000:.1f} ms, p99 {base99 * 1000:.1f} ms"
         )
-        print(
-            f"send -> stream delivery                     : p50 {q[49] * 1000:.1f} ms "
-            f"({q[49] / base50:.2f}x baseline), p99 {q[98] * 1000:.1f} ms ({q[98] / base99:.2f}x)"
-        )
-        print(f"notifications delivered/s                   : {rate:8.0f}")
+        for audience in audiences:
+            streams = min(args.streams, audience)
+            runs = []
+            if args.only != "latency":
+                runs.append(("throughput", max(2, total // audience), 0.0))
+            if args.only != "throughput":
+                rate = TARGET_RATE / 2 / audience
+                runs.append(("latency", max(2, int(rate * seconds)), rate))
+            for kind, events, rate in runs:
+                with tempfile.TemporaryDirectory() as tmp:
+                    if args.sqlite:
+                        url = f"sqlite+aiosqlite:///{tmp}/notify.db"
+                    else:
+                        name, url = fresh_pg(args.dsn)
+                        names.append(name)
+                    r = await notify_run(url, Path(tmp), audience, streams, events, rate)
+                head = f"audience {audience:>5}, {streams} streams, {events} events"
+                if kind == "throughput":
+                    print(
+                        f"{head}, as fast as possible: {r['rate']:8.0f} notifications/s "
+                        f"({r['rate'] / TARGET_RATE:.2f}x the 10,000/s target; "
+                        f"Ingest {r['sent_per_s']:.0f} events/s)"
+                    )
+                else:
+                    print(
+                        f"{head} at {rate * audience:.0f} notifications/s: send -> delivery "
+                        f"p50 {r['p50'] * 1000:.1f} ms ({r['p50'] / base50:.2f}x baseline), "
+                        f"p99 {r['p99'] * 1000:.1f} ms ({r['p99'] / base99:.2f}x)"
+                    )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             for name in names:
@@ -172,5 +255,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    configure_logging("bench", "console", "WARNING")
-    asyncio.run(main())
+    if len(sys.argv) > 1 and sys.argv[1] == "--client":
+        port, audience, streams, events = (int(a) for a in sys.argv[2:6])
+        result = asyncio.run(client(port, audience, streams, events, float(sys.argv[6])))
+        print(json.dumps(result))
+    else:
+        configure_logging("bench", "console", "WARNING")
+        asyncio.run(main())

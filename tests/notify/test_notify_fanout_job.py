@@ -101,3 +101,42 @@ async def test_retention_runs_as_a_periodic_job(notify_factory):
         assert {x.notification_id for x in left} == {x.notification_id for x in alice[1:]}
         assert await n.unread("alice") == 2
         assert len(await n.all_notifications("bob")) == 3
+
+
+async def test_a_chain_with_differing_audiences_is_written_once_in_order(notify_factory):
+    async with notify_factory(extra_users=["dave"]) as notify:
+        # v2..v6 park behind v1; v1 accepts them all, so one fan-out job writes the chain in
+        # one transaction (on PostgreSQL: the two-statement batch path; a chain holding a
+        # rename takes the per-event path). Each user gets exactly the versions they were in
+        # the audience of, in version order, with seq values 1..k and no gap.
+        audiences = {
+            1: ("alice", "bob"),
+            2: ("alice",),
+            3: ("bob", "dave"),
+            4: ("alice", "bob", "dave"),
+            5: ("dave",),
+            6: ("alice", "bob", "dave"),
+        }
+        for file_id, rename_at in (("f-chain", None), ("f-chain-mixed", 4)):
+            evs = [
+                event(
+                    file_id,
+                    v,
+                    audience=(*users, "carol"),
+                    kind="rename" if v == rename_at else "content",
+                )
+                for v, users in audiences.items()
+            ]
+            for ev in reversed(evs):  # v6 first: all but v1 park
+                await notify.ingest(ev)
+            await notify.settled()
+            for ev in evs:  # redelivered: nothing new
+                await notify.ingest(ev)
+            await notify.settled()
+        for user in ("alice", "bob", "dave"):
+            got = sorted(await notify.all_notifications(user), key=lambda n: int(n.cursor))
+            assert [int(n.cursor) for n in got] == list(range(1, len(got) + 1))
+            for file_id in ("f-chain", "f-chain-mixed"):
+                versions = [n.version for n in got if n.file_id == file_id]
+                assert versions == [v for v, users in audiences.items() if user in users]
+        assert await notify.all_notifications("carol") == []  # the actor is never notified
