@@ -6,7 +6,8 @@ the tenant's keys created at or before it (etcd's max_create_revision): with rev
 totally ordered, the contender that would be one too many always sees every earlier one
 and steps back (its key is removed by the mutex's usual abandon path). At worst a
 contender is refused while an earlier one is leaving at the same moment; the cap itself is
-never exceeded.
+never exceeded. The claim transaction that creates the key normally lists the tenant's keys
+in the same round trip (`Etcd.claim(counted=...)`); only a re-sent claim reads them again.
 """
 
 from __future__ import annotations
@@ -25,20 +26,25 @@ class TenantCaps:
         self.max_held = max_held
         self.max_waiters = max_waiters
 
-    async def admit(self, tenant: str, my_revision: int, holder: bool) -> None:
+    async def admit(
+        self, tenant: str, my_revision: int, holder: bool, keys: list[bytes] | None = None
+    ) -> None:
         """Raise TenantLockLimit/TenantWaiterLimit if my key made the tenant exceed a cap.
 
         `holder`: my key made me the holder of a new lock (else I am queued as a waiter).
+        `keys`: the tenant's keys as of my key's creation, when the claim read them.
         """
-        kvs = await self.etcd.created_up_to(self.keys.tenant_root(tenant), my_revision)
-        locks = len({self.keys.split(kv.key) for kv in kvs})
+        if keys is None:
+            kvs = await self.etcd.created_up_to(self.keys.tenant_root(tenant), my_revision)
+            keys = [kv.key for kv in kvs]
+        locks = len({self.keys.split(key) for key in keys})
         if holder and locks > self.max_held:
             raise TenantLockLimit(
                 f"tenant {tenant} already holds {self.max_held} locks",
                 tenant_id=tenant,
                 limit=self.max_held,
             )
-        waiters = len(kvs) - locks
+        waiters = len(keys) - locks
         if not holder and waiters > self.max_waiters:
             raise TenantWaiterLimit(
                 f"tenant {tenant} already has {self.max_waiters} waiters queued",

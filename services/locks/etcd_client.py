@@ -55,6 +55,9 @@ class ClaimResult:
     my_revision: int
     holder: KeyValue | None
     revision: int
+    # The keys (no values) under `counted` as of my key's creation, when asked for and
+    # read in the same transaction (a re-sent claim reads them separately).
+    counted_keys: list[bytes] | None = None
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -145,29 +148,51 @@ class Etcd:
 
     # -- keys -----------------------------------------------------------------
 
-    async def claim(self, my_key: bytes, value: bytes, lease_id: int, prefix: bytes) -> ClaimResult:
+    async def claim(
+        self,
+        my_key: bytes,
+        value: bytes,
+        lease_id: int,
+        prefix: bytes,
+        counted: bytes | None = None,
+    ) -> ClaimResult:
         """etcd mutex.go's one round trip: create my key if absent, and read the holder.
 
         `if create_revision(my_key) == 0 then put(my_key) else get(my_key)`, both
         branches also fetching the key with the lowest create revision under `prefix`.
+        With `counted` (a tenant's folder), the put branch also lists the keys under it,
+        in the same transaction: the snapshot at my key's revision, which is exactly the
+        keys created at or before it that still exist (no extra round trip for a cap).
         """
         get_holder = rpc.RequestOp(request_range=_first_created(prefix))
+        success = [
+            rpc.RequestOp(request_put=rpc.PutRequest(key=my_key, value=value, lease=lease_id)),
+            get_holder,
+        ]
+        if counted is not None:
+            success.append(
+                rpc.RequestOp(
+                    request_range=rpc.RangeRequest(
+                        key=counted, range_end=prefix_end(counted), keys_only=True
+                    )
+                )
+            )
         req = rpc.TxnRequest(
             compare=[_create_revision_is(my_key, 0)],
-            success=[
-                rpc.RequestOp(request_put=rpc.PutRequest(key=my_key, value=value, lease=lease_id)),
-                get_holder,
-            ],
+            success=success,
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=my_key)), get_holder],
         )
         resp = await self._txn(req)
+        counted_keys = None
         if resp.succeeded:
             my_rev = resp.header.revision
+            if counted is not None:
+                counted_keys = [kv.key for kv in resp.responses[2].response_range.kvs]
         else:
             my_rev = resp.responses[0].response_range.kvs[0].create_revision
         holder_kvs = resp.responses[1].response_range.kvs
         holder = KeyValue.from_pb(holder_kvs[0]) if holder_kvs else None
-        return ClaimResult(my_rev, holder, resp.header.revision)
+        return ClaimResult(my_rev, holder, resp.header.revision, counted_keys)
 
     async def first_created(self, prefix: bytes) -> KeyValue | None:
         """The key under `prefix` with the lowest create revision (the lock holder)."""

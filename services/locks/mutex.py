@@ -12,7 +12,9 @@ fencing token (revisions grow across the whole cluster, across restarts).
 - After waiting, ownership is confirmed by a transaction that succeeds only if my key
   still has my create revision.
 - Release deletes the holder's key only if it still has the caller's token, in the same
-  transaction (never a newer holder's key: etcd #22082).
+  transaction (never a newer holder's key: etcd #22082). The holder's key name is
+  remembered from its acquire (bounded), so a release on the same replica is that one
+  transaction; otherwise the holder is read first.
 
 Keys are deleted, not their leases revoked, when a contender lets go; an idle lease
 without keys expires by itself within its TTL. That keeps "the predecessor's lease no
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -106,6 +109,14 @@ class Mutex:
         self.etcd = etcd
         self.keys = keys
         self.reaper = reaper
+        # (lock folder, token) -> the holder's contender key, for tokens this replica
+        # handed out. Only a name to try: the delete still checks the create revision.
+        self._holder_keys: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
+
+    def _remember(self, key: LockKey, token: int, my_key: bytes) -> None:
+        self._holder_keys[(key.etcd_prefix, token)] = my_key
+        if len(self._holder_keys) > HOLDER_KEYS_REMEMBERED:
+            self._holder_keys.popitem(last=False)
 
     # -- acquire --------------------------------------------------------------
 
@@ -120,8 +131,8 @@ class Mutex:
     ) -> LockView:
         """Take the lock, waiting up to `wait_timeout_ms`; LockHeld when the wait runs out.
 
-        `admit(my_revision, is_holder)` runs once my key exists and before any wait; if
-        it raises (a cap), my key is removed and the error propagates.
+        `admit.check(my_revision, is_holder, counted_keys)` runs once my key exists and
+        before any wait; if it raises (a cap), my key is removed and the error propagates.
         """
         started = time.monotonic()
         granted_at = time.time()
@@ -132,13 +143,20 @@ class Mutex:
         record = Record(owner, correlation_id, ttl, waiting_since=granted_at)
         my_rev = 0
         try:
-            claim = await self.etcd.claim(my_key, record.encode(), lease, key.etcd_prefix)
+            claim = await self.etcd.claim(
+                my_key,
+                record.encode(),
+                lease,
+                key.etcd_prefix,
+                counted=admit.counted if admit is not None else None,
+            )
             my_rev = claim.my_revision
             is_holder = claim.holder is not None and claim.holder.create_revision == my_rev
             if admit is not None:
-                await admit(my_rev, is_holder)
+                await admit.check(my_rev, is_holder, claim.counted_keys)
             if is_holder:
                 LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
+                self._remember(key, my_rev, my_key)
                 return _view(key.name, my_rev, lease, record, granted_at, granted_at + ttl)
             if wait_timeout_ms == 0:
                 raise _Timeout
@@ -157,6 +175,7 @@ class Mutex:
             raise
         LOCK_CONTENTION.labels("waited", pattern).inc()
         LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
+        self._remember(key, my_rev, my_key)
         return view
 
     async def _wait_turn(
@@ -272,6 +291,11 @@ class Mutex:
 
     async def release(self, key: LockKey, token: int) -> bool:
         """Delete the holder's key iff it still has `token`; False when nothing changed."""
+        my_key = self._holder_keys.pop((key.etcd_prefix, token), None)
+        if my_key is not None:
+            # A token this replica handed out to a holder: while its key exists with that
+            # create revision no older key can appear, so it is still the holder's.
+            return await self.etcd.delete_if_created_at(my_key, token)
         kv = await self.etcd.first_created(key.etcd_prefix)
         if kv is None or kv.create_revision != token:
             return False
@@ -336,8 +360,16 @@ class Mutex:
         return LockState(holder, waiters)
 
 
-Admission = Callable[[int, bool], Awaitable[None]]
+@dataclass(frozen=True)
+class Admission:
+    """A check on a new contender (a tenant cap), run once its key exists."""
+
+    counted: bytes  # the etcd folder whose keys the claim transaction lists for `check`
+    check: Callable[[int, bool, list[bytes] | None], Awaitable[None]]
+
+
 LIST_BATCH = 512  # contender keys read per etcd request while listing
+HOLDER_KEYS_REMEMBERED = 10_000  # bounded: a holder that never releases here is forgotten
 
 
 class _Timeout(Exception):

@@ -25,7 +25,7 @@ from services.locks.keys import (
     check_wait_timeout,
 )
 from services.locks.metrics import LOCKS_HELD
-from services.locks.mutex import LockState, LockView, Mutex
+from services.locks.mutex import Admission, LockState, LockView, Mutex
 from services.locks.paging import decode_token, encode_token, page_size
 from services.locks.tenancy import Scope, scope_for, service_list_prefix
 
@@ -69,12 +69,11 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         ttl = check_ttl(request.ttl_seconds)
         wait = check_wait_timeout(request.wait_timeout_ms)
 
-        async def admit(my_revision: int, is_holder: bool) -> None:
-            await self.caps.admit(scope.tenant, my_revision, is_holder)
+        async def check(my_revision: int, is_holder: bool, keys: list[bytes] | None) -> None:
+            await self.caps.admit(scope.tenant, my_revision, is_holder, keys)
 
-        view = await self.mutex.acquire(
-            key, owner, ttl, wait, current_correlation_id(), admit if scope.capped else None
-        )
+        admit = Admission(self.keys.tenant_root(scope.tenant), check) if scope.capped else None
+        view = await self.mutex.acquire(key, owner, ttl, wait, current_correlation_id(), admit)
         return lock_pb(view)
 
     async def Refresh(
