@@ -23,6 +23,7 @@ would stall every other RPC and the job runtime's heartbeats for the length of a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -46,6 +47,12 @@ from services.upload.uploads import (
 )
 
 log = get_logger(__name__)
+
+# Test-only fault injection (the seed 004 harness): when set, awaited with (upload_id,
+# index) after a chunk's bytes are in place and before the upload's count and status are
+# updated, inside that transaction. None in every deployment: nothing sets it from
+# settings, the environment or a request; only code in the same process (a test) can.
+after_chunk_write: Callable[[str, int], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +245,8 @@ class ChunkStore:
                 raise _AlreadyStored(existing)
             # Our row: we are the only writer of this key (see the module docstring).
             await self._blobs.publish(staged, key)
+            if after_chunk_write is not None:
+                await after_chunk_write(upload.id, index)
             counted = await session.execute(
                 update(UploadRow)
                 .where(UploadRow.id == upload.id, UploadRow.status == UPLOADING)
