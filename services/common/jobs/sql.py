@@ -169,3 +169,37 @@ UPDATE dead_letters SET replayed_at = :now
 WHERE id = :id AND replayed_at IS NULL
 """
 )
+
+# Acknowledge a batch of jobs whose handlers wrote nothing in their transaction (a no-op,
+# or effects outside this database), in one statement: COMPLETE_AND_RECORD for each row of
+# the unnest arrays. Each job is deleted only if its lease is still ours, and its key is
+# recorded only if it was deleted; a key already taken (by an earlier attempt or another
+# job in the batch) is left as it is. Keys are inserted in key order, so two batches that
+# share keys wait for each other in one order and cannot deadlock on the unique index.
+COMPLETE_BATCH_POSTGRESQL = text(
+    """
+WITH input AS (
+    SELECT * FROM unnest(
+        CAST(:ids AS bigint[]), CAST(:lease_tokens AS varchar[]),
+        CAST(:idempotency_keys AS varchar[]), CAST(:job_types AS varchar[]),
+        CAST(:job_ids AS varchar[]), CAST(:effects AS text[])
+    ) AS t(id, lease_token, idempotency_key, job_type, job_id, effect)
+), done AS (
+    DELETE FROM jobs USING input
+    WHERE jobs.id = input.id AND jobs.lease_token = input.lease_token
+    RETURNING jobs.id
+), recorded AS (
+    INSERT INTO applied_jobs (idempotency_key, job_type, job_id, effect, applied_at)
+    SELECT input.idempotency_key, input.job_type, input.job_id, CAST(input.effect AS json),
+           CAST(:applied_at AS timestamptz)
+    FROM input JOIN done ON done.id = input.id
+    ORDER BY input.idempotency_key, input.id
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING job_id
+)
+SELECT input.id,
+       EXISTS (SELECT 1 FROM done WHERE done.id = input.id) AS completed,
+       EXISTS (SELECT 1 FROM recorded WHERE recorded.job_id = input.job_id) AS recorded
+FROM input
+"""
+).bindparams(bindparam("applied_at", type_=UtcDateTime))

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 
 from services.common.correlation import bound_correlation_id
 from services.common.jobs import metrics
+from services.common.jobs.completions import CompletionBatcher
 from services.common.jobs.dead_letters import dead_letter
 from services.common.jobs.errors import (
     PERMANENT,
@@ -86,6 +87,7 @@ class Worker:
         self.claim_rounds = 0
         self.idling = asyncio.Event()
         self._claim_connection: AsyncConnection | None = None
+        self._completions = CompletionBatcher(sessions)
 
     def wake(self) -> None:
         """Claim again now instead of at the next poll (e.g. after an in-process enqueue)."""
@@ -128,6 +130,7 @@ class Worker:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+            await self._completions.close()
             await asyncio.shield(self._close_claim_connection())
             log.info("worker_stopped", worker_id=self.worker_id)
 
@@ -250,14 +253,23 @@ class Worker:
                 metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
                 return "already_applied"
             # The handler's transaction begins at its first statement (see JobContext);
-            # the unique key still catches a key applied since the claim.
-            async with self.sessions() as session, session.begin():
+            # the unique key still catches a key applied since the claim. Closing the
+            # session without a commit rolls back whatever the handler did.
+            async with self.sessions() as session:
                 ctx = JobContext(
                     job=job, session=session, worker_id=self.worker_id, sessions=self.sessions
                 )
                 await job_type.handler(ctx)
-                await complete_applied(session, job, ctx.effect)
+                if _wrote(session):
+                    await complete_applied(session, job, ctx.effect)
+                    await session.commit()
+                    return "completed"
+            # Nothing of the handler's to commit with it: acknowledged with other jobs
+            # in one statement (see completions.py).
+            if await self._completions.complete(job, ctx.effect):
                 return "completed"
+            metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
+            return "already_applied"
         except AlreadyApplied:
             # A concurrent job with the same key won; ours rolled back. Acknowledge it.
             async with self.sessions() as session, session.begin():
@@ -334,6 +346,11 @@ class Worker:
             log.info("job_released")
         except Exception:
             log.exception("job_release_failed")
+
+
+def _wrote(session: AsyncSession) -> bool:
+    """Whether the handler used its session (began its transaction or staged objects)."""
+    return bool(session.in_transaction() or session.new or session.dirty or session.deleted)
 
 
 # How long a cancelled job may take to hand itself back before its lease is left to expire.
