@@ -56,7 +56,35 @@ def _rewrap(handler: grpc.RpcMethodHandler, method: str, wrap: Wrapper) -> grpc.
     return handler
 
 
+class _HandlerCache:
+    """The wrapped handler of each method, built once instead of on every call.
+
+    A method's handler object is the same on every call (the server's registry, or the
+    next interceptor's cached one); a different object (a re-registered servicer) is
+    wrapped anew.
+    """
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def get(
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler,
+        build: Callable[[], grpc.RpcMethodHandler],
+    ) -> grpc.RpcMethodHandler:
+        entry = self._wrapped.get(method)
+        if entry is not None and entry[0] is handler:
+            return entry[1]
+        wrapped = build()
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+
 class _WrappingInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self) -> None:
+        self._handlers = _HandlerCache()
+
     def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
         raise NotImplementedError
 
@@ -68,7 +96,8 @@ class _WrappingInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        return _rewrap(handler, handler_call_details.method, self._wrap)
+        method = handler_call_details.method
+        return self._handlers.get(method, handler, lambda: _rewrap(handler, method, self._wrap))
 
 
 def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
@@ -111,6 +140,7 @@ class AuthPrepareInterceptor(_WrappingInterceptor):
     keys for an unknown kid) off the event loop, so servicers identify callers without I/O."""
 
     def __init__(self, authenticator: Authenticator) -> None:
+        super().__init__()
         self._auth = authenticator
 
     def _wrap(self, behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
@@ -197,7 +227,8 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
         def wrap(behaviour: Behaviour, method: str, streams: bool) -> Behaviour:
             return self._wrap(behaviour, method, streams, rpc_type)
 
-        return _rewrap(handler, handler_call_details.method, wrap)
+        method = handler_call_details.method
+        return self._handlers.get(method, handler, lambda: _rewrap(handler, method, wrap))
 
     async def _fail(
         self, exc: BaseException, method: str, context: grpc.aio.ServicerContext

@@ -13,6 +13,7 @@ from services.locks.caps import TenantCaps
 from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import options_from_settings, warn_if_exposed
 from services.locks.keys import KeySpace
+from services.locks.lease_pool import LeasePool
 from services.locks.mutex import Mutex
 from services.locks.reaper import LeaseReaper
 from services.locks.servicer import LockServicer
@@ -40,7 +41,8 @@ def build_app(settings: LocksSettings) -> ServiceApp:
     warn_if_exposed(options)
     reaper = LeaseReaper(etcd)
     keys = KeySpace(settings.lock_prefix)
-    mutex = Mutex(etcd, keys, reaper)
+    leases = LeasePool(etcd)
+    mutex = Mutex(etcd, keys, reaper, leases)
     caps = TenantCaps(
         etcd, keys, settings.lock_max_held_per_tenant, settings.lock_max_waiters_per_tenant
     )
@@ -64,7 +66,7 @@ def build_app(settings: LocksSettings) -> ServiceApp:
             Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, servicer, SERVICE_NAME)
         ],
         background=[reaper.run],
-        on_shutdown=[etcd.close],
+        on_shutdown=[leases.close, etcd.close],
         # One range read (quorum): some member answers and the cluster has a leader.
         probes=[Probe("etcd", lambda: etcd.first_created(probe_prefix))],
         readiness_interval=settings.readiness_interval_seconds,

@@ -34,6 +34,7 @@ from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockHeld, LockLost
 from services.locks.etcd_client import Etcd, KeyValue, RevisionCompacted, prefix_end
 from services.locks.keys import KeySpace, LockKey
+from services.locks.lease_pool import LeasePool
 from services.locks.metrics import LOCK_CONTENTION, LOCK_WAIT_SECONDS, STALE_LOCK_RECOVERIES
 from services.locks.reaper import LeaseReaper
 
@@ -105,10 +106,13 @@ class LockState:
 class Mutex:
     """Acquire, refresh, release and inspect locks stored in etcd."""
 
-    def __init__(self, etcd: Etcd, keys: KeySpace, reaper: LeaseReaper) -> None:
+    def __init__(
+        self, etcd: Etcd, keys: KeySpace, reaper: LeaseReaper, leases: LeasePool | None = None
+    ) -> None:
         self.etcd = etcd
         self.keys = keys
         self.reaper = reaper
+        self.leases = leases or LeasePool(etcd)
         # (lock folder, token) -> the holder's contender key, for tokens this replica
         # handed out. Only a name to try: the delete still checks the create revision.
         self._holder_keys: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
@@ -135,12 +139,13 @@ class Mutex:
         before any wait; if it raises (a cap), my key is removed and the error propagates.
         """
         started = time.monotonic()
-        granted_at = time.time()
+        requested_at = time.time()
         # `file` or `user` (keys.py admits no other form): a bounded label.
         pattern = key.name.split(":", 1)[0]
-        lease = await self.etcd.grant_lease(ttl)
+        granted = await self.leases.take(ttl)
+        lease = granted.id
         my_key = key.contender_key(lease)
-        record = Record(owner, correlation_id, ttl, waiting_since=granted_at)
+        record = Record(owner, correlation_id, ttl, waiting_since=requested_at)
         my_rev = 0
         try:
             claim = await self.etcd.claim(
@@ -157,7 +162,9 @@ class Mutex:
             if is_holder:
                 LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
                 self._remember(key, my_rev, my_key)
-                return _view(key.name, my_rev, lease, record, granted_at, granted_at + ttl)
+                # The lease's TTL runs from its grant (a spare may be a moment older).
+                expires_at = granted.granted_at + ttl
+                return _view(key.name, my_rev, lease, record, requested_at, expires_at)
             if wait_timeout_ms == 0:
                 raise _Timeout
             async with asyncio.timeout(wait_timeout_ms / 1000):

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "gen"), str(ROOT / "tests")]
 
+import grpc  # noqa: E402
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc  # noqa: E402
-from support.bearer import bearer_channel  # noqa: E402
 from support.etcd import EtcdCluster, EtcdServer  # noqa: E402
 
 from services.common.grpc_server import start  # noqa: E402
@@ -37,6 +37,9 @@ from services.locks.app import build_app  # noqa: E402
 from services.locks.etcd_client import Etcd  # noqa: E402
 from services.locks.keys import KeySpace  # noqa: E402
 from services.locks.settings import LocksSettings  # noqa: E402
+
+# The bearer credential on each call, as `LockClient` sends it (no client interceptor).
+AUTH = (("authorization", "Bearer dev-alice"),)
 
 
 def summary(name: str, latencies: list[float], wall: float) -> dict[str, float]:
@@ -65,14 +68,17 @@ async def run(n: int, contenders: int, endpoint: str) -> dict[str, float]:
     etcd = Etcd(endpoint, call_timeout=5)
     space = KeySpace("/bench/direct/")
     try:
-        async with bearer_channel(f"127.0.0.1:{app.bound_port}", "dev-alice") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.bound_port}") as channel:
             stub = locks_pb2_grpc.LockServiceStub(channel)
 
             async def via_service(i: int) -> None:
                 lock = await stub.Acquire(
-                    locks_pb2.AcquireRequest(key=f"file:{i % 64}", owner="bench", ttl_seconds=30)
+                    locks_pb2.AcquireRequest(key=f"file:{i % 64}", owner="bench", ttl_seconds=30),
+                    metadata=AUTH,
                 )
-                await stub.Release(locks_pb2.ReleaseRequest(key=lock.key, token=lock.token))
+                await stub.Release(
+                    locks_pb2.ReleaseRequest(key=lock.key, token=lock.token), metadata=AUTH
+                )
 
             async def direct(i: int) -> None:
                 # What any correct etcd lock must send, and no more: a lease (the TTL), one
@@ -104,9 +110,12 @@ async def run(n: int, contenders: int, endpoint: str) -> dict[str, float]:
                     lock = await stub.Acquire(
                         locks_pb2.AcquireRequest(
                             key="file:hot", owner="c", ttl_seconds=30, wait_timeout_ms=60_000
-                        )
+                        ),
+                        metadata=AUTH,
                     )
-                    await stub.Release(locks_pb2.ReleaseRequest(key="file:hot", token=lock.token))
+                    await stub.Release(
+                        locks_pb2.ReleaseRequest(key="file:hot", token=lock.token), metadata=AUTH
+                    )
                     latencies.append(time.perf_counter() - t)
 
             began = time.perf_counter()
@@ -131,14 +140,17 @@ async def run_cluster(n: int, cluster: EtcdCluster, single: dict[str, float]) ->
     app.port, app.metrics_port = 0, 0
     running = await start(app)
     try:
-        async with bearer_channel(f"127.0.0.1:{app.bound_port}", "dev-alice") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.bound_port}") as channel:
             stub = locks_pb2_grpc.LockServiceStub(channel)
 
             async def via_service(i: int) -> None:
                 lock = await stub.Acquire(
-                    locks_pb2.AcquireRequest(key=f"file:{i % 64}", owner="bench", ttl_seconds=30)
+                    locks_pb2.AcquireRequest(key=f"file:{i % 64}", owner="bench", ttl_seconds=30),
+                    metadata=AUTH,
                 )
-                await stub.Release(locks_pb2.ReleaseRequest(key=lock.key, token=lock.token))
+                await stub.Release(
+                    locks_pb2.ReleaseRequest(key=lock.key, token=lock.token), metadata=AUTH
+                )
 
             await timed(min(50, n), via_service)  # warm-up (TLS handshakes, auth token)
             row = summary("service, 3 members TLS+auth", *await timed(n, via_service))
