@@ -1,7 +1,8 @@
 """gRPC surface of `serentak.notify.v1.NotifyService`.
 
-Identity: Ingest takes the service credential only; every other RPC acts for the calling
-user and sees only that user's notifications (tenant and user from the bearer token).
+Identity: Ingest and IngestBatch take the service credential only; every other RPC acts
+for the calling user and sees only that user's notifications (tenant and user from the
+bearer token).
 """
 
 from __future__ import annotations
@@ -56,6 +57,31 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
             duplicate=result.outcome == notify_pb2.INGEST_OUTCOME_DUPLICATE,
             outcome=result.outcome,  # type: ignore[arg-type]
             notifications_written=result.scheduled,
+        )
+
+    async def IngestBatch(
+        self, request: notify_pb2.IngestBatchRequest, context: grpc.aio.ServicerContext
+    ) -> notify_pb2.IngestBatchResponse:
+        """Ingest for each event, in order, in one transaction (the relay's batches)."""
+        self._auth.require_service(context, self._settings.ingest_principals)
+        if not request.events:
+            raise InvalidArgument("events", "required", reason="INVALID_EVENT")
+        if len(request.events) > self._settings.ingest_batch_max:
+            raise InvalidArgument(
+                "events",
+                f"more than {self._settings.ingest_batch_max} events",
+                reason="INVALID_EVENT",
+            )
+        results = await self._inbox.ingest_many(list(request.events))
+        return notify_pb2.IngestBatchResponse(
+            results=[
+                notify_pb2.IngestResponse(
+                    duplicate=r.outcome == notify_pb2.INGEST_OUTCOME_DUPLICATE,
+                    outcome=r.outcome,  # type: ignore[arg-type]
+                    notifications_written=r.scheduled,
+                )
+                for r in results
+            ]
         )
 
     async def ListNotifications(

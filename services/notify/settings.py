@@ -44,6 +44,9 @@ class NotifySettings(CommonSettings):
     retention_interval_seconds: float = Field(
         3600.0, gt=0, description="How often the retention job runs (periodic schedule)."
     )
+    ingest_batch_max: int = Field(
+        500, ge=1, description="Most events one IngestBatch call may carry."
+    )
     fanout_batch_max: int = Field(
         50, ge=1, description="Most accepted events of one file a fan-out job writes at once."
     )

@@ -7,6 +7,13 @@ on the next run: subscribers deduplicate by event_id. A failed publish stops tha
 aggregate (later events must not overtake it) and retries after a growing delay, unless
 the subscriber refused the event for good: then it goes to the dead letters and the
 aggregate goes on (`dead_letters.py`).
+
+Batches. When every subscriber takes batches (`publish_many`), an aggregate's pending
+events (up to `batch_size`) go in one call per subscriber and are marked in one
+transaction: a busy file's events cost one round trip and one commit per batch, not per
+event. Any failure of a batch falls back to publishing its events one by one, which
+retries, backs off or dead-letters exactly as before (republishing is safe: subscribers
+deduplicate by event_id).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from services.common.logging import get_logger
 from services.common.outbox import leases
 from services.common.outbox.dead_letters import dead_letter_event, is_permanent
 from services.common.outbox.store import (
+    OutboxEvent,
+    mark_many_published,
     mark_published,
     pending_aggregates,
     unpublished_events,
@@ -116,6 +125,13 @@ class Relay:
                     )
                 if not batch:
                     break
+                if len(batch) > 1:
+                    outcome = await self._publish_batch(key, token, batch)
+                    if outcome is None:
+                        return published  # the lease ended: another relay owns it now
+                    if outcome:
+                        published += len(batch)
+                        continue
                 for row in batch:
                     if not await self._publish_one(key, token, row.id, row.event):
                         return published
@@ -126,6 +142,39 @@ class Relay:
             with contextlib.suppress(Exception):
                 async with self.sessions() as session, session.begin():
                     await leases.release(session, key, token)
+
+    async def _publish_batch(self, key: str, token: str, batch: list[OutboxEvent]) -> bool | None:
+        """Publish `batch` with one call per subscriber, mark it in one transaction.
+        True: done; False: not sent as a batch, publish it one by one; None: lease lost."""
+        events = [row.event for row in batch]
+        try:
+            for subscriber in self.subscribers:
+                publish_many = getattr(subscriber, "publish_many", None)
+                if publish_many is None or not await publish_many(events):
+                    return False
+        except Exception as exc:
+            log.info(
+                "outbox_batch_publish_failed",
+                aggregate=key,
+                events=len(events),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return False
+        async with self.sessions() as session, session.begin():
+            if not await leases.renew(session, key, token, self.lease_seconds):
+                log.warning("relay_lease_lost", aggregate=key, event_id=events[0].event_id)
+                return None
+            await mark_many_published(session, [row.id for row in batch])
+        for event in events:
+            metrics.OUTBOX_PUBLISHED.labels(event.event_type).inc()
+        log.info(
+            "outbox_events_published",
+            aggregate=key,
+            events=len(events),
+            first_version=events[0].version,
+            last_version=events[-1].version,
+        )
+        return True
 
     async def _publish_one(
         self, key: str, token: str, row_id: int, event: events_pb2.Event

@@ -106,3 +106,12 @@ async def oldest_unpublished(session: AsyncSession) -> tuple[int, datetime | Non
     elif oldest is not None and oldest.tzinfo is None:
         oldest = oldest.replace(tzinfo=utcnow().tzinfo)
     return int(count), oldest
+
+
+async def mark_many_published(session: AsyncSession, row_ids: list[int]) -> None:
+    """`mark_published` for several rows in one statement."""
+    await session.execute(
+        update(outbox_events)
+        .where(outbox_events.c.id.in_(row_ids), outbox_events.c.published_at.is_(None))
+        .values(published_at=utcnow())
+    )

@@ -1,0 +1,124 @@
+"""The relay's batches: an aggregate's pending events in one call per subscriber, in
+order, each exactly once; any failure of a batch falls back to one by one."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+
+from serentak.events.v1 import events_pb2
+from sqlalchemy import func, select
+
+from services.common.outbox import Relay, record_event
+from services.common.outbox.models import outbox_events
+
+
+def _event(aggregate_id: str, version: int) -> events_pb2.Event:
+    return events_pb2.Event(
+        event_id=uuid.uuid4().hex,
+        event_type="file.renamed",
+        aggregate_type="file",
+        aggregate_id=aggregate_id,
+        version=version,
+        file_renamed=events_pb2.FileRenamed(file_id=aggregate_id, new_name=f"v{version}"),
+    )
+
+
+class BatchingSubscriber:
+    """Takes batches; fails the test if an aggregate is published by two relays at once.
+    `refuse_batches`: answers False (a subscriber that cannot take them);
+    `fail_first_batch`: raises on its first batch."""
+
+    def __init__(self, *, refuse_batches: bool = False, fail_first_batch: bool = False) -> None:
+        self.refuse_batches = refuse_batches
+        self.fail_next_batch = fail_first_batch
+        self.in_flight: set[str] = set()
+        self.versions: dict[str, list[int]] = defaultdict(list)
+        self.overlaps = 0
+        self.batches = 0
+        self.singles = 0
+
+    async def _record(self, events: Sequence[events_pb2.Event]) -> None:
+        aggregate = events[0].aggregate_id
+        if aggregate in self.in_flight:
+            self.overlaps += 1
+        self.in_flight.add(aggregate)
+        await asyncio.sleep(0)  # let the other relays run in the middle of a publish
+        self.versions[aggregate].extend(e.version for e in events)
+        self.in_flight.discard(aggregate)
+
+    async def publish(self, event: events_pb2.Event) -> None:
+        self.singles += 1
+        await self._record([event])
+
+    async def publish_many(self, events: Sequence[events_pb2.Event]) -> bool:
+        if self.refuse_batches:
+            return False
+        if self.fail_next_batch:
+            self.fail_next_batch = False
+            raise ConnectionError("subscriber down")
+        self.batches += 1
+        await self._record(events)
+        return True
+
+
+async def _record_versions(db, aggregates: int, versions: range) -> None:  # type: ignore[no-untyped-def]
+    async with db.sessions() as session, session.begin():
+        for version in versions:
+            for a in range(aggregates):
+                await record_event(session, _event(f"f{a}", version))
+
+
+async def _unpublished(db) -> int:  # type: ignore[no-untyped-def]
+    async with db.sessions() as session, session.begin():
+        rows = await session.execute(
+            select(func.count()).where(outbox_events.c.published_at.is_(None))
+        )
+        return rows.scalar_one()
+
+
+async def test_competing_relays_publish_batches_in_order_exactly_once(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    aggregates = 8
+    subscriber = BatchingSubscriber()
+    relays = [
+        Relay(runtime_db.sessions, [subscriber], relay_id=f"r{i}", concurrency=4, batch_size=5)
+        for i in range(3)
+    ]
+    for start in (1, 7, 13):
+        await _record_versions(runtime_db, aggregates, range(start, start + 6))
+        await asyncio.gather(*(r.publish_pending() for r in relays))
+    while sum(await asyncio.gather(*(r.publish_pending() for r in relays))):
+        pass
+    assert subscriber.overlaps == 0
+    assert len(subscriber.versions) == aggregates
+    for published in subscriber.versions.values():
+        assert published == list(range(1, 19))  # in order, each exactly once
+    # Batches, not one call per event.
+    assert subscriber.batches + subscriber.singles <= aggregates * 18 // 2
+    assert await _unpublished(runtime_db) == 0
+
+
+async def test_a_failed_batch_is_published_one_by_one_in_order(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _record_versions(runtime_db, 1, range(1, 5))
+    subscriber = BatchingSubscriber(fail_first_batch=True)
+    relay = Relay(runtime_db.sessions, [subscriber], relay_id="r")
+    assert await relay.publish_pending() == 4
+    assert subscriber.versions == {"f0": [1, 2, 3, 4]}
+    assert (subscriber.batches, subscriber.singles) == (0, 4)
+    await _record_versions(runtime_db, 1, range(5, 8))
+    assert await relay.publish_pending() == 3  # the next batch goes as a batch again
+    assert subscriber.versions == {"f0": list(range(1, 8))}
+    assert subscriber.batches == 1
+    assert await _unpublished(runtime_db) == 0
+
+
+async def test_a_subscriber_refusing_batches_gets_one_event_per_call(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _record_versions(runtime_db, 2, range(1, 4))
+    subscriber = BatchingSubscriber(refuse_batches=True)
+    relay = Relay(runtime_db.sessions, [subscriber], relay_id="r")
+    assert await relay.publish_pending() == 6
+    assert subscriber.versions == {"f0": [1, 2, 3], "f1": [1, 2, 3]}
+    assert (subscriber.batches, subscriber.singles) == (0, 6)
+    assert await _unpublished(runtime_db) == 0
