@@ -18,6 +18,13 @@ only an orphan from a crashed attempt. A loser of the insert discards its staged
 Blob writes (write + fsync of up to 32 MiB, rename + directory fsync) and hashing run on
 worker threads (`asyncio.to_thread`; hashing releases the GIL): on the event loop they
 would stall every other RPC and the job runtime's heartbeats for the length of an fsync.
+
+Per chunk, the database sees one read-only snapshot (the upload, the uploader's rights, an
+existing row; on SQLite it takes no write lock, so parallel senders' reads never queue
+behind a commit) and one write transaction of two statements: the INSERT, and one UPDATE
+that counts the chunk and, for the one that completes the set, moves the upload to
+`merging` (RETURNING the row). A store is two steps, `prepare` (checks, hash, stage) and
+`commit` (record, publish), so a stream can prepare the next chunk while one commits.
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
+from services.common.db import read_only
 from services.common.errors import InvalidArgument
 from services.common.logging import get_logger
 from services.upload import checksums, metrics
@@ -72,8 +80,21 @@ class _Stored:
 
     checksum: str
     size: int
-    # Sends of this index that reached its row (1: the one that stored it).
-    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChunk:
+    """A checked chunk whose bytes are staged, ready for `ChunkStore.commit`."""
+
+    upload: UploadRow
+    index: int
+    size: int
+    checksum: str
+    key: str
+    # The blob store's staging handle; None when the index was stored already.
+    staged: object | None
+    # The row found for the index when it was checked (a retry: nothing staged).
+    existing: _Stored | None
 
 
 class _AlreadyStored(Exception):
@@ -105,14 +126,24 @@ class ChunkStore:
         self, identity: Identity, upload_id: str, index: int, data: bytes, checksum: str
     ) -> ChunkOutcome:
         """Check and store chunk `index` of `upload_id` (see the module docstring)."""
+        return await self.commit(await self.prepare(identity, upload_id, index, data, checksum))
+
+    async def prepare(
+        self, identity: Identity, upload_id: str, index: int, data: bytes, checksum: str
+    ) -> PreparedChunk:
+        """Check chunk `index` and stage its bytes (none if the index is stored already).
+
+        The result must be passed to `commit` or `abandon` (which removes staged bytes)."""
         async with self._sessions() as session:
+            await read_only(session)
             upload = await self._uploads.load(session, identity, upload_id)
             # Shares may have changed since CreateUpload (the merge checks again).
             await check_uploader(session, upload)
-            # Read here, in the session we have anyway: it answers a retry (fast path
-            # below) and numbers this send's attempt for the logs.
-            existing = await _stored(session, upload.id, index)
-        attempt = 1 if existing is None else existing.attempts + 1
+            existing = (
+                await _stored(session, upload.id, index)
+                if 0 <= index < upload.total_chunks
+                else None
+            )
         if not 0 <= index < upload.total_chunks:
             raise InvalidArgument(
                 "chunk_index",
@@ -125,7 +156,6 @@ class ChunkStore:
             total_chunks=upload.total_chunks,
             checksum=checksum,
             size=len(data),
-            attempt=attempt,
         )
         chunk_log.info("chunk_received")
         want_size = expected_chunk_size(upload, index)
@@ -149,7 +179,7 @@ class ChunkStore:
         chunk_log.info("chunk_validated")
         # Fast path for retries: an existing row answers without touching the disk.
         if existing is not None:
-            return await self._answer_existing(upload, existing, index, len(data), actual)
+            return PreparedChunk(upload, index, len(data), actual, "", None, existing)
         upload = await self._uploads.expire_if_due(upload)
         if upload.status != UPLOADING:
             raise UploadNotActive(
@@ -160,18 +190,29 @@ class ChunkStore:
             )
         key = chunk_key(upload.id, index)
         staged = await self._blobs.stage(key, data)
+        return PreparedChunk(upload, index, len(data), actual, key, staged, None)
+
+    async def commit(self, prepared: PreparedChunk) -> ChunkOutcome:
+        """Record a prepared chunk and publish its bytes (or answer duplicate/conflict)."""
+        p = prepared
+        if p.existing is not None:
+            return await self._answer_existing(p.upload, p.existing, p.index, p.size, p.checksum)
         try:
-            return await self._record(upload, index, len(data), actual, key, staged)
+            return await self._record(p.upload, p.index, p.size, p.checksum, p.key, p.staged)
         except _AlreadyStored as lost:
-            return await self._answer_existing(upload, lost.existing, index, len(data), actual)
+            return await self._answer_existing(p.upload, lost.existing, p.index, p.size, p.checksum)
         finally:
             # Shielded: a cancelled call must still remove its temp file.
-            await asyncio.shield(self._blobs.discard(staged))
+            await asyncio.shield(self.abandon(p))
+
+    async def abandon(self, prepared: PreparedChunk) -> None:
+        """Remove a prepared chunk's staged bytes (nothing once they were published)."""
+        if prepared.staged is not None:
+            await self._blobs.discard(prepared.staged)
 
     async def _answer_existing(
         self, upload: UploadRow, existing: _Stored, index: int, size: int, checksum: str
     ) -> ChunkOutcome:
-        attempt = await self._count_attempt(upload.id, index)
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
             metrics.CHUNK_CONFLICTS_BY_INDEX.labels(metrics.index_bucket(index)).inc()
@@ -182,7 +223,6 @@ class ChunkStore:
                 total_chunks=upload.total_chunks,
                 checksum=checksum,
                 stored_checksum=existing.checksum,
-                attempt=attempt,
             )
             REPEATS.record(upload.id, index)
             raise ChunkConflict(
@@ -199,24 +239,12 @@ class ChunkStore:
             chunk_index=index,
             total_chunks=upload.total_chunks,
             checksum=checksum,
-            attempt=attempt,
         )
         async with self._sessions() as session:
+            await read_only(session)
             fresh = await session.get(UploadRow, upload.id)
             assert fresh is not None
         return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
-
-    async def _count_attempt(self, upload_id: str, index: int) -> int:
-        """One more send of a stored index (a retry, or other bytes): counted on its row,
-        which answers with the total, so concurrent retries each log their own number."""
-        async with self._sessions.begin() as session:
-            counted = await session.scalar(
-                update(ChunkRow)
-                .where(ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index)
-                .values(attempts=ChunkRow.attempts + 1)
-                .returning(ChunkRow.attempts)
-            )
-        return int(counted or 0)
 
     async def _record(
         self, upload: UploadRow, index: int, size: int, checksum: str, key: str, staged: object
@@ -247,31 +275,28 @@ class ChunkStore:
             await self._blobs.publish(staged, key)
             if after_chunk_write is not None:
                 await after_chunk_write(upload.id, index)
-            counted = await session.execute(
-                update(UploadRow)
-                .where(UploadRow.id == upload.id, UploadRow.status == UPLOADING)
-                .values(
-                    received_chunk_count=UploadRow.received_chunk_count + 1,
-                    updated_at=now,
-                    expires_at=now + timedelta(seconds=self._ttl),
+            # Count the chunk; the one store that completes the set also moves the upload to
+            # merging (invariant 3). SET expressions all read the row as it was before.
+            completes = UploadRow.received_chunk_count + 1 == UploadRow.total_chunks
+            fresh = (
+                await session.execute(
+                    update(UploadRow)
+                    .where(UploadRow.id == upload.id, UploadRow.status == UPLOADING)
+                    .values(
+                        received_chunk_count=UploadRow.received_chunk_count + 1,
+                        updated_at=now,
+                        expires_at=now + timedelta(seconds=self._ttl),
+                        status=case((completes, MERGING), else_=UploadRow.status),
+                        merge_started_at=case((completes, now), else_=UploadRow.merge_started_at),
+                    )
+                    .returning(UploadRow)
+                    .execution_options(synchronize_session=False, populate_existing=True)
                 )
-            )
-            if not counted.rowcount:  # type: ignore[attr-defined]
+            ).scalar_one_or_none()
+            if fresh is None:
                 # Aborted or expired meanwhile: roll back the row (the bytes are an orphan).
                 raise UploadNotActive("the upload stopped accepting chunks", upload_id=upload.id)
-            # The one store that completes the set moves it to merging (invariant 3).
-            won = await session.execute(
-                update(UploadRow)
-                .where(
-                    UploadRow.id == upload.id,
-                    UploadRow.status == UPLOADING,
-                    UploadRow.received_chunk_count == UploadRow.total_chunks,
-                )
-                .values(status=MERGING, merge_started_at=now, updated_at=now)
-            )
-            started = bool(won.rowcount)  # type: ignore[attr-defined]
-            fresh = await session.get(UploadRow, upload.id, populate_existing=True)
-            assert fresh is not None
+            started = fresh.status == MERGING
             if started:
                 await self._enqueue_merge(session, fresh)
         metrics.CHUNKS_STORED.inc()
@@ -282,7 +307,6 @@ class ChunkStore:
             total_chunks=upload.total_chunks,
             checksum=checksum,
             size=size,
-            attempt=1,
         )
         if started:
             metrics.STATUS_SECONDS.labels(UPLOADING).observe(
@@ -302,9 +326,9 @@ class ChunkStore:
 async def _stored(session: AsyncSession, upload_id: str, index: int) -> _Stored | None:
     row = (
         await session.execute(
-            select(ChunkRow.checksum, ChunkRow.size, ChunkRow.attempts).where(
+            select(ChunkRow.checksum, ChunkRow.size).where(
                 ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index
             )
         )
     ).first()
-    return None if row is None else _Stored(row.checksum, row.size, row.attempts)
+    return None if row is None else _Stored(row.checksum, row.size)

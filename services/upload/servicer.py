@@ -6,6 +6,7 @@ Each handler identifies the caller, calls one domain use case and converts the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -53,10 +54,14 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.PutChunkRequest, context: grpc.aio.ServicerContext
     ) -> ChunkOutcome:
         identity = self._auth.require_user(context)
-        BYTES_RECEIVED.inc(len(request.data))
+        data = request.data  # one copy out of the message (each access makes a new one)
+        BYTES_RECEIVED.inc(len(data))
         outcome = await self._chunks.put(
-            identity, request.upload_id, request.chunk_index, request.data, request.checksum
+            identity, request.upload_id, request.chunk_index, data, request.checksum
         )
+        return self._stored(outcome)
+
+    def _stored(self, outcome: ChunkOutcome) -> ChunkOutcome:
         if outcome.started_merge:
             self._on_merge_started()
         return outcome
@@ -72,12 +77,14 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         request_iterator: AsyncIterator[upload_pb2.PutChunkRequest],
         context: grpc.aio.ServicerContext,
     ) -> upload_pb2.UploadChunksResponse:
-        """Store the stream's chunks in order, receiving the next while storing one.
+        """Store the stream's chunks in order, overlapping the steps of neighbouring chunks.
 
-        At most two chunks are in flight: the one being hashed and written, and the next
-        being received. Chunks are still stored one at a time in stream order, so the
-        per-chunk answers (and which repeat of an index is the duplicate) are those of
-        sequential PutChunk calls; the first failure ends the call with its error.
+        While chunk n commits (its row, the rename), chunk n+1 is checked, hashed and staged
+        and chunk n+2 is received: at most three chunks are in flight. Commits still run
+        one at a time in stream order, and a chunk is checked against the rows as they
+        stand, so the per-chunk answers (and which repeat of an index is the duplicate) are
+        those of sequential PutChunk calls; the first failure in stream order ends the call
+        with its error (a later chunk's staged bytes are removed).
         """
         identity = self._auth.require_user(context)
         response = upload_pb2.UploadChunksResponse()
@@ -86,6 +93,20 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         receiving: asyncio.Future[upload_pb2.PutChunkRequest] = asyncio.ensure_future(
             anext(messages)
         )
+        committing: asyncio.Task[ChunkOutcome] | None = None
+
+        async def committed() -> None:
+            # The previous chunk's answer; its failure comes before any later chunk's.
+            nonlocal committing, last_upload_id
+            if committing is None:
+                return
+            task, committing = committing, None
+            outcome = self._stored(await task)
+            response.chunks.append(
+                convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
+            )
+            last_upload_id = outcome.upload.id
+
         try:
             while True:
                 try:
@@ -93,16 +114,32 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
                 except StopAsyncIteration:
                     break
                 receiving = asyncio.ensure_future(anext(messages))
-                outcome = await self._put(request, context)
-                response.chunks.append(
-                    convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
-                )
-                last_upload_id = outcome.upload.id
+                data = request.data
+                BYTES_RECEIVED.inc(len(data))
+                try:
+                    prepared = await self._chunks.prepare(
+                        identity, request.upload_id, request.chunk_index, data, request.checksum
+                    )
+                except Exception:
+                    await committed()  # an earlier chunk's failure is the first one
+                    raise
+                try:
+                    await committed()
+                except BaseException:
+                    await asyncio.shield(self._chunks.abandon(prepared))
+                    raise
+                committing = asyncio.ensure_future(self._chunks.commit(prepared))
+            await committed()
         finally:
             # A failed chunk or a cancelled call: stop receiving (and retrieve a receive
-            # error that lost to the chunk's, so asyncio does not report it as unseen).
+            # error that lost to the chunk's, so asyncio does not report it as unseen); a
+            # commit still running is cancelled (it removes its staged bytes).
             if not receiving.cancel() and not receiving.cancelled():
                 receiving.exception()
+            if committing is not None:
+                committing.cancel()
+                with contextlib.suppress(BaseException):
+                    await committing
         if not last_upload_id:
             raise InvalidArgument("chunks", "the stream carried no chunk")
         upload, missing = await self._uploads.get(identity, last_upload_id)
