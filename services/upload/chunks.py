@@ -136,14 +136,13 @@ class ChunkStore:
         The result must be passed to `commit` or `abandon` (which removes staged bytes)."""
         async with self._sessions() as session:
             await read_only(session)
-            upload = await self._uploads.load(session, identity, upload_id)
-            # Shares may have changed since CreateUpload (the merge checks again).
-            await check_uploader(session, upload)
-            existing = (
-                await _stored(session, upload.id, index)
-                if 0 <= index < upload.total_chunks
-                else None
+            upload, target, row = await self._uploads.load_for_chunk(
+                session, identity, upload_id, index
             )
+            # Shares may have changed since CreateUpload (the merge checks again). A missing
+            # target is looked up again by the full check, which names the error.
+            await check_uploader(session, upload, target=target)
+        existing = None if row is None else _Stored(row.checksum, row.size)
         if not 0 <= index < upload.total_chunks:
             raise InvalidArgument(
                 "chunk_index",

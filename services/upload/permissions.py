@@ -178,10 +178,18 @@ async def readable(session: AsyncSession, identity: Identity, file_id: str) -> t
 
 async def writable(session: AsyncSession, identity: Identity, file_id: str) -> tuple[FileRow, str]:
     """The file and role if the caller may change it (owner or editor); else an error."""
-    file, role = await readable(session, identity, file_id)
+    file = await load_file(session, identity, file_id)
+    return file, await writable_role(session, identity, file)
+
+
+async def writable_role(session: AsyncSession, identity: Identity, file: FileRow) -> str:
+    """`writable` for a file row loaded already: the caller's role, or the same errors."""
+    role = await role_of(session, identity, file)
+    if role is None:
+        raise FileNotFound("file not found", file_id=file.id)
     if role_rank(role) < role_rank(EDITOR):
-        raise NotAllowed("changing this file needs the editor role", file_id=file_id, role=role)
-    return file, role
+        raise NotAllowed("changing this file needs the editor role", file_id=file.id, role=role)
+    return role
 
 
 async def owned(session: AsyncSession, identity: Identity, file_id: str) -> FileRow:

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -40,10 +40,11 @@ from services.upload.models import (
     FOLDER,
     UPLOADING,
     ChunkRow,
+    FileRow,
     UploadRow,
     utcnow,
 )
-from services.upload.permissions import writable
+from services.upload.permissions import writable, writable_role
 from services.upload.ranges import missing_ranges
 from services.upload.settings import UploadSettings
 from services.upload.tree import ensure_root, new_id, require_free_name, validate_name
@@ -121,17 +122,28 @@ def validate_shape(
         )
 
 
-async def check_uploader(session: AsyncSession, upload: UploadRow) -> None:
+def upload_target_id(upload: UploadRow) -> str:
+    """The file an upload writes: the folder of a new file, else the file itself."""
+    return upload.folder_id if upload.is_new_file else upload.file_id
+
+
+async def check_uploader(
+    session: AsyncSession, upload: UploadRow, *, target: FileRow | None = None
+) -> None:
     """Refuse unless the upload's creator may still write its target, which still exists.
 
     Roles change while an upload is open (an unshare, a move out of a shared folder): the
     rights checked at CreateUpload are checked again for every chunk and, under the file
-    lock, when the merge commits. UPLOADER_NOT_ALLOWED or FILE_DELETED otherwise.
+    lock, when the merge commits. UPLOADER_NOT_ALLOWED or FILE_DELETED otherwise. `target`:
+    the target's row if the caller loaded it already (in the upload's tenant), saving a query.
     """
     uploader = Identity(tenant_id=upload.tenant_id, user_id=upload.owner_user_id)
-    target = upload.folder_id if upload.is_new_file else upload.file_id
     try:
-        row, _ = await writable(session, uploader, target)
+        if target is None:
+            row, _ = await writable(session, uploader, upload_target_id(upload))
+        else:
+            row = target
+            await writable_role(session, uploader, row)
     except (FileNotFound, NotAllowed):
         raise UploaderNotAllowed(
             "the uploader may no longer write to this file", upload_id=upload.id
@@ -303,6 +315,36 @@ class Uploads:
         if row is None:
             raise UploadNotFound("upload not found", upload_id=upload_id)
         return row
+
+    async def load_for_chunk(
+        self, session: AsyncSession, identity: Identity, upload_id: str, index: int
+    ) -> tuple[UploadRow, FileRow | None, ChunkRow | None]:
+        """`load`, with the upload's target file (None if gone from its tenant) and the row
+        stored for chunk `index` (None if none), in one statement: a chunk's hot path."""
+        if not upload_id:
+            raise InvalidArgument("upload_id", "must not be empty")
+        validation.resource_id(upload_id, "upload_id")
+        target = case((UploadRow.is_new_file, UploadRow.folder_id), else_=UploadRow.file_id)
+        found = (
+            await session.execute(
+                select(UploadRow, FileRow, ChunkRow)
+                .outerjoin(
+                    FileRow, and_(FileRow.id == target, FileRow.tenant_id == UploadRow.tenant_id)
+                )
+                .outerjoin(
+                    ChunkRow,
+                    and_(ChunkRow.upload_id == UploadRow.id, ChunkRow.chunk_index == index),
+                )
+                .where(
+                    UploadRow.id == upload_id,
+                    UploadRow.tenant_id == identity.tenant_id,
+                    UploadRow.owner_user_id == identity.user_id,
+                )
+            )
+        ).first()
+        if found is None:
+            raise UploadNotFound("upload not found", upload_id=upload_id)
+        return found[0], found[1], found[2]
 
     async def expire_if_due(self, upload: UploadRow) -> UploadRow:
         """Move an idle `uploading` upload past its expires_at to `expired`; the fresh row."""

@@ -53,6 +53,7 @@ from services.upload.blob_store import content_key
 MIB = 1024 * 1024
 CHUNK = 4 * MIB
 SENDERS = 4
+WARMUP_CHUNKS = 8
 POLL_S = 0.01  # resolution of "ack -> completed"
 READ_AHEAD = 2  # chunks read and hashed ahead of the stream
 # A 1 GiB merge takes seconds; far longer means it failed for good (e.g. dead-lettered).
@@ -213,6 +214,8 @@ class Result:
     size: int
     ack_to_completed: float | None = None
     merge_seconds: float | None = None
+    # The server process's CPU seconds while ingesting (until the last acknowledgement).
+    server_cpu: float | None = None
 
     @property
     def mb_per_s(self) -> float:
@@ -255,7 +258,15 @@ class BareStub:
         self.PutChunk = channel.unary_unary(f"/{BARE_SERVICE}/Put", request_serializer=serialize)
 
 
-async def run_bare(address: str, out_dir: Path, source: Source, send: Sender) -> Result:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process (every thread) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_bare(
+    address: str, out_dir: Path, source: Source, send: Sender, pid: int | None = None
+) -> Result:
     """Send the source to the bare server with `send`; time to the last answer (every chunk
     checked and fsynced); verify the stored bytes."""
     fd = os.open(source.path, os.O_RDONLY)
@@ -263,13 +274,15 @@ async def run_bare(address: str, out_dir: Path, source: Source, send: Sender) ->
     try:
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
             await ch.channel_ready()
+            cpu = cpu_seconds(pid) if pid else 0.0
             started = time.perf_counter()
             await send(BareStub(ch), fd, upload_id, source.chunks)  # type: ignore[arg-type]
             seconds = time.perf_counter() - started
+            cpu = cpu_seconds(pid) - cpu if pid else 0.0
     finally:
         os.close(fd)
     await asyncio.to_thread(check_bare_output, out_dir / upload_id, source)
-    return Result(seconds, source.size)
+    return Result(seconds, source.size, server_cpu=cpu if pid else None)
 
 
 async def send_stream(
@@ -300,10 +313,10 @@ Sender = Callable[[upload_pb2_grpc.UploadServiceStub, int, str, int], Awaitable[
 
 
 async def run_serentak(
-    address: str, blob_root: Path, source: Source, case: str, send: Sender
+    address: str, blob_root: Path, source: Source, case: str, send: Sender, pid: int | None
 ) -> Result:
     """CreateUpload, send every chunk with `send`, wait for COMPLETED; verify the blob."""
-    result, upload = await run_serentak_upload(address, source, case, send)
+    result, upload = await run_serentak_upload(address, source, case, send, pid)
     blob = blob_root / content_key(upload.file_id, upload.upload_id)
     stored = await asyncio.to_thread(file_sha256, blob)
     if stored != source.sha256:
@@ -312,14 +325,16 @@ async def run_serentak(
 
 
 async def run_serentak_upload(
-    address: str, source: Source, case: str, send: Sender
+    address: str, source: Source, case: str, send: Sender, pid: int | None = None
 ) -> tuple[Result, upload_pb2.Upload]:
-    """CreateUpload, send every chunk with `send`, wait for COMPLETED (checksum checked)."""
+    """CreateUpload, send every chunk with `send`, wait for COMPLETED (checksum checked);
+    with the server's `pid`, its CPU time until the last chunk is acknowledged."""
     fd = os.open(source.path, os.O_RDONLY)
     try:
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as ch:
             stub = upload_pb2_grpc.UploadServiceStub(ch)
             await ch.channel_ready()
+            cpu = cpu_seconds(pid) if pid else 0.0
             started = time.perf_counter()
             created = await stub.CreateUpload(
                 upload_pb2.CreateUploadRequest(
@@ -333,6 +348,7 @@ async def run_serentak_upload(
             )
             await send(stub, fd, created.upload_id, source.chunks)
             acked = time.perf_counter()
+            cpu = cpu_seconds(pid) - cpu if pid else 0.0
             upload = await wait_done(stub, created.upload_id)
             done = time.perf_counter()
     finally:
@@ -342,7 +358,9 @@ async def run_serentak_upload(
     if upload.final_checksum != source.sha256:
         raise RuntimeError(f"{case}: the merged file's checksum differs from the source's")
     merging = upload.merge_finished_at.ToDatetime() - upload.merge_started_at.ToDatetime()
-    return Result(done - started, source.size, done - acked, merging.total_seconds()), upload
+    result = Result(done - started, source.size, done - acked, merging.total_seconds())
+    result.server_cpu = cpu if pid else None
+    return result, upload
 
 
 async def wait_done(stub: upload_pb2_grpc.UploadServiceStub, upload_id: str) -> upload_pb2.Upload:
@@ -386,6 +404,8 @@ class Servers:
     blob_root: Path
     database: str
     upload_log: Path
+    upload_pid: int
+    bare_pid: int
 
 
 def start_servers(stack: ExitStack, tmp: Path, postgres: str | None, chunks: int) -> Servers:
@@ -414,7 +434,16 @@ def start_servers(stack: ExitStack, tmp: Path, postgres: str | None, chunks: int
     stack.callback(bare.wait)
     stack.callback(bare.terminate)
     blobs = tmp / "upload" / "data" / "blobs"
-    return Servers(upload.address, bare_address, tmp / "bare", blobs, database, upload.log_path)
+    return Servers(
+        upload.address,
+        bare_address,
+        tmp / "bare",
+        blobs,
+        database,
+        upload.log_path,
+        upload.process.pid,
+        bare.pid,
+    )
 
 
 STREAM = "1 stream (UploadChunks)"
@@ -424,26 +453,34 @@ BARE = "bare"
 
 
 async def measure(
-    servers: Servers, source: Source, rounds: int
+    servers: Servers, source: Source, warmup: Source, rounds: int
 ) -> dict[tuple[str, str], list[Result]]:
-    """Interleaved rounds (bare then Serentak, 1 stream then parallel), then one more bare
-    run of each shape; every result, keyed by (server, shape)."""
+    """A warm-up upload of each shape to each server (first calls import code and fill
+    caches), interleaved rounds (bare then Serentak, 1 stream then parallel), then one more
+    bare run of each shape; every result, keyed by (server, shape)."""
     shapes: tuple[tuple[str, Sender], ...] = ((STREAM, send_stream), (PARALLEL, send_parallel))
+    for shape, send in shapes:
+        await run_bare(servers.bare, servers.bare_dir, warmup, send)
+        await run_serentak(servers.upload, servers.blob_root, warmup, shape, send, None)
     results: dict[tuple[str, str], list[Result]] = {
         (server, shape): [] for shape, _ in shapes for server in (BARE, SERENTAK)
     }
     for n in range(rounds):
         for shape, send in shapes:
             results[BARE, shape].append(
-                await run_bare(servers.bare, servers.bare_dir, source, send)
+                await run_bare(servers.bare, servers.bare_dir, source, send, servers.bare_pid)
             )
             results[SERENTAK, shape].append(
-                await run_serentak(servers.upload, servers.blob_root, source, shape, send)
+                await run_serentak(
+                    servers.upload, servers.blob_root, source, shape, send, servers.upload_pid
+                )
             )
         line = ", ".join(f"{a} {b} {r[-1].mb_per_s:.1f}" for (a, b), r in results.items())
         print(f"  round {n + 1}: MB/s {line}", flush=True)
     for shape, send in shapes:
-        results[BARE, shape].append(await run_bare(servers.bare, servers.bare_dir, source, send))
+        results[BARE, shape].append(
+            await run_bare(servers.bare, servers.bare_dir, source, send, servers.bare_pid)
+        )
     return results
 
 
@@ -454,17 +491,18 @@ def print_table(results: dict[tuple[str, str], list[Result]], size: int, databas
     print(f"\nupload benchmark: {size / MIB:.0f} MiB in {CHUNK // MIB} MiB chunks, {database}")
     head = (
         f"{'case (best run)':<34} {'ingest s':>8} {'MB/s':>7} {'vs bare':>8} "
-        f"{'e2e MB/s':>8} {'e2e vs bare':>11}  ingest MB/s of every run"
+        f"{'e2e MB/s':>8} {'e2e vs bare':>11} {'CPU ms/chunk':>12}  ingest MB/s of every run"
     )
     print(head)
     print("-" * len(head))
     for (server, shape), r in best.items():
         bare = best[BARE, shape]
         runs = " ".join(f"{x.send_mb_per_s:.1f}" for x in results[server, shape])
+        cpu_per_chunk = (r.server_cpu or 0.0) * 1000 / (size / CHUNK)
         print(
             f"{server + ' ' + shape:<34} {r.send_seconds:>8.2f} {r.send_mb_per_s:>7.1f} "
             f"{r.send_mb_per_s / bare.send_mb_per_s:>8.2f} {r.mb_per_s:>8.1f} "
-            f"{r.mb_per_s / bare.mb_per_s:>11.2f}  {runs}"
+            f"{r.mb_per_s / bare.mb_per_s:>11.2f} {cpu_per_chunk:>12.1f}  {runs}"
         )
     for shape in (STREAM, PARALLEL):
         r = best[SERENTAK, shape]
@@ -477,6 +515,7 @@ def print_table(results: dict[tuple[str, str], list[Result]], size: int, databas
         "written to its own file, file and folder fsynced; Serentak: CreateUpload + chunks); "
         f"e2e: Serentak until GetUpload answers COMPLETED (polled every {POLL_S * 1000:.0f} ms)"
     )
+    print("CPU ms/chunk: the server process's CPU time (all threads) while ingesting, per chunk")
     print("every stored file verified: bare chunk files and Serentak's merged blob = the source")
 
 
@@ -485,10 +524,12 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
     with ExitStack() as stack:
         source = make_source(tmp / "source.bin", args.size_mib * MIB)
         stack.callback(source.path.unlink)
+        warmup = make_source(tmp / "warmup.bin", WARMUP_CHUNKS * CHUNK)
+        stack.callback(warmup.path.unlink)
         servers = start_servers(stack, tmp, args.postgres, source.chunks)
         print(f"source: {args.size_mib} MiB, sha256 {source.sha256[:16]}...", flush=True)
         try:
-            results = await measure(servers, source, args.rounds)
+            results = await measure(servers, source, warmup, args.rounds)
         except RuntimeError:
             log = servers.upload_log.read_text(errors="replace")
             print(f"upload service log (last lines):\n{log[-4000:]}", file=sys.stderr)
