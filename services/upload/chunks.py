@@ -30,9 +30,10 @@ that counts the chunk and, for the one that completes the set, moves the upload 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import case, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -61,6 +62,7 @@ log = get_logger(__name__)
 # updated, inside that transaction. None in every deployment: nothing sets it from
 # settings, the environment or a request; only code in the same process (a test) can.
 after_chunk_write: Callable[[str, int], Awaitable[None]] | None = None
+_NO_LOCK = contextlib.nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,7 @@ class ChunkStore:
         self._blobs = blobs
         self._enqueue_merge = enqueue_merge
         self._ttl = upload_ttl_seconds
+        self._sqlite_writes = asyncio.Lock()
 
     async def put(
         self, identity: Identity, upload_id: str, index: int, data: bytes, checksum: str
@@ -197,7 +200,7 @@ class ChunkStore:
         if p.existing is not None:
             return await self._answer_existing(p.upload, p.existing, p.index, p.size, p.checksum)
         try:
-            return await self._record(p.upload, p.index, p.size, p.checksum, p.key, p.staged)
+            return await self._record(p)
         except _AlreadyStored as lost:
             return await self._answer_existing(p.upload, lost.existing, p.index, p.size, p.checksum)
         finally:
@@ -245,21 +248,53 @@ class ChunkStore:
             assert fresh is not None
         return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
 
-    async def _record(
-        self, upload: UploadRow, index: int, size: int, checksum: str, key: str, staged: object
-    ) -> ChunkOutcome:
+    async def _record(self, p: PreparedChunk) -> ChunkOutcome:
         now = utcnow()
-        async with self._sessions.begin() as session:
+        async with self._sessions() as session:
             dialect = session.get_bind().dialect.name
+            # SQLite has one writer at a time, and a writer that finds the lock taken sleeps
+            # in steps of up to 100 ms: this process's chunk commits queue here instead, in
+            # order, each starting the moment the previous one ends.
+            async with self._sqlite_writes if dialect == "sqlite" else _NO_LOCK:
+                fresh = await self._write(session, dialect, p, now)
+        started = fresh.status == MERGING
+        metrics.CHUNKS_STORED.inc()
+        log.info(
+            "chunk_stored",
+            upload_id=p.upload.id,
+            chunk_index=p.index,
+            total_chunks=p.upload.total_chunks,
+            checksum=p.checksum,
+            size=p.size,
+        )
+        if started:
+            metrics.STATUS_SECONDS.labels(UPLOADING).observe(
+                max((now - p.upload.created_at).total_seconds(), 0.0)
+            )
+            log.info(
+                "upload_status_changed",
+                upload_id=p.upload.id,
+                from_status=UPLOADING,
+                to_status=MERGING,
+                transition=f"{UPLOADING} → {MERGING}",
+            )
+            log.info("upload_merge_started", upload_id=p.upload.id, file_id=p.upload.file_id)
+        return ChunkOutcome(fresh, p.index, duplicate=False, started_merge=started)
+
+    async def _write(
+        self, session: AsyncSession, dialect: str, p: PreparedChunk, now: datetime
+    ) -> UploadRow:
+        """The chunk's transaction: its row, its bytes published, the upload counted."""
+        async with session.begin():
             insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
             inserted = await session.execute(
                 insert(ChunkRow)
                 .values(
-                    upload_id=upload.id,
-                    chunk_index=index,
-                    size=size,
-                    checksum=checksum,
-                    blob_key=key,
+                    upload_id=p.upload.id,
+                    chunk_index=p.index,
+                    size=p.size,
+                    checksum=p.checksum,
+                    blob_key=p.key,
                     created_at=now,
                 )
                 .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
@@ -267,20 +302,20 @@ class ChunkStore:
                 .returning(ChunkRow.id)
             )
             if inserted.first() is None:
-                existing = await _stored(session, upload.id, index)
+                existing = await _stored(session, p.upload.id, p.index)
                 assert existing is not None, "ON CONFLICT found a row"
                 raise _AlreadyStored(existing)
             # Our row: we are the only writer of this key (see the module docstring).
-            await self._blobs.publish(staged, key)
+            await self._blobs.publish(p.staged, p.key)
             if after_chunk_write is not None:
-                await after_chunk_write(upload.id, index)
+                await after_chunk_write(p.upload.id, p.index)
             # Count the chunk; the one store that completes the set also moves the upload to
             # merging (invariant 3). SET expressions all read the row as it was before.
             completes = UploadRow.received_chunk_count + 1 == UploadRow.total_chunks
             fresh = (
                 await session.execute(
                     update(UploadRow)
-                    .where(UploadRow.id == upload.id, UploadRow.status == UPLOADING)
+                    .where(UploadRow.id == p.upload.id, UploadRow.status == UPLOADING)
                     .values(
                         received_chunk_count=UploadRow.received_chunk_count + 1,
                         updated_at=now,
@@ -294,32 +329,10 @@ class ChunkStore:
             ).scalar_one_or_none()
             if fresh is None:
                 # Aborted or expired meanwhile: roll back the row (the bytes are an orphan).
-                raise UploadNotActive("the upload stopped accepting chunks", upload_id=upload.id)
-            started = fresh.status == MERGING
-            if started:
+                raise UploadNotActive("the upload stopped accepting chunks", upload_id=p.upload.id)
+            if fresh.status == MERGING:
                 await self._enqueue_merge(session, fresh)
-        metrics.CHUNKS_STORED.inc()
-        log.info(
-            "chunk_stored",
-            upload_id=upload.id,
-            chunk_index=index,
-            total_chunks=upload.total_chunks,
-            checksum=checksum,
-            size=size,
-        )
-        if started:
-            metrics.STATUS_SECONDS.labels(UPLOADING).observe(
-                max((now - upload.created_at).total_seconds(), 0.0)
-            )
-            log.info(
-                "upload_status_changed",
-                upload_id=upload.id,
-                from_status=UPLOADING,
-                to_status=MERGING,
-                transition=f"{UPLOADING} → {MERGING}",
-            )
-            log.info("upload_merge_started", upload_id=upload.id, file_id=upload.file_id)
-        return ChunkOutcome(fresh, index, duplicate=False, started_merge=started)
+        return fresh
 
 
 async def _stored(session: AsyncSession, upload_id: str, index: int) -> _Stored | None:

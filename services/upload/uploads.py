@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common import validation
 from services.common.auth import Identity
+from services.common.db import read_only
 from services.common.errors import AlreadyExists, InvalidArgument
 from services.common.logging import get_logger
 from services.common.page_tokens import PageTokens
@@ -360,11 +361,13 @@ class Uploads:
     async def get(
         self, identity: Identity, upload_id: str
     ) -> tuple[UploadRow, list[tuple[int, int]]]:
-        """The upload and its missing index ranges."""
+        """The upload and its missing index ranges (pure reads: no SQLite write lock)."""
         async with self._sessions() as session:
+            await read_only(session)
             upload = await self.load(session, identity, upload_id)
         upload = await self.expire_if_due(upload)
         async with self._sessions() as session:
+            await read_only(session)
             indexes = (
                 await session.execute(
                     select(ChunkRow.chunk_index).where(ChunkRow.upload_id == upload.id)
