@@ -82,6 +82,8 @@ class _Stored:
 
     checksum: str
     size: int
+    # Sends of this index that reached its row (1: the one that stored it).
+    attempts: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +147,9 @@ class ChunkStore:
             # Shares may have changed since CreateUpload (the merge checks again). A missing
             # target is looked up again by the full check, which names the error.
             await check_uploader(session, upload, target=target)
-        existing = None if row is None else _Stored(row.checksum, row.size)
+        # The row read answers a retry (fast path below) and numbers this send's attempt.
+        existing = None if row is None else _Stored(row.checksum, row.size, row.attempts)
+        attempt = 1 if existing is None else existing.attempts + 1
         if not 0 <= index < upload.total_chunks:
             raise InvalidArgument(
                 "chunk_index",
@@ -158,6 +162,7 @@ class ChunkStore:
             total_chunks=upload.total_chunks,
             checksum=checksum,
             size=len(data),
+            attempt=attempt,
         )
         chunk_log.info("chunk_received")
         want_size = expected_chunk_size(upload, index)
@@ -215,6 +220,7 @@ class ChunkStore:
     async def _answer_existing(
         self, upload: UploadRow, existing: _Stored, index: int, size: int, checksum: str
     ) -> ChunkOutcome:
+        attempt = await self._count_attempt(upload.id, index)
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
             metrics.CHUNK_CONFLICTS_BY_INDEX.labels(metrics.index_bucket(index)).inc()
@@ -225,6 +231,7 @@ class ChunkStore:
                 total_chunks=upload.total_chunks,
                 checksum=checksum,
                 stored_checksum=existing.checksum,
+                attempt=attempt,
             )
             REPEATS.record(upload.id, index)
             raise ChunkConflict(
@@ -241,12 +248,25 @@ class ChunkStore:
             chunk_index=index,
             total_chunks=upload.total_chunks,
             checksum=checksum,
+            attempt=attempt,
         )
         async with self._sessions() as session:
             await read_only(session)
             fresh = await session.get(UploadRow, upload.id)
             assert fresh is not None
         return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
+
+    async def _count_attempt(self, upload_id: str, index: int) -> int:
+        """One more send of a stored index (a retry, or other bytes): counted on its row,
+        which answers with the total, so concurrent retries each log their own number."""
+        async with self._sessions.begin() as session:
+            counted = await session.scalar(
+                update(ChunkRow)
+                .where(ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index)
+                .values(attempts=ChunkRow.attempts + 1)
+                .returning(ChunkRow.attempts)
+            )
+        return int(counted or 0)
 
     async def _record(self, p: PreparedChunk) -> ChunkOutcome:
         now = utcnow()
@@ -266,6 +286,7 @@ class ChunkStore:
             total_chunks=p.upload.total_chunks,
             checksum=p.checksum,
             size=p.size,
+            attempt=1,
         )
         if started:
             metrics.STATUS_SECONDS.labels(UPLOADING).observe(
@@ -338,9 +359,9 @@ class ChunkStore:
 async def _stored(session: AsyncSession, upload_id: str, index: int) -> _Stored | None:
     row = (
         await session.execute(
-            select(ChunkRow.checksum, ChunkRow.size).where(
+            select(ChunkRow.checksum, ChunkRow.size, ChunkRow.attempts).where(
                 ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index
             )
         )
     ).first()
-    return None if row is None else _Stored(row.checksum, row.size)
+    return None if row is None else _Stored(row.checksum, row.size, row.attempts)
