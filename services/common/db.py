@@ -8,9 +8,12 @@ out with `read_only(session)`.
 
 from __future__ import annotations
 
+import sqlite3
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 from sqlalchemy import MetaData, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
@@ -85,6 +88,39 @@ def _configure_sqlite(engine: Any, synchronous: str) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+class _SqliteConnection(aiosqlite.Connection):
+    """aiosqlite's connection with a `close()` that is safe after a terminate.
+
+    aiosqlite 0.22.1's `close()` always queues a stop for its worker thread and awaits it.
+    When SQLAlchemy has already terminated the connection (`stop()`: a statement cancelled
+    mid-flight, e.g. a background loop at shutdown), the thread is gone or leaving, that
+    await never returns, and the event loop's shutdown hangs on it forever.
+    """
+
+    async def close(self) -> None:
+        """Close the SQLite connection and stop the thread, unless already stopped."""
+        if self._connection is None or not self._running:
+            return
+        try:
+            await self._execute(self._conn.close)
+        finally:
+            self._connection = None
+            if self._running:  # nobody stopped the thread meanwhile: it will answer
+                stopped = self.stop()
+                if stopped is not None:
+                    await stopped
+
+
+async def connect_sqlite(path: str) -> aiosqlite.Connection:
+    """An aiosqlite connection to `path` (what SQLAlchemy's dialect would open), whose
+    close is safe after a terminate (`_SqliteConnection`)."""
+    connection = _SqliteConnection(
+        partial(sqlite3.connect, path, check_same_thread=False), iter_chunk_size=64
+    )
+    connection._thread.daemon = True  # as SQLAlchemy's dialect does
+    return await connection
+
+
 def create_engine(
     url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10
 ) -> AsyncEngine:
@@ -93,7 +129,10 @@ def create_engine(
         path = make_url(url).database
         if path and path != ":memory:":
             private_sqlite(Path(path))  # before SQLite creates it 0644
-        engine = create_async_engine(async_url(url))
+        database = path or ":memory:"
+        engine = create_async_engine(
+            async_url(url), async_creator=partial(connect_sqlite, database)
+        )
         _configure_sqlite(engine.sync_engine, sqlite_synchronous)
         return engine
     return create_async_engine(
