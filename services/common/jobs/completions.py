@@ -6,7 +6,9 @@ completion but the completion itself: deleting the job (if the lease is still ou
 recording its idempotency key (if it was deleted). Those are gathered while the previous
 batch is in flight and sent as one statement in one transaction (`sql.COMPLETE_BATCH_*`),
 so a busy worker pays one commit for many jobs instead of one each. Nothing waits for a
-batch to fill: a lone job is sent at once.
+batch to fill: a lone job is sent at once. Inside a running worker the PostgreSQL batch
+goes over a connection of its own in autocommit mode: the statement is atomic on its own,
+so a batch is one round trip (no pool checkout, BEGIN or COMMIT).
 
 The outcome per job is the one the single-job path gives: completed, already applied
 (its key was taken: the job is deleted, nothing recorded twice) or LeaseLost (someone
@@ -16,11 +18,12 @@ else owns the job now; nothing was changed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from services.common.jobs import sql
 from services.common.jobs.errors import LeaseLost
@@ -49,7 +52,13 @@ class CompletionBatcher:
         self.sessions = sessions
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._persistent = False
+        self._connection: AsyncConnection | None = None
         self.batches = 0  # statements sent (observable for tests and tools)
+
+    def keep_connection(self) -> None:
+        """Send PostgreSQL batches over one autocommit connection until `close()`."""
+        self._persistent = True
 
     async def complete(self, job: ClaimedJob, effect: dict[str, Any] | None) -> bool:
         """Delete `job` and record its key; True if recorded, False if already applied.
@@ -67,6 +76,26 @@ class CompletionBatcher:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._drop_connection()
+
+    async def _drop_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    async def _autocommit_connection(self) -> AsyncConnection | None:
+        """The batch connection (PostgreSQL, inside a running worker), else None."""
+        if not self._persistent:
+            return None
+        if self._connection is None:
+            engine = self.sessions.kw.get("bind")
+            if not isinstance(engine, AsyncEngine) or engine.dialect.name != "postgresql":
+                return None
+            connection = await engine.connect()
+            await connection.execution_options(isolation_level="AUTOCOMMIT")
+            self._connection = connection
+        return self._connection
 
     async def _flush(self) -> None:
         batch: list[_Pending] = []
@@ -107,31 +136,19 @@ class CompletionBatcher:
             _settle(p, outcomes[p.job.id])
 
     async def _apply(self, batch: list[_Pending]) -> dict[int, bool | LeaseLost]:
+        try:
+            connection = await self._autocommit_connection()
+            if connection is not None:
+                rows = await connection.execute(sql.COMPLETE_BATCH_POSTGRESQL, _params(batch))
+                return _outcomes(batch, rows)
+        except Exception:
+            await self._drop_connection()  # a broken connection is not reused
+            raise
         async with self.sessions() as session, session.begin():
             if session.get_bind().dialect.name != "postgresql":
                 return {p.job.id: await _one(session, p) for p in batch}
-            rows = await session.execute(
-                sql.COMPLETE_BATCH_POSTGRESQL,
-                {
-                    "ids": [p.job.id for p in batch],
-                    "lease_tokens": [p.job.lease_token for p in batch],
-                    "idempotency_keys": [p.job.idempotency_key for p in batch],
-                    "job_types": [p.job.job_type for p in batch],
-                    "job_ids": [p.job.job_id for p in batch],
-                    # As the single-job path stores it (JSON null for no effect).
-                    "effects": [json.dumps(p.effect) for p in batch],
-                    "applied_at": utcnow(),
-                },
-            )
-            by_id = {row.id: row for row in rows}
-            return {
-                p.job.id: (
-                    bool(by_id[p.job.id].recorded)
-                    if by_id[p.job.id].completed
-                    else LeaseLost(p.job.job_id)
-                )
-                for p in batch
-            }
+            result = await session.execute(sql.COMPLETE_BATCH_POSTGRESQL, _params(batch))
+            return _outcomes(batch, result)
 
     async def _apply_one(self, p: _Pending) -> bool | LeaseLost:
         async with self.sessions() as session, session.begin():
@@ -149,6 +166,29 @@ async def _one(session: AsyncSession, p: _Pending) -> bool | LeaseLost:
     except AlreadyApplied:
         return False  # deleted, its key was taken before: acknowledged, not recorded
     return True
+
+
+def _params(batch: list[_Pending]) -> dict[str, object]:
+    return {
+        "ids": [p.job.id for p in batch],
+        "lease_tokens": [p.job.lease_token for p in batch],
+        "idempotency_keys": [p.job.idempotency_key for p in batch],
+        "job_types": [p.job.job_type for p in batch],
+        "job_ids": [p.job.job_id for p in batch],
+        # As the single-job path stores it (JSON null for no effect).
+        "effects": [json.dumps(p.effect) for p in batch],
+        "applied_at": utcnow(),
+    }
+
+
+def _outcomes(batch: list[_Pending], rows: Any) -> dict[int, bool | LeaseLost]:
+    by_id = {row.id: row for row in rows}
+    return {
+        p.job.id: (
+            bool(by_id[p.job.id].recorded) if by_id[p.job.id].completed else LeaseLost(p.job.job_id)
+        )
+        for p in batch
+    }
 
 
 def _settle(p: _Pending, outcome: bool | BaseException) -> None:

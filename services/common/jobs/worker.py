@@ -105,6 +105,7 @@ class Worker:
         # back short (the queue is drained), claim for any free slot, for latency.
         batch = max(1, self.concurrency // 2)
         backlog = False
+        self._completions.keep_connection()
         log.info("worker_started", worker_id=self.worker_id, job_types=self.registry.names)
         try:
             while True:
@@ -188,7 +189,13 @@ class Worker:
         engine = self.sessions.kw.get("bind")
         if isinstance(engine, AsyncEngine):
             with contextlib.suppress(Exception):
-                self._claim_connection = await engine.connect()
+                connection = await engine.connect()
+                if connection.dialect.name == "postgresql":
+                    # The claim is one statement, atomic on its own: autocommit spares
+                    # the BEGIN and COMMIT round trips. (SQLite's claim needs its
+                    # BEGIN IMMEDIATE: the write lock is taken before the read.)
+                    await connection.execution_options(isolation_level="AUTOCOMMIT")
+                self._claim_connection = connection
 
     async def _close_claim_connection(self) -> None:
         connection, self._claim_connection = self._claim_connection, None
