@@ -10,22 +10,26 @@ records and transactions per event, while the runtime runs a few hundred jobs/s 
 rename to 1,000 users would queue seconds of work. A per-file job writes all of the
 event's notifications in one transaction with multi-row statements instead, and the two
 orders the issue asks for still hold:
-- per file: a file's jobs run one at a time in enqueue order, which is version order
-  (Ingest enqueues under the file's row lock, in version order); digest folding relies on
-  it (it looks at the user's latest notification for the file);
+- per file: a file's jobs run one at a time, and each writes the oldest accepted events
+  first, so notifications are written in version order; digest folding relies on it (it
+  looks at the user's latest notification for the file);
 - per user: every notification takes the next `seq` of its user's stream row, locked until
   commit (users locked in sorted order, so concurrent jobs of different files sharing users
   cannot deadlock). A user's notifications and badge therefore change one commit at a
   time, in `seq` order, whichever files they come from.
 
-Catch-up batching. When the job starts and later versions of the same file are already
-accepted (a burst), it writes them too, in version order, in the same transaction (at
-most `max_batch` events); their own jobs then find their events done and finish with no
-effect. Under a burst this turns N transactions into one.
+One job per accepting transaction, not per event. A job writes the file's oldest
+accepted, not yet notified events, in version order, in one transaction (at most
+`max_batch`; when more are waiting it enqueues a continuation job in that transaction).
+So Ingest queues one job for all the events of a file one transaction accepts (an
+IngestBatch of 100 events: one job, not 100 claims of a single-file partition that runs
+them one at a time), and a job that finds its events already written by an earlier job
+finishes with no effect. Whenever accepted events wait, a job that will see them is
+queued: the one their accepting transaction queued, or a continuation.
 
-Exactly once. The runtime records `fanout:{event_id}` with the job's effects; the inbox
-row goes `applied -> notified` in the same transaction, read under a row lock, so a
-redelivered or replayed job, or a job whose event an earlier batch already wrote, changes
+Exactly once. The runtime records the job's idempotency key with its effects; the inbox
+rows go `applied -> notified` in the same transaction, read under row locks, so a
+redelivered or replayed job, or a job whose events an earlier one already wrote, changes
 nothing. UNIQUE (tenant, user, file, version) backs it up.
 
 Live delivery. What the transaction wrote is handed to the in-process `Broker` only after
@@ -44,7 +48,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import SessionTransaction
 
-from services.common.jobs import ConflictError, JobContext, NewJob, PermanentError, RetryPolicy
+from services.common.jobs import (
+    ConflictError,
+    JobContext,
+    NewJob,
+    PermanentError,
+    RetryPolicy,
+    enqueue,
+)
 from services.common.logging import get_logger
 from services.notify import fanout_batch, metrics
 from services.notify.clock import to_naive_utc, utcnow
@@ -61,8 +72,11 @@ FANOUT_JOB = "notify_fanout"
 FANOUT_RETRY = RetryPolicy(max_attempts=10, base_seconds=0.05, cap_seconds=5.0)
 
 
-def fanout_job(event: events_pb2.Event) -> NewJob:
-    """The fan-out job of an accepted `event` (enqueue it in the accepting transaction)."""
+def fanout_job(event: events_pb2.Event, *, continuation: bool = False) -> NewJob:
+    """The fan-out job for an accepted `event` and the file's events accepted with or
+    after it (enqueue it in the accepting transaction). A continuation (queued by a job
+    that left accepted events behind) has a key of its own, so it never stands in for
+    the job the event's accepting transaction queued."""
     return NewJob(
         job_type=FANOUT_JOB,
         payload={
@@ -71,7 +85,7 @@ def fanout_job(event: events_pb2.Event) -> NewJob:
             "version": event.version,
         },
         partition_key=f"notify-file:{event.aggregate_id}",
-        idempotency_key=f"fanout:{event.event_id}",
+        idempotency_key=f"{'fanout-next' if continuation else 'fanout'}:{event.event_id}",
         correlation_id=event.correlation_id[:ID_LEN] or None,
     )
 
@@ -97,37 +111,40 @@ class FanOutHandler:
 
     async def _fan_out(self, session: AsyncSession, payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            event_id, aggregate_id = str(payload["event_id"]), str(payload["aggregate_id"])
-            version = int(payload["version"])
+            str(payload["event_id"])
+            aggregate_id = str(payload["aggregate_id"])
+            int(payload["version"])
         except (KeyError, TypeError, ValueError) as exc:
             raise PermanentError(f"not a fan-out payload: {payload!r}") from exc
-        chain = await self._accepted_from(session, aggregate_id, version)
-        if not chain or chain[0].event_id != event_id:
-            # Written by an earlier job's batch (or a concurrent one after a lost lease).
+        chain = await self._accepted(session, aggregate_id)
+        if not chain:
+            # Written by an earlier job (or a concurrent one after a lost lease).
             return {"events": 0, "already_notified": True}
+        waiting = chain[self._max_batch :]
+        chain = chain[: self._max_batch]
         written, duplicates = await self._write(session, chain)
         await session.execute(
             update(InboxEvent)
             .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
             .values(status=InboxStatus.NOTIFIED)
         )
+        if waiting:
+            await enqueue(session, fanout_job(waiting[0], continuation=True))
         self._publish_after_commit(session, written, duplicates, len(chain))
         return {"events": len(chain), "notifications": len(written)}
 
-    async def _accepted_from(
-        self, session: AsyncSession, aggregate_id: str, version: int
-    ) -> list[events_pb2.Event]:
-        """Accepted, not yet notified events of the file from `version` on, in version
-        order, row-locked (PostgreSQL re-checks the status after waiting for a lock)."""
+    async def _accepted(self, session: AsyncSession, aggregate_id: str) -> list[events_pb2.Event]:
+        """The file's oldest accepted, not yet notified events, in version order (at most
+        `max_batch` + 1: the extra one says more are waiting), row-locked (PostgreSQL
+        re-checks the status after waiting for a lock)."""
         rows = await session.execute(
             select(InboxEvent.event)
             .where(
                 InboxEvent.aggregate_id == aggregate_id,
                 InboxEvent.status == InboxStatus.APPLIED,
-                InboxEvent.version >= version,
             )
             .order_by(InboxEvent.version)
-            .limit(self._max_batch)
+            .limit(self._max_batch + 1)
             .with_for_update()
         )
         chain = []

@@ -12,11 +12,12 @@ applied for the aggregate (row-locked for the transaction):
 - `version > applied + 1`: parked in the inbox. It "retries later" without any resend:
   the transaction that accepts its predecessor accepts it too.
 
-Accepting an event enqueues its fan-out job (`fanout_job.py`) in the same transaction,
-under the aggregate's row lock, so a file's jobs are enqueued — and, being partitioned
-by file, run — in version order. Ingest returns once that transaction commits: the
-per-user work runs on the job runtime, and a crash at any point leaves either the
-accepted event with its queued job or nothing (a redelivery then does the work).
+Accepting events enqueues a fan-out job (`fanout_job.py`) in the same transaction, one
+per file however many events of it the transaction accepts; the job writes the file's
+accepted events oldest first, so notifications follow version order. Ingest returns once
+that transaction commits: the per-user work runs on the job runtime, and a crash at any
+point leaves either the accepted event with its queued job or nothing (a redelivery then
+does the work).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from services.notify.sql import insert_ignore, retrying, upsert
 
 log = get_logger(__name__)
 Outcome = notify_pb2.IngestOutcome
+# session.info key: the aggregates whose fan-out job this transaction has queued.
+_FANOUT_QUEUED = "notify_fanout_queued"
 
 
 @dataclass
@@ -200,8 +203,14 @@ class Inbox:
         aggregate_id = first.aggregate_id
         successors, stale = await self._parked_successors(session, aggregate_id, first.version)
         chain = [first, *successors]
+        # One fan-out job per file per transaction: it writes every accepted event of
+        # the file from the oldest on (`fanout_job.py`), this chain and any later one
+        # this transaction accepts (an IngestBatch) included.
+        queued: set[str] = session.info.setdefault(_FANOUT_QUEUED, set())
+        if aggregate_id not in queued:
+            queued.add(aggregate_id)
+            await enqueue(session, fanout_job(first))
         for ev in chain:
-            await enqueue(session, fanout_job(ev))
             result.scheduled += len(audience(ev))
             result.applied += 1
         if successors:

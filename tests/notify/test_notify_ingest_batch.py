@@ -121,3 +121,24 @@ async def test_the_relays_grpc_subscriber_sends_batches_under_the_size_limit(not
     await notify.settled()
     got = sorted(await notify.all_notifications("alice"), key=lambda n: int(n.cursor))
     assert [n.version for n in got] == list(range(1, 13))
+
+
+async def test_one_job_per_batch_continues_past_its_limit_in_order(notify_factory):
+    # A fan-out job writes at most 2 events here: the one job a batch of 7 queues per
+    # file hands the rest to continuation jobs; racing batches over 3 files (and a
+    # replayed batch) still give every (user, file, version) once, in version order.
+    async with notify_factory(fanout_batch_max=2) as notify:
+        events = {f: [event(f"f-cont-{f}", v) for v in range(1, 8)] for f in range(3)}
+        rng = random.Random(8)
+        batches = [list(evs) for evs in events.values()]
+        mixed = [ev for evs in events.values() for ev in evs]
+        rng.shuffle(mixed)
+        batches += [mixed[:10], mixed[10:]]
+        await asyncio.gather(*(ingest_batch(notify, b) for b in batches))
+        await notify.settled()
+        for user in ("alice", "bob"):
+            got = sorted(await notify.all_notifications(user), key=lambda n: int(n.cursor))
+            assert [int(n.cursor) for n in got] == list(range(1, 22))
+            for f in range(3):
+                versions = [n.version for n in got if n.file_id == f"f-cont-{f}"]
+                assert versions == list(range(1, 8))
