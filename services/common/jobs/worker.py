@@ -88,6 +88,8 @@ class Worker:
         self.idling = asyncio.Event()
         self._claim_connection: AsyncConnection | None = None
         self._completions = CompletionBatcher(sessions)
+        self._handling: set[int] = set()  # ids of claimed jobs whose handler runs
+        self._slot_freed = asyncio.Event()
 
     def wake(self) -> None:
         """Claim again now instead of at the next poll (e.g. after an in-process enqueue)."""
@@ -111,9 +113,15 @@ class Worker:
             while True:
                 if self._claim_connection is None:
                     await self._open_claim_connection()
-                free = self.concurrency - len(running)
-                if free == 0 or (backlog and free < batch):
-                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                # A slot is a running handler. A job whose handler is done but whose
+                # acknowledgement waits for its batch holds none, so the next claim
+                # overlaps the batch; at most `concurrency` more such jobs.
+                free = min(
+                    self.concurrency - len(self._handling), 2 * self.concurrency - len(running)
+                )
+                if free <= 0 or (backlog and free < batch):
+                    self._slot_freed.clear()
+                    await self._slot_freed.wait()
                     continue
                 # Cleared before the claim: a wake-up arriving while it runs (an enqueue,
                 # a finished job unblocking its partition) makes the next idle a no-op.
@@ -124,9 +132,10 @@ class Worker:
                     await self._idle()
                     continue
                 for job in claimed:
+                    self._handling.add(job.id)
                     task = asyncio.create_task(self.execute(job))
                     running.add(task)
-                    task.add_done_callback(self._job_done(running))
+                    task.add_done_callback(self._job_done(running, job.id))
         finally:
             for task in running:
                 task.cancel()
@@ -135,14 +144,22 @@ class Worker:
             await asyncio.shield(self._close_claim_connection())
             log.info("worker_stopped", worker_id=self.worker_id)
 
-    def _job_done(self, running: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+    def _job_done(
+        self, running: set[asyncio.Task[None]], job_id: int
+    ) -> Callable[[asyncio.Task[None]], None]:
         def done(task: asyncio.Task[None]) -> None:
             running.discard(task)
+            self._handler_finished(job_id)
             # The next job of its partition may be claimable now: look without waiting
             # for the poll.
             self._wake.set()
 
         return done
+
+    def _handler_finished(self, job_id: int) -> None:
+        """The job's handler slot is free (its acknowledgement may still be pending)."""
+        self._handling.discard(job_id)
+        self._slot_freed.set()
 
     async def run_once(self) -> bool:
         """Claim and run at most one job; True if one ran (tests and tools use this)."""
@@ -272,7 +289,8 @@ class Worker:
                     await session.commit()
                     return "completed"
             # Nothing of the handler's to commit with it: acknowledged with other jobs
-            # in one statement (see completions.py).
+            # in one statement (see completions.py), while the next claim goes ahead.
+            self._handler_finished(job.id)
             if await self._completions.complete(job, ctx.effect):
                 return "completed"
             metrics.JOBS_ALREADY_APPLIED.labels(job.job_type).inc()
