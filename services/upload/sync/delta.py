@@ -24,11 +24,12 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.common.jobs.errors import PermanentError, RetryLater, TransientError
+from services.common.jobs.errors import PermanentError, TransientError
 from services.common.jobs.job import Handler, JobContext
 from services.common.logging import get_logger
 from services.upload.sync import items, metrics
 from services.upload.sync.decisions import DeltaAction, decide_delta, is_expired
+from services.upload.sync.drive_errors import raise_for_drive
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.jobs import enqueue_item_sync
 from services.upload.sync.materialize import create_file
@@ -169,22 +170,6 @@ async def _recheck_unseen(
             result.rechecks += 1
 
 
-def _raise_for(exc: UpstreamError, drive_id: str) -> None:
-    action = decide_delta(exc.status)
-    where = f"delta of drive {drive_id}"
-    if action is DeltaAction.RETRY_AFTER:
-        metrics.RETRIES.labels("retry_after").inc()
-        raise RetryLater(f"{where} throttled: {exc}", retry_after=exc.retry_after) from exc
-    if action in (DeltaAction.RETRY_TRANSIENT, DeltaAction.FULL_RESYNC):
-        # FULL_RESYNC here means a 410 on a fresh enumeration: the provider is confused.
-        metrics.RETRIES.labels("transient").inc()
-        raise TransientError(f"{where}: {exc}") from exc
-    if action is DeltaAction.FAIL_AUTH:
-        metrics.AUTH_FAILURES.inc()
-    metrics.DEAD_LETTERS.labels("auth" if action is DeltaAction.FAIL_AUTH else "permanent").inc()
-    raise PermanentError(f"{where}: {exc}") from exc
-
-
 async def poll_drive(
     engine: SyncEngine, session: AsyncSession, drive_id: str, *, full: bool = False
 ) -> DeltaResult:
@@ -210,8 +195,7 @@ async def poll_drive(
             delta_link = await _follow(engine, session, drive, None, result)
             await _recheck_unseen(session, drive, result.seen, result)
     except UpstreamError as exc:
-        _raise_for(exc, drive_id)
-        raise  # unreachable: _raise_for always raises
+        raise_for_drive(exc, f"delta of drive {drive_id}")
     except ForeignLink as exc:
         metrics.FOREIGN_LINKS.inc()
         metrics.DEAD_LETTERS.labels("foreign_link").inc()

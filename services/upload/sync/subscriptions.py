@@ -21,15 +21,15 @@ matches no subscription we know, and is not the shared secret).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import NoReturn
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.common.jobs.errors import PermanentError, RetryLater, TransientError
 from services.common.jobs.job import Handler, JobContext
 from services.common.logging import get_logger
 from services.upload.sync import items, metrics
-from services.upload.sync.decisions import DeltaAction, decide_delta
+from services.upload.sync.drive_errors import raise_for_drive
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.jobs import ENSURE, RECREATE, enqueue_subscription
 from services.upload.sync.models import linked_drives, utcnow
@@ -78,20 +78,9 @@ async def queue_due(engine: SyncEngine, session: AsyncSession) -> dict[str, int]
     return {"queued": queued, "due": len(rows)}
 
 
-def _raise_for(exc: UpstreamError, operation: str, drive_id: str) -> None:
+def _raise_for(exc: UpstreamError, operation: str, drive_id: str) -> NoReturn:
     metrics.SUBSCRIPTION_OPERATIONS.labels(operation, "failed").inc()
-    where = f"subscription {operation} for drive {drive_id}"
-    action = decide_delta(exc.status)
-    if action is DeltaAction.RETRY_AFTER:
-        metrics.RETRIES.labels("retry_after").inc()
-        raise RetryLater(f"{where} throttled: {exc}", retry_after=exc.retry_after) from exc
-    if action in (DeltaAction.RETRY_TRANSIENT, DeltaAction.FULL_RESYNC):
-        metrics.RETRIES.labels("transient").inc()
-        raise TransientError(f"{where}: {exc}") from exc
-    if action is DeltaAction.FAIL_AUTH:
-        metrics.AUTH_FAILURES.inc()
-    metrics.DEAD_LETTERS.labels("auth" if action is DeltaAction.FAIL_AUTH else "permanent").inc()
-    raise PermanentError(f"{where}: {exc}") from exc
+    raise_for_drive(exc, f"subscription {operation} for drive {drive_id}")
 
 
 async def run_subscription(engine: SyncEngine, ctx: JobContext) -> str:
@@ -138,7 +127,6 @@ async def run_subscription(engine: SyncEngine, ctx: JobContext) -> str:
             )
         except UpstreamError as exc:
             _raise_for(exc, operation, drive_id)
-            raise  # unreachable: _raise_for always raises
     metrics.SUBSCRIPTION_OPERATIONS.labels(operation, "ok").inc()
     stored = await ctx.session.execute(
         update(linked_drives)
