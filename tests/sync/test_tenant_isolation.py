@@ -63,37 +63,20 @@ async def test_link_item_needs_write_access_on_the_file(
 ) -> None:
     sync = sync_pb2_grpc.SyncServiceStub(channel)
     folder = await _shared_folder(channel)
-    # Another tenant (with its own provider credential) learns nothing about the file.
-    await _expect(
-        sync.LinkItem(_link(folder), metadata=MALLORY), grpc.StatusCode.NOT_FOUND, "FILE_NOT_FOUND"
+    link_drive = sync_pb2.LinkDriveRequest(
+        account_id=ACCOUNT, upstream_drive_id=DRIVE, folder_id=folder
     )
-    # A viewer may read the file but not back it with upstream content.
-    await _expect(
-        sync.LinkItem(_link(folder), metadata=BOB),
-        grpc.StatusCode.PERMISSION_DENIED,
-        "INSUFFICIENT_ROLE",
-    )
-    # Nor mirror a drive into it.
-    await _expect(
-        sync.LinkDrive(
-            sync_pb2.LinkDriveRequest(
-                account_id=ACCOUNT, upstream_drive_id=DRIVE, folder_id=folder
-            ),
-            metadata=BOB,
-        ),
-        grpc.StatusCode.PERMISSION_DENIED,
-        "INSUFFICIENT_ROLE",
-    )
-    await _expect(
-        sync.LinkDrive(
-            sync_pb2.LinkDriveRequest(
-                account_id=ACCOUNT, upstream_drive_id=DRIVE, folder_id=folder
-            ),
-            metadata=MALLORY,
-        ),
-        grpc.StatusCode.NOT_FOUND,
-        "FILE_NOT_FOUND",
-    )
+    not_found = (grpc.StatusCode.NOT_FOUND, "FILE_NOT_FOUND")
+    denied = (grpc.StatusCode.PERMISSION_DENIED, "INSUFFICIENT_ROLE")
+    # Another tenant (with its own provider credential) learns nothing about the file; a
+    # viewer may read it but neither back it with upstream content nor mirror a drive into it.
+    for call, request, caller, (code, reason) in (
+        (sync.LinkItem, _link(folder), MALLORY, not_found),
+        (sync.LinkItem, _link(folder), BOB, denied),
+        (sync.LinkDrive, link_drive, BOB, denied),
+        (sync.LinkDrive, link_drive, MALLORY, not_found),
+    ):
+        await _expect(call(request, metadata=caller), code, reason)
     assert await world.open_jobs() == []
     async with world.sessions() as s:
         assert (await s.execute(select(synced_items.c.id))).first() is None
