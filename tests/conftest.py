@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from support.etcd import EtcdCluster, EtcdServer, etcd_binary
 from support.postgres import PostgresDatabases
+from support.process import LocalServer
 from support.s3 import S3Server, s3s_binary
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -33,15 +35,39 @@ def _unavailable(what: str) -> None:
     pytest.skip(f"{what} not available")
 
 
+S3S_FS = "s3s-fs (cargo install --locked s3s-fs@0.14.1 --features binary)"
+ServerT = TypeVar("ServerT", bound=LocalServer)
+
+
+def _session_server(make: Callable[[], ServerT]) -> Iterator[ServerT]:
+    server = make()
+    server.start()
+    yield server
+    server.stop()
+
+
+def _server_factory(make: Callable[[int], ServerT]) -> Iterator[Callable[[], ServerT]]:
+    """Yield a function that starts another server (`make(n)` builds the n-th); stops them
+    all at teardown."""
+    started: list[ServerT] = []
+
+    def start() -> ServerT:
+        server = make(len(started))
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     """One real etcd for the whole session (tests must use their own key prefixes)."""
     if etcd_binary() is None:
         _unavailable("etcd")
-    server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
-    server.start()
-    yield server
-    server.stop()
+    yield from _session_server(lambda: EtcdServer(tmp_path_factory.mktemp("etcd") / "data"))
 
 
 @pytest.fixture
@@ -49,17 +75,7 @@ def etcd_factory(tmp_path: Path) -> Iterator[Callable[[], EtcdServer]]:
     """Start private etcd servers (for tests that stop, kill or restart etcd)."""
     if etcd_binary() is None:
         _unavailable("etcd")
-    started: list[EtcdServer] = []
-
-    def make() -> EtcdServer:
-        server = EtcdServer(tmp_path / f"etcd{len(started)}")
-        server.start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
+    yield from _server_factory(lambda n: EtcdServer(tmp_path / f"etcd{n}"))
 
 
 @pytest.fixture
@@ -80,29 +96,16 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """One real S3-compatible server (s3s-fs) for the session; tests use their own prefixes
     (`s3.blob_url()` / `s3.upload_settings()` make a fresh one each call)."""
     if s3s_binary() is None:
-        _unavailable("s3s-fs (cargo install --locked s3s-fs@0.14.1 --features binary)")
-    server = S3Server(tmp_path_factory.mktemp("s3") / "root")
-    server.start()
-    yield server
-    server.stop()
+        _unavailable(S3S_FS)
+    yield from _session_server(lambda: S3Server(tmp_path_factory.mktemp("s3") / "root"))
 
 
 @pytest.fixture
 def s3_factory(tmp_path: Path) -> Iterator[Callable[[], S3Server]]:
     """Start private S3 servers (for tests that stop, kill or restart one)."""
     if s3s_binary() is None:
-        _unavailable("s3s-fs (cargo install --locked s3s-fs@0.14.1 --features binary)")
-    started: list[S3Server] = []
-
-    def make() -> S3Server:
-        server = S3Server(tmp_path / f"s3-{len(started)}")
-        server.start()
-        started.append(server)
-        return server
-
-    yield make
-    for server in started:
-        server.stop()
+        _unavailable(S3S_FS)
+    yield from _server_factory(lambda n: S3Server(tmp_path / f"s3-{n}"))
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ etcd auth enabled, as production does; reuse it for any test that needs failover
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import time
@@ -20,13 +21,22 @@ from etcd3aio._protobuf import auth_pb2, rpc_pb2, rpc_pb2_grpc
 from deploy.local.etcd import MemberTls, etcd_command, etcd_healthy
 from deploy.local.etcd import find_etcd_binary as etcd_binary
 from support.ports import free_port
+from support.process import (
+    START_TIMEOUT_S,
+    LocalServer,
+    kill_process,
+    spawn,
+    stop_process,
+    wait_ready,
+)
 
-START_TIMEOUT_S = 30.0
 T = TypeVar("T")
 
 
-class EtcdServer:
+class EtcdServer(LocalServer):
     """One etcd member. `stop()` then `start()` keeps its data and port (a restart)."""
+
+    name = "etcd"
 
     def __init__(self, data_dir: Path, binary: str | None = None) -> None:
         found = binary or etcd_binary()
@@ -36,7 +46,6 @@ class EtcdServer:
         self.data_dir = data_dir
         self.client_port = free_port()
         self.peer_port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
 
     @property
@@ -44,46 +53,19 @@ class EtcdServer:
         """host:port of the client URL."""
         return f"127.0.0.1:{self.client_port}"
 
-    def start(self) -> None:
-        """Start (or restart) and return once /health answers true."""
-        client = f"http://127.0.0.1:{self.client_port}"
+    @property
+    def client_url(self) -> str:
+        """The http:// client URL."""
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def command(self) -> list[str]:
+        """The etcd command line of this member."""
         peer = f"http://127.0.0.1:{self.peer_port}"
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            etcd_command(self.binary, "serentak-test", self.data_dir, client, peer),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
-            if etcd_healthy(client):
-                return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"etcd did not become healthy: {self.log_path}")
-            time.sleep(0.05)  # polling an observable condition (health), bounded by deadline
+        return etcd_command(self.binary, "serentak-test", self.data_dir, self.client_url, peer)
 
-    def stop(self) -> None:
-        """Stop gracefully (SIGTERM), killing it if it does not exit."""
-        if self.process is None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
+    def ready(self) -> bool:
+        """True once /health answers true."""
+        return etcd_healthy(self.client_url)
 
 
 @dataclass(frozen=True)
@@ -191,38 +173,29 @@ class EtcdCluster:
 
     def _spawn(self, i: int) -> None:
         initial = ",".join(f"{n}={u}" for n, u in zip(self.names, self.peer_urls, strict=True))
-        log = open(self.folder / f"{self.names[i]}.log", "ab")
-        self.processes[i] = subprocess.Popen(
-            etcd_command(
-                self.binary,
-                self.names[i],
-                self.folder / self.names[i],
-                self.client_urls[i],
-                self.peer_urls[i],
-                initial_cluster=initial,
-                tls=self.certs.member if self.certs else None,
-            ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        command = etcd_command(
+            self.binary,
+            self.names[i],
+            self.folder / self.names[i],
+            self.client_urls[i],
+            self.peer_urls[i],
+            initial_cluster=initial,
+            tls=self.certs.member if self.certs else None,
         )
-        log.close()
+        self.processes[i] = spawn(command, self.folder / f"{self.names[i]}.log")
 
     def _wait_healthy(self, members: list[int]) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         tls = self.certs.member if self.certs else None
-        pending = list(members)
-        while pending:
-            i = pending[0]
-            process = self.processes[i]
-            if process is not None and process.poll() is not None:
-                log = (self.folder / f"{self.names[i]}.log").read_text()[-2000:]
-                raise RuntimeError(f"etcd member {i} exited: {log}")
-            if etcd_healthy(self.client_urls[i], tls):
-                pending.pop(0)
-                continue
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"etcd member {i} did not become healthy: {self.folder}")
-            time.sleep(0.05)  # polling an observable condition (health), bounded by deadline
+        for i in members:
+            wait_ready(
+                self.processes[i],
+                functools.partial(etcd_healthy, self.client_urls[i], tls),
+                f"etcd member {i} exited",
+                f"etcd member {i} did not become healthy: {self.folder}",
+                self.folder / f"{self.names[i]}.log",
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
 
     def start_all(self) -> None:
         """Start every member (they need each other for a quorum) and enable auth."""
@@ -242,8 +215,7 @@ class EtcdCluster:
         """SIGKILL member `i`, as a crash."""
         process = self.processes[i]
         if process is not None:
-            process.kill()
-            process.wait()
+            kill_process(process)
             self.processes[i] = None
 
     def pause(self, i: int) -> None:
@@ -265,12 +237,7 @@ class EtcdCluster:
                 process.send_signal(signal.SIGCONT)  # a paused member cannot exit
         for i, process in enumerate(self.processes):
             if process is not None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                stop_process(process)
                 self.processes[i] = None
 
     # -- admin (synchronous gRPC, for fixtures) -------------------------------

@@ -11,15 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from support.ports import free_port
+from support.process import LocalServer
 
-START_TIMEOUT_S = 30.0
 BINARY_ENV = "S3S_FS_BIN"
 DEFAULT_BUCKET = "serentak"
 
@@ -42,8 +40,10 @@ def _answers(port: int) -> bool:
         return False
 
 
-class S3Server:
+class S3Server(LocalServer):
     """One s3s-fs process. `stop()` then `start()` keeps its data and port (a restart)."""
+
+    name = "s3s-fs"
 
     def __init__(self, root: Path, binary: str | None = None) -> None:
         found = binary or s3s_binary()
@@ -57,7 +57,6 @@ class S3Server:
         self.secret_key = uuid.uuid4().hex
         self.region = "us-east-1"
         self.bucket = self.create_bucket(DEFAULT_BUCKET)
-        self.process: subprocess.Popen[bytes] | None = None
         self.log_path = root.parent / f"{root.name}.log"
 
     @property
@@ -103,52 +102,21 @@ class S3Server:
         found = (p.relative_to(bucket).as_posix() for p in bucket.rglob("*") if p.is_file())
         return sorted(k for k in found if k.startswith(prefix))
 
-    def start(self) -> None:
-        """Start (or restart) and return once the port accepts connections."""
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--access-key",
-                self.access_key,
-                "--secret-key",
-                self.secret_key,
-                str(self.root),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"s3s-fs exited: {self.log_path.read_text()[-2000:]}")
-            if _answers(self.port):
-                return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"s3s-fs did not start listening: {self.log_path}")
-            time.sleep(0.05)  # polling an observable condition (the port), bounded
+    def command(self) -> list[str]:
+        """The s3s-fs command line."""
+        return [
+            self.binary,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--access-key",
+            self.access_key,
+            "--secret-key",
+            self.secret_key,
+            str(self.root),
+        ]
 
-    def stop(self) -> None:
-        """Stop gracefully (SIGTERM), killing it if it does not exit."""
-        if self.process is None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
+    def ready(self) -> bool:
+        """True once the port accepts connections."""
+        return _answers(self.port)

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.grpc_server import RunningService, ServiceApp, start
 from support.ports import free_port
+from support.process import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -105,9 +106,4 @@ def service_process(
         yield svc
     finally:
         if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process, timeout=15)
