@@ -65,6 +65,31 @@ def reclaim_schedule(interval_seconds: float) -> PeriodicSchedule:
     return PeriodicSchedule(RECLAIM_JOB, interval_seconds)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every step of one run works with."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    blobs: BlobStore
+    policy: ReclaimPolicy
+    result: ReclaimResult
+    now: datetime
+
+    def mark(self, upload_id: str, columns: tuple[str, ...], status: str | None = None) -> Mark:
+        """Set `columns` of the upload to this run's time once its blobs are gone."""
+        return Mark(self.sessions, upload_id, columns, self.now, status)
+
+    async def step(
+        self, doomed: list[Doomed], event: str, mark: Mark | None = None, **fields: object
+    ) -> None:
+        """`reclaim_step` in this run's store, counted in its result."""
+        await reclaim_step(self.blobs, self.result, doomed, event, mark, **fields)
+
+    async def delete_object(self, item: StoredObject, kind: str, event: str) -> None:
+        """Delete one listed object no row needs, counted as `kind`."""
+        await self.step([Doomed(kind, item.size, key=item.key)], event, key=item.key)
+
+
 async def _size(blobs: BlobStore, key: str) -> int | None:
     try:
         return await blobs.size(key)
@@ -72,16 +97,10 @@ async def _size(blobs: BlobStore, key: str) -> int | None:
         return None
 
 
-async def reclaim_failed(
-    sessions: async_sessionmaker[AsyncSession],
-    blobs: BlobStore,
-    policy: ReclaimPolicy,
-    result: ReclaimResult,
-    now: datetime,
-) -> None:
+async def _reclaim_failed(run: _Run) -> None:
     """Step 1: chunks and uncommitted merge output of failed uploads past the grace."""
-    cutoff = now - timedelta(seconds=policy.failed_grace_seconds)
-    async with sessions() as session:
+    cutoff = run.now - timedelta(seconds=run.policy.failed_grace_seconds)
+    async with run.sessions() as session:
         rows = (
             await session.execute(
                 select(UploadRow.id, UploadRow.file_id)
@@ -115,30 +134,21 @@ async def reclaim_failed(
             Doomed("failed_chunks", int(sizes.get(row.id) or 0), prefix=upload_prefix(row.id))
         ]
         key = content_key(row.file_id, row.id)
-        if key not in current and (size := await _size(blobs, key)) is not None:
+        if key not in current and (size := await _size(run.blobs, key)) is not None:
             doomed.append(Doomed("failed_output", size, key=key))
-        mark = Mark(sessions, row.id, ("chunks_purged_at", "content_purged_at"), now, FAILED)
-        await reclaim_step(
-            blobs,
-            result,
+        await run.step(
             doomed,
             "failed_upload_reclaimed",
-            mark,
+            run.mark(row.id, ("chunks_purged_at", "content_purged_at"), FAILED),
             upload_id=row.id,
             file_id=row.file_id,
         )
 
 
-async def reclaim_completed_chunks(
-    sessions: async_sessionmaker[AsyncSession],
-    blobs: BlobStore,
-    policy: ReclaimPolicy,
-    result: ReclaimResult,
-    now: datetime,
-) -> None:
+async def _reclaim_completed_chunks(run: _Run) -> None:
     """Step 2: the purge job's backstop for completed uploads still holding chunks."""
-    cutoff = now - timedelta(seconds=policy.orphan_grace_seconds)
-    async with sessions() as session:
+    cutoff = run.now - timedelta(seconds=run.policy.orphan_grace_seconds)
+    async with run.sessions() as session:
         ids = list(
             (
                 await session.execute(
@@ -153,20 +163,15 @@ async def reclaim_completed_chunks(
             ).scalars()
         )
     for upload_id in ids:
-        size = await purge_completed_chunks(sessions, blobs, upload_id)
-        result.objects += 1 if size else 0
+        size = await purge_completed_chunks(run.sessions, run.blobs, upload_id)
+        run.result.objects += 1 if size else 0
 
 
-async def reclaim_versions(
-    sessions: async_sessionmaker[AsyncSession],
-    blobs: BlobStore,
-    policy: ReclaimPolicy,
-    result: ReclaimResult,
-    now: datetime,
-) -> None:
+async def _reclaim_versions(run: _Run) -> None:
     """Step 3: superseded versions outside the newest `keep_count` and older than `keep_days`."""
-    keep_after = now - timedelta(days=policy.version_keep_days)
-    async with sessions() as session:
+    policy = run.policy
+    keep_after = run.now - timedelta(days=policy.version_keep_days)
+    async with run.sessions() as session:
         crowded = (
             select(UploadRow.file_id)
             .where(UploadRow.status == COMPLETED, UploadRow.content_purged_at.is_(None))
@@ -202,32 +207,24 @@ async def reclaim_versions(
                 continue
             if row.merge_finished_at is not None and row.merge_finished_at > keep_after:
                 continue
-            await reclaim_step(
-                blobs,
-                result,
+            await run.step(
                 [Doomed("old_version", int(row.total_size), key=key)],
                 "version_reclaimed",
-                Mark(sessions, row.id, ("content_purged_at",), now),
+                run.mark(row.id, ("content_purged_at",)),
                 file_id=file_id,
                 upload_id=row.id,
                 rank=rank,
             )
 
 
-async def reclaim_retired(
-    sessions: async_sessionmaker[AsyncSession],
-    blobs: BlobStore,
-    policy: ReclaimPolicy,
-    result: ReclaimResult,
-    now: datetime,
-) -> None:
+async def _reclaim_retired(run: _Run) -> None:
     """Step 4: every version (and leftover chunks) of files retired by the sync purge.
 
     `retire_files` deletes the file row and leaves its uploads; a completed upload whose
     file row is gone can never be read again (the file cannot come back), so its bytes
     go at once, with no grace period.
     """
-    async with sessions() as session:
+    async with run.sessions() as session:
         rows = (
             await session.execute(
                 select(
@@ -250,12 +247,10 @@ async def reclaim_retired(
         doomed = [Doomed("retired", int(row.total_size), key=content_key(row.file_id, row.id))]
         if row.chunks_purged_at is None:
             doomed.append(Doomed("retired", 0, prefix=upload_prefix(row.id)))
-        await reclaim_step(
-            blobs,
-            result,
+        await run.step(
             doomed,
             "retired_file_reclaimed",
-            Mark(sessions, row.id, ("chunks_purged_at", "content_purged_at"), now, COMPLETED),
+            run.mark(row.id, ("chunks_purged_at", "content_purged_at"), COMPLETED),
             upload_id=row.id,
             file_id=row.file_id,
         )
@@ -313,32 +308,24 @@ async def _listing(blobs: BlobStore, prefix: str, attempts: int = 3) -> list[Sto
     return []
 
 
-async def reclaim_orphans(
-    sessions: async_sessionmaker[AsyncSession],
-    blobs: BlobStore,
-    policy: ReclaimPolicy,
-    result: ReclaimResult,
-    now: datetime,
-) -> None:
+async def _reclaim_orphans(run: _Run) -> None:
     """Step 5: blobs no row refers to, and abandoned temp files, past their grace."""
-    orphan_cutoff = now - timedelta(seconds=policy.orphan_grace_seconds)
-    temp_cutoff = now - timedelta(seconds=policy.temp_grace_seconds)
+    orphan_cutoff = run.now - timedelta(seconds=run.policy.orphan_grace_seconds)
+    temp_cutoff = run.now - timedelta(seconds=run.policy.temp_grace_seconds)
     for prefix in ("uploads", "files"):
         candidates: list[StoredObject] = []
-        for item in await _listing(blobs, prefix):
+        for item in await _listing(run.blobs, prefix):
             if item.temporary:
                 if item.modified < temp_cutoff:
-                    doomed = [Doomed("temp", item.size, key=item.key)]
-                    await reclaim_step(blobs, result, doomed, "temp_file_reclaimed", key=item.key)
+                    await run.delete_object(item, "temp", "temp_file_reclaimed")
             elif item.modified < orphan_cutoff:
                 candidates.append(item)
         for batch in _chunks(candidates, LOOKUP_BATCH):
-            async with sessions() as session:
+            async with run.sessions() as session:
                 live = await _live_keys(session, [i.key for i in batch])
             for item in batch:
                 if item.key not in live:
-                    doomed = [Doomed("orphan", item.size, key=item.key)]
-                    await reclaim_step(blobs, result, doomed, "orphan_reclaimed", key=item.key)
+                    await run.delete_object(item, "orphan", "orphan_reclaimed")
 
 
 async def reclaim(
@@ -348,13 +335,16 @@ async def reclaim(
     now: datetime | None = None,
 ) -> ReclaimResult:
     """One run of every step (module docstring)."""
-    at = now or utcnow()
     result = ReclaimResult()
-    await reclaim_failed(sessions, blobs, policy, result, at)
-    await reclaim_completed_chunks(sessions, blobs, policy, result, at)
-    await reclaim_versions(sessions, blobs, policy, result, at)
-    await reclaim_retired(sessions, blobs, policy, result, at)
-    await reclaim_orphans(sessions, blobs, policy, result, at)
+    run = _Run(sessions, blobs, policy, result, now or utcnow())
+    for step in (
+        _reclaim_failed,
+        _reclaim_completed_chunks,
+        _reclaim_versions,
+        _reclaim_retired,
+        _reclaim_orphans,
+    ):
+        await step(run)
     log.info("storage_reclaimed", objects=result.objects, **dict(result.bytes))
     return result
 
