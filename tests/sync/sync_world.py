@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sync.fake_provider import FakeProvider
 
@@ -17,7 +17,8 @@ from services.common.jobs.worker import Worker
 from services.upload.sync import items
 from services.upload.sync.cache import LocalByteCache
 from services.upload.sync.engine import SyncEngine
-from services.upload.sync.models import synced_items, utcnow
+from services.upload.sync.jobs import enqueue_delta_poll
+from services.upload.sync.models import linked_drives, synced_items, utcnow
 from services.upload.sync.settings import SyncSettings
 
 DRIVE = "drv-1"
@@ -52,6 +53,31 @@ class SyncWorld:
                 now=utcnow(),
                 **kw,
             )
+
+    async def link_drive(
+        self, link_id: str, tenant_id: str = TENANT, delta_link: str | None = None
+    ) -> None:
+        """Insert a link of DRIVE (ACCOUNT) for `tenant_id`, its delta cursor `delta_link`."""
+        now = utcnow()
+        async with self.sessions() as s, s.begin():
+            await s.execute(
+                insert(linked_drives).values(
+                    id=link_id,
+                    tenant_id=tenant_id,
+                    account_id=ACCOUNT,
+                    upstream_drive_id=DRIVE,
+                    delta_link=delta_link,
+                    full_resync_count=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+
+    async def poll(self, link_id: str) -> None:
+        """Queue a delta poll of `link_id` and run the worker until no job is left."""
+        async with self.sessions() as s, s.begin():
+            await enqueue_delta_poll(s, link_id, reason="test", dedupe_window_seconds=0)
+        await self.drain()
 
     async def item(self, item_id: str) -> Any:
         """The synced item row."""

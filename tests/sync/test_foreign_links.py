@@ -10,13 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sync.fake_provider import FakeProvider
-from sync.sync_world import ACCOUNT, DRIVE, TENANT, SyncWorld
+from sync.sync_world import DRIVE, SyncWorld
 
 from services.upload.sync.graph import origin
-from services.upload.sync.jobs import enqueue_delta_poll
-from services.upload.sync.models import linked_drives, synced_items, utcnow
+from services.upload.sync.models import linked_drives, synced_items
 
 LINK = "link-f"
 
@@ -28,29 +27,6 @@ async def foreign() -> AsyncIterator[FakeProvider]:
     await provider.start()
     yield provider
     await provider.stop()
-
-
-async def _drive(world: SyncWorld, delta_link: str | None = None) -> None:
-    now = utcnow()
-    async with world.sessions() as s, s.begin():
-        await s.execute(
-            insert(linked_drives).values(
-                id=LINK,
-                tenant_id=TENANT,
-                account_id=ACCOUNT,
-                upstream_drive_id=DRIVE,
-                delta_link=delta_link,
-                full_resync_count=0,
-                created_at=now,
-                updated_at=now,
-            )
-        )
-
-
-async def _poll(world: SyncWorld) -> None:
-    async with world.sessions() as s, s.begin():
-        await enqueue_delta_poll(s, LINK, reason="test", dedupe_window_seconds=0)
-    await world.drain()
 
 
 def _refused() -> float:
@@ -66,13 +42,13 @@ async def _cursor(world: SyncWorld) -> str | None:
 async def test_a_foreign_link_is_refused_unfetched_and_counted(
     world: SyncWorld, foreign: FakeProvider, which: str
 ) -> None:
-    await _drive(world)
+    await world.link_drive(LINK)
     foreign.set_delta(DRIVE, "p2", [[{"id": "evil"}]], next_token="t9")
     world.fake.set_page(
         DRIVE, "", {"value": [{"id": "a", "name": "a"}], which: foreign.delta_url(DRIVE, "p2")}
     )
     before = _refused()
-    await _poll(world)
+    await world.poll(LINK)
     assert foreign.calls == []
     assert _refused() == before + 1
     dead = await world.dead()
@@ -87,16 +63,16 @@ async def test_a_stored_foreign_cursor_is_never_fetched(
     world: SyncWorld, foreign: FakeProvider
 ) -> None:
     """A cursor stored before links were checked is refused before any request."""
-    await _drive(world, delta_link=foreign.delta_url(DRIVE, "old"))
-    await _poll(world)
+    await world.link_drive(LINK, delta_link=foreign.delta_url(DRIVE, "old"))
+    await world.poll(LINK)
     assert foreign.calls == [] and world.fake.calls == []
     assert len(await world.dead()) == 1
 
 
 async def test_links_on_the_providers_own_origin_are_followed(world: SyncWorld) -> None:
-    await _drive(world)
+    await world.link_drive(LINK)
     world.fake.set_delta(DRIVE, "", [[{"id": "a"}], [{"id": "b"}]], next_token="t1")
-    await _poll(world)
+    await world.poll(LINK)
     assert [c.key for c in world.fake.delta_calls(DRIVE)] == ["", "~p1"]
     assert await _cursor(world) == world.fake.delta_url(DRIVE, "t1")
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from support.ports import free_port
 from sync.sync_server import ALICE, sync_server
 from sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld, settings
@@ -56,20 +56,8 @@ def sync_settings(port: int) -> SyncSettings:
 @pytest.fixture
 async def hook(world: SyncWorld, port: int) -> AsyncIterator[str]:
     """Three links of DRIVE (acme, evil, and a tenant without a credential); the listener."""
-    now = utcnow()
-    async with world.sessions() as s, s.begin():
-        for link, tenant in ((ACME, TENANT), (EVIL, OTHER_TENANT), (GHOST, "ghost")):
-            await s.execute(
-                insert(linked_drives).values(
-                    id=link,
-                    tenant_id=tenant,
-                    account_id=ACCOUNT,
-                    upstream_drive_id=DRIVE,
-                    full_resync_count=0,
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
+    for link, tenant in ((ACME, TENANT), (EVIL, OTHER_TENANT), (GHOST, "ghost")):
+        await world.link_drive(link, tenant)
     server = WebhookServer(world.engine, host="127.0.0.1", port=port)
     await server.start()
     yield server.url

@@ -15,13 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from support.grpc_errors import error_info
 from sync.sync_server import ALICE, BOB, MALLORY, sync_server
 from sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld
 
 from services.upload.sync import items
-from services.upload.sync.jobs import enqueue_delta_poll
 from services.upload.sync.models import SYNCED, linked_drives, synced_items, utcnow
 
 
@@ -136,28 +135,6 @@ async def test_a_tombstone_of_one_tenant_never_hides_another_tenants_file(
     assert list(page.files) == []
 
 
-async def _drive(world: SyncWorld, link_id: str, tenant: str) -> None:
-    now = utcnow()
-    async with world.sessions() as s, s.begin():
-        await s.execute(
-            insert(linked_drives).values(
-                id=link_id,
-                tenant_id=tenant,
-                account_id=ACCOUNT,
-                upstream_drive_id=DRIVE,
-                full_resync_count=0,
-                created_at=now,
-                updated_at=now,
-            )
-        )
-
-
-async def _poll(world: SyncWorld, link_id: str) -> None:
-    async with world.sessions() as s, s.begin():
-        await enqueue_delta_poll(s, link_id, reason="test", dedupe_window_seconds=0)
-    await world.drain()
-
-
 async def _rows(world: SyncWorld, tenant: str) -> dict[str, dict[str, object]]:
     async with world.sessions() as s:
         rows = (
@@ -168,13 +145,13 @@ async def _rows(world: SyncWorld, tenant: str) -> dict[str, dict[str, object]]:
 
 async def test_a_delta_poll_never_touches_another_tenants_rows(world: SyncWorld) -> None:
     """Two tenants link the same account id and drive: each poll sees only its own rows."""
-    await _drive(world, "link-a", TENANT)
-    await _drive(world, "link-b", OTHER_TENANT)
+    await world.link_drive("link-a", TENANT)
+    await world.link_drive("link-b", OTHER_TENANT)
     # Tenant B knows items "x" and "y" (synced earlier with B's credential).
     world.fake.set_delta(
         DRIVE, "", [[{"id": "x", "name": "b-x"}, {"id": "y", "name": "b-y"}]], next_token="b1"
     )
-    await _poll(world, "link-b")
+    await world.poll("link-b")
     before = await _rows(world, OTHER_TENANT)
     assert {k: v["status"] for k, v in before.items()} == {"x": SYNCED, "y": SYNCED}
     # Tenant A's delta says "x" is removed and renames "y".
@@ -184,7 +161,7 @@ async def test_a_delta_poll_never_touches_another_tenants_rows(world: SyncWorld)
         [[{"id": "x", "@removed": {"reason": "deleted"}}, {"id": "y", "name": "a-y"}]],
         next_token="a1",
     )
-    await _poll(world, "link-a")
+    await world.poll("link-a")
     assert await _rows(world, OTHER_TENANT) == before
     mine = await _rows(world, TENANT)
     # "x" was never A's: nothing to tombstone; "y" is A's own new row.
@@ -197,8 +174,8 @@ async def test_a_delta_poll_never_touches_another_tenants_rows(world: SyncWorld)
 
 async def test_a_tenant_without_a_credential_sends_nothing_upstream(world: SyncWorld) -> None:
     """A drive whose tenant has no credential (any more) dead-letters without a request."""
-    await _drive(world, "link-c", "nocred")
-    await _poll(world, "link-c")
+    await world.link_drive("link-c", "nocred")
+    await world.poll("link-c")
     assert world.fake.calls == []
     dead = await world.dead()
     assert len(dead) == 1 and "no provider credential" in dead[0]["error_message"]

@@ -7,30 +7,16 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from sqlalchemy import insert
-from sync.sync_world import ACCOUNT, DRIVE, TENANT, SyncWorld
+from sync.sync_world import DRIVE, SyncWorld
 
 from services.upload.sync.jobs import DELTA_JOB
-from services.upload.sync.models import linked_drives, utcnow
 from services.upload.sync.webhooks import MAX_BODY_BYTES, MAX_VALIDATION_TOKEN, WebhookServer
 
 
 @pytest.fixture
 async def hook(world: SyncWorld) -> AsyncIterator[str]:
     """The webhook endpoint's URL, served on a free loopback port."""
-    now = utcnow()
-    async with world.sessions() as s, s.begin():
-        await s.execute(
-            insert(linked_drives).values(
-                id="link-1",
-                tenant_id=TENANT,
-                account_id=ACCOUNT,
-                upstream_drive_id=DRIVE,
-                full_resync_count=0,
-                created_at=now,
-                updated_at=now,
-            )
-        )
+    await world.link_drive("link-1")
     server = WebhookServer(world.engine, host="127.0.0.1", port=0)
     await server.start()
     yield server.url + world.engine.settings.webhook_path
