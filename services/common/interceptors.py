@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -100,6 +100,16 @@ class _WrappingInterceptor(grpc.aio.ServerInterceptor):
         return self._handlers.get(method, handler, lambda: _rewrap(handler, method, self._wrap))
 
 
+async def relay(result: Any) -> AsyncIterator[Any]:
+    """The responses of a response-streaming behaviour's `result`: the items of an async
+    iterator, or none from a coroutine that sends with `context.write` (awaited)."""
+    if hasattr(result, "__aiter__"):
+        async for item in result:
+            yield item
+    else:
+        await result
+
+
 def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
     for k, v in context.invocation_metadata() or ():
         if k == key and isinstance(v, str):
@@ -117,12 +127,8 @@ class CorrelationIdInterceptor(_WrappingInterceptor):
                 # No `with` (no reset across yields): see correlation.bind_for_call.
                 cid = correlation.bind_for_call(_metadata_value(context, correlation.METADATA_KEY))
                 await context.send_initial_metadata(((correlation.METADATA_KEY, cid),))
-                result = behaviour(request, context)
-                if hasattr(result, "__aiter__"):
-                    async for item in result:
-                        yield item
-                else:
-                    await result
+                async for item in relay(behaviour(request, context)):
+                    yield item
 
             return stream_behaviour
 
@@ -148,12 +154,8 @@ class AuthPrepareInterceptor(_WrappingInterceptor):
 
             async def stream_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 await self._auth.prepare(context)
-                result = behaviour(request, context)
-                if hasattr(result, "__aiter__"):
-                    async for item in result:
-                        yield item
-                else:
-                    await result
+                async for item in relay(behaviour(request, context)):
+                    yield item
 
             return stream_behaviour
 
@@ -298,12 +300,8 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
 
                 context.add_done_callback(on_done)
                 try:
-                    result = behaviour(request, context)
-                    if hasattr(result, "__aiter__"):
-                        async for item in result:
-                            yield item
-                    else:
-                        await result
+                    async for item in relay(behaviour(request, context)):
+                        yield item
                 except grpc.aio.AbortError:
                     code = _aborted_code(context)
                     raise
