@@ -13,14 +13,20 @@ from typing import Any
 
 import pytest
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import func, select
-from upload.upload_helpers import chunk_request, create_request, download, split, wait_status
+from upload.upload_helpers import (
+    chunk_row_count,
+    create_request,
+    download,
+    put_chunks,
+    split,
+    wait_status,
+)
 
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
 from services.upload.blob_store import chunk_key
 from services.upload.expiry import expire_and_clean
-from services.upload.models import ChunkRow, UploadRow, utcnow
+from services.upload.models import UploadRow, utcnow
 
 CHUNK = 1024
 
@@ -37,23 +43,6 @@ async def _start(client, data: bytes, name: str) -> upload_pb2.Upload:
     )
 
 
-async def _put(client, upload_id: str, chunks: list[bytes], indexes) -> None:
-    for i in indexes:
-        await client.uploads.PutChunk(
-            chunk_request(upload_id, i, chunks[i]), metadata=client.metadata
-        )
-
-
-async def _chunk_rows(sessions, upload_id: str) -> int:
-    async with sessions() as session:
-        return int(
-            await session.scalar(
-                select(func.count()).select_from(ChunkRow).where(ChunkRow.upload_id == upload_id)
-            )
-            or 0
-        )
-
-
 @pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_address) -> None:
     alice = cluster["alice"]
@@ -62,12 +51,12 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
     # Each upload is created just before its chunks: the service's own sweep (TTL 3 s)
     # must not expire one before the test has put it in the state it needs.
     ups = {"done": await _start(alice, data["done"], "done.bin")}
-    await _put(alice, ups["done"].upload_id, chunks["done"], range(3))
+    await put_chunks(alice, ups["done"].upload_id, chunks["done"], range(3))
     done = await wait_status(alice, ups["done"].upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
     ups["idle"] = await _start(alice, data["idle"], "idle.bin")
-    await _put(alice, ups["idle"].upload_id, chunks["idle"], [0, 1])
+    await put_chunks(alice, ups["idle"].upload_id, chunks["idle"], [0, 1])
     ups["aborted"] = await _start(alice, data["aborted"], "aborted.bin")
-    await _put(alice, ups["aborted"].upload_id, chunks["aborted"], [0])
+    await put_chunks(alice, ups["aborted"].upload_id, chunks["aborted"], [0])
     await alice.uploads.AbortUpload(
         upload_pb2.AbortUploadRequest(upload_id=ups["aborted"].upload_id),
         metadata=alice.metadata,
@@ -80,7 +69,7 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
     engine = create_engine(cluster.settings.database_url)
     sessions = session_factory(engine)
     try:
-        await _put(alice, ups["merging"].upload_id, chunks["merging"], range(3))
+        await put_chunks(alice, ups["merging"].upload_id, chunks["merging"], range(3))
         # Far past every TTL: whatever is old enough goes, whatever may not go stays.
         result = await expire_and_clean(
             sessions, cluster.blobs, 3600, now=utcnow() + timedelta(days=2)
@@ -99,12 +88,12 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
             "done": "completed",
         }
         for name in ("idle", "aborted"):
-            assert await _chunk_rows(sessions, ups[name].upload_id) == 0
+            assert await chunk_row_count(sessions, ups[name].upload_id) == 0
             for i in range(3):
                 assert not await cluster.blobs.exists(chunk_key(ups[name].upload_id, i))
         # The expiry sweep never takes a merging upload's chunks (a completed upload's go
         # by its own purge job: tests/upload/test_storage_lifecycle.py).
-        assert await _chunk_rows(sessions, ups["merging"].upload_id) == 3
+        assert await chunk_row_count(sessions, ups["merging"].upload_id) == 3
         for i in range(3):
             assert await cluster.blobs.exists(chunk_key(ups["merging"].upload_id, i))
     finally:
@@ -125,7 +114,7 @@ async def test_the_service_sweep_expires_idle_uploads_and_deletes_their_chunks(c
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 3)
     upload = await _start(alice, data, "idle.bin")
-    await _put(alice, upload.upload_id, split(data, CHUNK), [0, 1])
+    await put_chunks(alice, upload.upload_id, split(data, CHUNK), [0, 1])
     folder = cluster.settings.blob_root / "uploads" / upload.upload_id
     assert folder.exists()
     engine = create_engine(cluster.settings.database_url)
@@ -145,6 +134,6 @@ async def test_the_service_sweep_expires_idle_uploads_and_deletes_their_chunks(c
             await asyncio.sleep(0.1)
         assert row.status == "expired"
         assert not folder.exists()
-        assert await _chunk_rows(sessions, upload.upload_id) == 0
+        assert await chunk_row_count(sessions, upload.upload_id) == 0
     finally:
         await engine.dispose()

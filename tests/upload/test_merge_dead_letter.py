@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 from serentak.upload.v1 import upload_pb2
 from upload.conftest import upload_settings
-from upload.upload_helpers import chunk_request, create_request, sha256, split, wait_status
+from upload.upload_helpers import (
+    chunk_request,
+    create_request,
+    put_chunks,
+    sha256,
+    split,
+    wait_status,
+)
 
 from services.common.auth import Identity
 from services.common.db import create_engine, session_factory
@@ -73,10 +80,7 @@ async def test_unreadable_chunk_blob_fails_the_upload_after_the_last_attempt(clu
     data = os.urandom(CHUNK * 3)
     chunks = split(data, CHUNK)
     upload = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
-    for i in (0, 1):
-        await alice.uploads.PutChunk(
-            chunk_request(upload.upload_id, i, chunks[i]), metadata=alice.metadata
-        )
+    await put_chunks(alice, upload.upload_id, chunks, (0, 1))
     # The stored chunk vanishes from the store: the merge cannot read it (MergeIOError
     # locally, BlobStoreUnavailable on S3; both transient and retried up to the bound).
     await cluster.blobs.delete(chunk_key(upload.upload_id, 1))

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from prometheus_client import REGISTRY
 from serentak.upload.v1 import upload_pb2
-from upload.upload_helpers import chunk_request, create_request, split, wait_status
+from upload.upload_helpers import chunk_request, create_request, put_chunks, split, wait_status
 
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
@@ -27,10 +27,7 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
     data = os.urandom(CHUNK * 3)
     chunks = split(data, CHUNK)
     upload = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
-    for i in (0, 1):
-        await alice.uploads.PutChunk(
-            chunk_request(upload.upload_id, i, chunks[i]), metadata=alice.metadata
-        )
+    await put_chunks(alice, upload.upload_id, chunks, (0, 1))
     checksum_failures = REGISTRY.get_sample_value(
         "serentak_upload_merge_failures_total", {"reason": "checksum"}
     )

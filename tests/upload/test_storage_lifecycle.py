@@ -16,8 +16,14 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import func, select
-from upload.upload_helpers import chunk_request, create_request, download, split, wait_status
+from upload.upload_helpers import (
+    chunk_request,
+    chunk_row_count,
+    create_request,
+    download,
+    split,
+    wait_status,
+)
 
 from services.common.auth import Identity
 from services.common.db import create_engine, session_factory
@@ -27,7 +33,7 @@ from services.upload.errors import ContentReplaced
 from services.upload.files import Files
 from services.upload.lifecycle import ReclaimPolicy, reclaim
 from services.upload.listing_cache import ListingCache
-from services.upload.models import ChunkRow, FileRow, UploadRow, utcnow
+from services.upload.models import FileRow, UploadRow, utcnow
 from services.upload.retire import retire_files
 
 CHUNK = 1024
@@ -76,16 +82,6 @@ async def sessions(cluster):
     await engine.dispose()
 
 
-async def _chunk_rows(sessions, upload_id: str) -> int:
-    async with sessions() as session:
-        return int(
-            await session.scalar(
-                select(func.count()).select_from(ChunkRow).where(ChunkRow.upload_id == upload_id)
-            )
-            or 0
-        )
-
-
 @pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_completed_chunks_purged_by_the_commit_job(cluster, sessions) -> None:
     alice = cluster["alice"]
@@ -104,7 +100,7 @@ async def test_completed_chunks_purged_by_the_commit_job(cluster, sessions) -> N
         await asyncio.sleep(0.05)
     assert await _keys(cluster.blobs, upload_prefix(done.upload_id)) == []
     # The rows stay: a late retry of a chunk is still a duplicate, other bytes a conflict.
-    assert await _chunk_rows(sessions, done.upload_id) == 4
+    assert await chunk_row_count(sessions, done.upload_id) == 4
     chunks = split(data, CHUNK)
     again = await alice.uploads.PutChunk(
         chunk_request(done.upload_id, 1, chunks[1]), metadata=alice.metadata
@@ -177,7 +173,7 @@ async def test_reclaim_failed_versions_and_orphans(cluster, sessions) -> None:
     for kind, value in before.items():
         assert _reclaimed(kind) - value == result.bytes[kind]
     assert await _keys(blobs, upload_prefix(failed.upload_id)) == []
-    assert await _chunk_rows(sessions, failed.upload_id) == 2
+    assert await chunk_row_count(sessions, failed.upload_id) == 2
     assert not await blobs.exists(stray_output)
     files = await _keys(blobs, f"files/{first.file_id}")
     assert files == [content_key(first.file_id, ups[2].upload_id)]

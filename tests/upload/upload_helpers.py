@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
 from serentak.upload.v1 import upload_pb2
+from sqlalchemy import func, select
 from support.grpc_errors import error_info
+
+from services.upload.models import ChunkRow
 
 DEADLINE_S = 60.0
 
@@ -56,6 +60,27 @@ def chunk_request(upload_id: str, index: int, data: bytes) -> upload_pb2.PutChun
     return upload_pb2.PutChunkRequest(
         upload_id=upload_id, chunk_index=index, data=data, checksum=sha256(data)
     )
+
+
+async def put_chunks(
+    client: Any, upload_id: str, chunks: list[bytes], indexes: Iterable[int]
+) -> None:
+    """PutChunk each of `chunks` named by `indexes`, in that order."""
+    for i in indexes:
+        await client.uploads.PutChunk(
+            chunk_request(upload_id, i, chunks[i]), metadata=client.metadata
+        )
+
+
+async def chunk_row_count(sessions: Any, upload_id: str) -> int:
+    """How many chunk rows the upload has in the database."""
+    async with sessions() as session:
+        return int(
+            await session.scalar(
+                select(func.count()).select_from(ChunkRow).where(ChunkRow.upload_id == upload_id)
+            )
+            or 0
+        )
 
 
 async def wait_status(client: Any, upload_id: str, *statuses: int) -> upload_pb2.Upload:
