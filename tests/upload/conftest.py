@@ -22,6 +22,8 @@ from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.upload.app import build_app as build_upload_app
 from services.upload.blob_store import BlobStore, open_blob_store
+from services.upload.components import build_components
+from services.upload.database import migrate
 from services.upload.settings import UploadSettings
 from services.upload.sync.settings import SyncSettings
 
@@ -91,6 +93,17 @@ def runtime_options() -> RuntimeOptions:
         lease_seconds=10,
         stats_interval=60,
     )
+
+
+@pytest.fixture
+async def parts(database_url, tmp_path, locks_address, runtime_options):
+    """The upload service's parts on a migrated database (no runtime running), for tests
+    that drive the servicer or the stores directly."""
+    migrate(database_url)
+    settings = upload_settings(database_url, tmp_path, locks_address)
+    built = build_components(settings, runtime_options, SyncSettings(webhook_port=0))
+    yield built
+    await built.close()
 
 
 @pytest.fixture

@@ -12,18 +12,14 @@ import os
 import threading
 
 import pytest
-from upload.conftest import upload_settings
-from upload.upload_helpers import chunk_request, create_request, split
+from upload.upload_helpers import CallerContext, chunk_request, create_request, split
 
 from services.common.auth import Identity
 from services.upload.blob_store import LocalBlobStore, chunk_key
 from services.upload.chunks import ChunkStore
-from services.upload.components import build_components
-from services.upload.database import migrate
 from services.upload.errors import ChecksumMismatch, ChunkConflict
 from services.upload.merge_job import enqueue_merge
 from services.upload.servicer import UploadServicer
-from services.upload.sync.settings import SyncSettings
 
 CHUNK = 1024
 GATE_TIMEOUT_S = 20.0
@@ -57,25 +53,8 @@ class PublishGate(LocalBlobStore):
         super()._publish_sync(staged, key)
 
 
-class _CallerContext:
-    """The one piece of a servicer context the upload servicer reads: the caller's token."""
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", "Bearer dev-alice"),)
-
-
-@pytest.fixture
-async def parts(database_url, tmp_path, locks_address, runtime_options):
-    """The upload service's parts on a migrated database (no runtime running)."""
-    migrate(database_url)
-    settings = upload_settings(database_url, tmp_path, locks_address)
-    built = build_components(settings, runtime_options, SyncSettings(webhook_port=0))
-    yield built
-    await built.close()
-
-
 def _alice(parts) -> Identity:
-    return parts.auth.require_user(_CallerContext())
+    return parts.auth.require_user(CallerContext())
 
 
 async def _gated(parts, chunks: int, fail: Exception | None = None):
@@ -98,7 +77,7 @@ def _call(servicer: UploadServicer, requests: list) -> asyncio.Task:
         for request in requests:
             yield request
 
-    return asyncio.create_task(servicer.UploadChunks(stream(), _CallerContext()))  # type: ignore[arg-type]
+    return asyncio.create_task(servicer.UploadChunks(stream(), CallerContext()))  # type: ignore[arg-type]
 
 
 async def _staged(blobs: PublishGate, key: str) -> None:

@@ -12,18 +12,13 @@ import asyncio
 import os
 import threading
 
-import pytest
-from upload.conftest import upload_settings
-from upload.upload_helpers import chunk_request, create_request, sha256, split
+from upload.upload_helpers import CallerContext, chunk_request, create_request, sha256, split
 
 from services.common.auth import Identity
 from services.upload.blob_store import LocalBlobStore, chunk_key
 from services.upload.chunks import ChunkStore
-from services.upload.components import build_components
-from services.upload.database import migrate
 from services.upload.merge_job import enqueue_merge
 from services.upload.servicer import UploadServicer
-from services.upload.sync.settings import SyncSettings
 
 CHUNK = 1024
 GATE_TIMEOUT_S = 20.0
@@ -45,16 +40,6 @@ class GatedBlobs(LocalBlobStore):
             if not self.gate.wait(GATE_TIMEOUT_S):
                 raise RuntimeError("gate never opened: the event loop was blocked")
         return super().stage_sync(key, data)
-
-
-@pytest.fixture
-async def parts(database_url, tmp_path, locks_address, runtime_options):
-    """The upload service's parts on a migrated database (no runtime running)."""
-    migrate(database_url)
-    settings = upload_settings(database_url, tmp_path, locks_address)
-    built = build_components(settings, runtime_options, SyncSettings(webhook_port=0))
-    yield built
-    await built.close()
 
 
 async def test_other_chunks_and_reads_proceed_while_a_blob_write_blocks(parts) -> None:
@@ -100,15 +85,8 @@ async def test_other_chunks_and_reads_proceed_while_a_blob_write_blocks(parts) -
     ]
 
 
-class _CallerContext:
-    """The one piece of a servicer context the upload servicer reads: the caller's token."""
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", "Bearer dev-alice"),)
-
-
 async def test_upload_chunks_receives_the_next_chunk_while_storing_one(parts) -> None:
-    alice = parts.auth.require_user(_CallerContext())  # type: ignore[arg-type]
+    alice = parts.auth.require_user(CallerContext())  # type: ignore[arg-type]
     data = os.urandom(CHUNK * 3)
     chunks = split(data, CHUNK)
     upload = await parts.uploads.create(alice, create_request(data, CHUNK, name="pipe.bin"))
@@ -129,7 +107,7 @@ async def test_upload_chunks_receives_the_next_chunk_while_storing_one(parts) ->
         for i in (1, 1, 2):  # 1 twice: the second is the duplicate, as with PutChunk
             yield chunk_request(upload.id, i, chunks[i])
 
-    call = asyncio.create_task(servicer.UploadChunks(stream(), _CallerContext()))  # type: ignore[arg-type]
+    call = asyncio.create_task(servicer.UploadChunks(stream(), CallerContext()))  # type: ignore[arg-type]
     try:
         await asyncio.wait_for(blobs.entered.wait(), GATE_TIMEOUT_S)
         # Chunk 0 is parked in its write, and the stream is already asked for chunk 1.

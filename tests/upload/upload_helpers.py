@@ -32,6 +32,14 @@ async def expect_error(
     raise AssertionError(f"expected {code.name}/{reason}, the call succeeded")
 
 
+class CallerContext:
+    """The one piece of a servicer context the upload servicer reads: the caller's token
+    (alice's), for tests that call the servicer directly."""
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", "Bearer dev-alice"),)
+
+
 def sha256(data: bytes) -> str:
     """Hex sha256."""
     return hashlib.sha256(data).hexdigest()
