@@ -204,13 +204,17 @@ class ChunkStore:
         p = prepared
         if p.existing is not None:
             return await self._answer_existing(p.upload, p.existing, p.index, p.size, p.checksum)
+        published = False
         try:
-            return await self._record(p)
+            outcome = await self._record(p)
+            published = True  # renamed into place: no temp file left to remove
+            return outcome
         except _AlreadyStored as lost:
             return await self._answer_existing(p.upload, lost.existing, p.index, p.size, p.checksum)
         finally:
-            # Shielded: a cancelled call must still remove its temp file.
-            await asyncio.shield(self.abandon(p))
+            if not published:
+                # Shielded: a cancelled call must still remove its temp file.
+                await asyncio.shield(self.abandon(p))
 
     async def abandon(self, prepared: PreparedChunk) -> None:
         """Remove a prepared chunk's staged bytes (nothing once they were published)."""
