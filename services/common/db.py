@@ -150,7 +150,12 @@ async def read_only(session: AsyncSession) -> AsyncSession:
 
     On SQLite it then begins DEFERRED (a snapshot, no write lock): a statement that writes
     in it would fail, so use it only for pure reads. PostgreSQL readers never block
-    writers anyway.
+    writers anyway; there it runs in autocommit: at READ COMMITTED every statement reads
+    its own snapshot inside a transaction or not, so a pure read saves the BEGIN and
+    ROLLBACK round trips (two of a chunk's seven).
     """
-    await session.connection(execution_options={_READ_ONLY_OPTION: True})
+    options: dict[str, Any] = {_READ_ONLY_OPTION: True}
+    if session.get_bind().dialect.name == "postgresql":
+        options["isolation_level"] = "AUTOCOMMIT"
+    await session.connection(execution_options=options)
     return session
