@@ -25,9 +25,9 @@ outside the buffer (a pending seq per stream), so remote commits never overflow 
 stream that reads slowly just reads more per wake-up. When the listener (re)connects it wakes every
 stream, covering whatever was committed while nobody listened. A replica's own commits
 reach its streams twice (publish, then the NOTIFY): its NOTIFY is held while it commits
-(`Broker.committing`) and queued deliveries are taken before a wake-up, so by then the
-cursor has passed it and it costs no read. On SQLite there is no cross-process signal:
-one notify replica.
+(`Broker.committing`), and a wake-up for a seq this replica has published is dropped (its
+streams hold the delivery), so an own commit costs neither a wake-up nor a read. On SQLite
+there is no cross-process signal: one notify replica.
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ class Broker:
         # for them (see `committing`).
         self._committing: defaultdict[UserKey, set[int]] = defaultdict(set)
         self._held: dict[UserKey, int] = {}
+        # The highest seq published here per user with open streams: a wake-up up to it
+        # is this replica's own NOTIFY, already a queued delivery on every stream.
+        self._published: dict[UserKey, int] = {}
 
     def open(self, tenant_id: str, user_id: str, device_id: str) -> Subscription:
         """Register a stream; it receives everything published from now on."""
@@ -139,6 +142,7 @@ class Broker:
             metrics.OPEN_STREAMS.dec()
             if not streams:
                 del self._streams[sub.key]
+                self._published.pop(sub.key, None)
 
     def open_count(self) -> int:
         """How many streams are open."""
@@ -148,8 +152,15 @@ class Broker:
         """Hand committed notifications to their users' streams; never waits."""
         now = time.perf_counter()
         for w in written:
-            for sub in list(self._streams.get((w.tenant_id, w.user_id), ())):
-                if not sub.offer(Delivery(w.seq, w.message, now)):
+            key = (w.tenant_id, w.user_id)
+            streams = self._streams.get(key)
+            if not streams:
+                continue
+            if w.seq > self._published.get(key, 0):
+                self._published[key] = w.seq
+            delivery = Delivery(w.seq, w.message, now)  # one per user, shared by its streams
+            for sub in list(streams):
+                if not sub.offer(delivery):
                     self._drop(sub)
 
     def committing(self, written: Iterable[Written]) -> Callable[[bool], None]:
@@ -188,6 +199,10 @@ class Broker:
         self._wake(key, seq)
 
     def _wake(self, key: UserKey, seq: int) -> None:
+        if seq <= self._published.get(key, 0):
+            # Published here (a delivery is queued on each stream open then; a stream
+            # opened since read its position from the database): no wake-up, no read.
+            return
         for sub in self._streams.get(key, ()):
             sub.wake(seq)
 

@@ -67,3 +67,24 @@ def test_parse_position():
     assert parse_position("not json") is None
     assert parse_position('["acme", 1, 12]') is None
     assert parse_position('["acme", "alice"]') is None
+
+
+async def test_wakeup_for_a_seq_published_here_is_dropped():
+    # This replica's own NOTIFY arrives after its publish: the streams hold the delivery,
+    # so no wake-up (no database read); a higher seq (another replica's) still wakes, and
+    # a user whose streams all closed starts afresh.
+    broker = Broker(buffer_size=8)
+    sub = broker.open("acme", "alice", "d")
+    own = written("alice", 3)
+    own._message = object()  # type: ignore[assignment]  # what the stream would send
+    broker.committing([own])(True)
+    delivered = await sub.next()
+    assert isinstance(delivered, Delivery) and delivered.seq == 3
+    broker.wake("acme", "alice", 3)
+    assert sub.wake_seq == 0 and sub.queue.empty()
+    broker.wake("acme", "alice", 4)
+    assert sub.wake_seq == 4
+    broker.close(sub)
+    again = broker.open("acme", "alice", "d")
+    broker.wake("acme", "alice", 3)
+    assert again.wake_seq == 3
