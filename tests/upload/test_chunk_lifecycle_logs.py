@@ -6,16 +6,13 @@ with the fencing token, under the PutChunk's correlation id."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import uuid
 
 import grpc
-from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
-from support.services import service_process
-from upload.upload_helpers import chunk_request, create_request, split, wait_status
+from upload.upload_helpers import chunk_request, create_request, split
+from upload.upload_process import ALICE, upload_env, upload_process, wait_completed
 
 CHUNK = 1024
 
@@ -23,37 +20,24 @@ CHUNK = 1024
 async def test_one_correlation_id_from_put_chunk_to_commit(
     database_url, tmp_path, locks_address
 ) -> None:
-    env = {
-        "SERENTAK_UPLOAD_DATABASE_URL": database_url,
-        "SERENTAK_LOCKS_ADDRESS": locks_address,
-        "SERENTAK_MIN_CHUNK_SIZE": "1024",
-        "SERENTAK_WORKER_POLL_SECONDS": "0.1",
-        "SERENTAK_LOG_FORMAT": "json",
-    }
+    env = upload_env(database_url, locks_address)
     cid = f"seed004-{uuid.uuid4().hex[:10]}"
-    md = (("authorization", "Bearer dev-alice"), ("x-correlation-id", cid))
+    md = (*ALICE, ("x-correlation-id", cid))
     data = os.urandom(CHUNK * 3)
     chunks = split(data, CHUNK)
-    with contextlib.ExitStack() as stack:
-        proc = await asyncio.to_thread(
-            stack.enter_context, service_process("upload", tmp_path, env)
-        )
-        async with grpc.aio.insecure_channel(proc.address) as channel:
-            stub = upload_pb2_grpc.UploadServiceStub(channel)
-            up = await stub.CreateUpload(create_request(data, CHUNK), metadata=md)
-            await stub.PutChunk(chunk_request(up.upload_id, 0, chunks[0]), metadata=md)
-            dup = await stub.PutChunk(chunk_request(up.upload_id, 0, chunks[0]), metadata=md)
-            assert dup.duplicate
-            try:
-                await stub.PutChunk(chunk_request(up.upload_id, 0, b"x" * CHUNK), metadata=md)
-                raise AssertionError("a conflicting chunk was accepted")
-            except grpc.aio.AioRpcError as exc:
-                assert exc.code() == grpc.StatusCode.ALREADY_EXISTS
-            for i in (1, 2):
-                await stub.PutChunk(chunk_request(up.upload_id, i, chunks[i]), metadata=md)
-            client = type("C", (), {})()
-            client.uploads, client.metadata = stub, md
-            done = await wait_status(client, up.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    async with upload_process(tmp_path, env) as (proc, stub):
+        up = await stub.CreateUpload(create_request(data, CHUNK), metadata=md)
+        await stub.PutChunk(chunk_request(up.upload_id, 0, chunks[0]), metadata=md)
+        dup = await stub.PutChunk(chunk_request(up.upload_id, 0, chunks[0]), metadata=md)
+        assert dup.duplicate
+        try:
+            await stub.PutChunk(chunk_request(up.upload_id, 0, b"x" * CHUNK), metadata=md)
+            raise AssertionError("a conflicting chunk was accepted")
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.ALREADY_EXISTS
+        for i in (1, 2):
+            await stub.PutChunk(chunk_request(up.upload_id, i, chunks[i]), metadata=md)
+        done = await wait_completed(stub, up.upload_id, md)
     lines = [json.loads(x) for x in proc.log_text().splitlines() if x.startswith("{")]
     mine = [r for r in lines if r.get("correlation_id") == cid]
     events = [r["event"] for r in mine]

@@ -1,5 +1,6 @@
-"""A real upload process for tests that kill it mid-merge and restart it on the same data
-and database (`services.upload` run by `support.services.service_process`)."""
+"""A real upload process (`services.upload` run by `support.services.service_process`) for
+tests that read its JSON log, or kill it mid-merge and restart it on the same data and
+database."""
 
 from __future__ import annotations
 
