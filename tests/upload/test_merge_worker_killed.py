@@ -5,13 +5,9 @@ from __future__ import annotations
 import os
 import uuid
 
-from serentak.events.v1 import events_pb2
-from sqlalchemy import select
-from upload.upload_helpers import chunk_request, create_request, split
+from upload.upload_helpers import chunk_request, content_updated_uploads, create_request, split
 from upload.upload_process import ALICE, kill, upload_env, upload_process, wait_completed, wait_for
 
-from services.common.db import create_engine, session_factory
-from services.common.outbox.models import outbox_events
 from services.locks.client import LockClient
 
 CHUNK = 4096
@@ -41,12 +37,4 @@ async def test_killed_merge_worker_still_completes_once(
         assert done.file_version == 1
         merged = tmp_path / "data" / "blobs" / "files" / done.file_id / done.upload_id
         assert merged.read_bytes() == data
-    engine = create_engine(database_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = (await session.execute(select(outbox_events.c.event))).scalars()
-            events = [events_pb2.Event.FromString(r) for r in rows]
-    finally:
-        await engine.dispose()
-    content = [e for e in events if e.event_type == "file.content.updated"]
-    assert [e.file_content_updated.upload_id for e in content] == [upload.upload_id]
+    assert await content_updated_uploads(database_url) == [upload.upload_id]

@@ -10,13 +10,15 @@ import asyncio
 import os
 
 import grpc
-from serentak.events.v1 import events_pb2
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
-from sqlalchemy import select
-from upload.upload_helpers import chunk_request, create_request, download, split, wait_status
-
-from services.common.db import create_engine, session_factory
-from services.common.outbox.models import outbox_events
+from upload.upload_helpers import (
+    chunk_request,
+    content_updated_uploads,
+    create_request,
+    download,
+    split,
+    wait_status,
+)
 
 CHUNK = 256 * 1024
 
@@ -51,12 +53,4 @@ async def test_cut_calls_then_retries_merge_once(cluster) -> None:
     done = await wait_status(alice, up.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
     got, _ = await download(alice, done.file_id)
     assert got == data
-    engine = create_engine(cluster.settings.database_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = (await session.execute(select(outbox_events.c.event))).scalars()
-            events = [events_pb2.Event.FromString(r) for r in rows]
-    finally:
-        await engine.dispose()
-    content = [e for e in events if e.event_type == "file.content.updated"]
-    assert [e.file_content_updated.upload_id for e in content] == [up.upload_id]
+    assert await content_updated_uploads(cluster.settings.database_url) == [up.upload_id]

@@ -10,10 +10,13 @@ from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2
+from serentak.events.v1 import events_pb2
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import func, select
 from support.grpc_errors import error_info
 
+from services.common.db import create_engine, session_factory
+from services.common.outbox.models import outbox_events
 from services.upload.models import ChunkRow
 
 DEADLINE_S = 60.0
@@ -89,6 +92,22 @@ async def chunk_row_count(sessions: Any, upload_id: str) -> int:
             )
             or 0
         )
+
+
+async def content_updated_uploads(database_url: str) -> list[str]:
+    """The upload id of every file.content.updated event in the outbox, in stored order."""
+    engine = create_engine(database_url)
+    try:
+        async with session_factory(engine)() as session:
+            rows = (
+                await session.execute(select(outbox_events.c.event).order_by(outbox_events.c.id))
+            ).scalars()
+            events = [events_pb2.Event.FromString(r) for r in rows]
+    finally:
+        await engine.dispose()
+    return [
+        e.file_content_updated.upload_id for e in events if e.event_type == "file.content.updated"
+    ]
 
 
 async def wait_status(client: Any, upload_id: str, *statuses: int) -> upload_pb2.Upload:
