@@ -27,10 +27,8 @@ from services.upload.sync.wiring import register_sync_jobs
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeProvider]:
     """The fake provider, started."""
-    provider = FakeProvider()
-    await provider.start()
-    yield provider
-    await provider.stop()
+    async with FakeProvider() as provider:
+        yield provider
 
 
 @pytest.fixture

@@ -59,7 +59,8 @@ class Scripted:
 
 
 class FakeProvider:
-    """Start with `await fake.start()`; `base_url` then points at it."""
+    """Start with `await fake.start()` (or `async with FakeProvider() as fake:`, which also
+    stops it); `base_url` then points at it."""
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
@@ -275,3 +276,10 @@ class FakeProvider:
         """Shut the server down."""
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def __aenter__(self) -> FakeProvider:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -23,10 +23,8 @@ LINK = "link-f"
 @pytest.fixture
 async def foreign() -> AsyncIterator[FakeProvider]:
     """Another host (port) that a malicious or confused provider might point us to."""
-    provider = FakeProvider()
-    await provider.start()
-    yield provider
-    await provider.stop()
+    async with FakeProvider() as provider:
+        yield provider
 
 
 def _refused() -> float:

@@ -34,10 +34,8 @@ DRIVE = "drv-e2e"
 
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeProvider]:
-    provider = FakeProvider()
-    await provider.start()
-    yield provider
-    await provider.stop()
+    async with FakeProvider() as provider:
+        yield provider
 
 
 @pytest.fixture
