@@ -11,7 +11,13 @@ import grpc
 import pytest
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from sqlalchemy import delete, update
-from upload.upload_helpers import chunk_request, create_request, expect_error, split, wait_status
+from upload.upload_helpers import (
+    chunk_request,
+    create_request,
+    expect_error,
+    split,
+    upload_completed,
+)
 
 from services.cli import main
 from services.common.db import create_engine, session_factory
@@ -22,23 +28,12 @@ CHUNK = 1024
 SERVICE = (("authorization", "Bearer dev-ops"),)  # AuditUploads needs the ops role
 
 
-async def _complete(client, data: bytes, name: str) -> upload_pb2.Upload:
-    upload = await client.uploads.CreateUpload(
-        create_request(data, CHUNK, name=name), metadata=client.metadata
-    )
-    for i, c in enumerate(split(data, CHUNK)):
-        await client.uploads.PutChunk(
-            chunk_request(upload.upload_id, i, c), metadata=client.metadata
-        )
-    return await wait_status(client, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
-
-
 @pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_audit_reports_corruption_and_count_drift(cluster, capsys) -> None:
     alice = cluster["alice"]
     admin = upload_pb2_grpc.UploadAdminServiceStub(cluster.channel)
-    a = await _complete(alice, os.urandom(CHUNK * 2 + 3), "a.bin")
-    b = await _complete(alice, os.urandom(CHUNK * 2), "b.bin")
+    a = await upload_completed(alice, os.urandom(CHUNK * 2 + 3), CHUNK, name="a.bin")
+    b = await upload_completed(alice, os.urandom(CHUNK * 2), CHUNK, name="b.bin")
     partial = os.urandom(CHUNK * 3)
     open_upload = await alice.uploads.CreateUpload(
         create_request(partial, CHUNK, name="partial.bin"), metadata=alice.metadata

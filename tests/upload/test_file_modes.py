@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from serentak.upload.v1 import upload_pb2
-from upload.upload_helpers import chunk_request, create_request, split, wait_status
+from upload.upload_helpers import chunk_request, create_request, put_chunks, split, wait_status
 
 from services.upload.blob_store import LocalBlobStore
 
@@ -49,8 +49,7 @@ async def test_blobs_and_database_files_are_private(cluster, database_url: str) 
     await alice.uploads.PutChunk(
         chunk_request(partial.upload_id, 0, data[:CHUNK]), metadata=alice.metadata
     )
-    for i, c in enumerate(split(data, CHUNK)):
-        await alice.uploads.PutChunk(chunk_request(upload.upload_id, i, c), metadata=alice.metadata)
+    await put_chunks(alice, upload.upload_id, split(data, CHUNK))
     await wait_status(alice, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
 
     blobs = _assert_private(cluster.settings.blob_root)

@@ -15,7 +15,7 @@ from upload.upload_helpers import (
     download,
     expect_error,
     sha256,
-    split,
+    upload_completed,
     wait_status,
 )
 
@@ -23,14 +23,7 @@ CHUNK = 1024
 
 
 async def _upload_file(client, data: bytes, name: str = "doc.bin", folder_id: str = "") -> str:
-    upload = await client.uploads.CreateUpload(
-        create_request(data, CHUNK, name=name, folder_id=folder_id), metadata=client.metadata
-    )
-    for i, c in enumerate(split(data, CHUNK)):
-        await client.uploads.PutChunk(
-            chunk_request(upload.upload_id, i, c), metadata=client.metadata
-        )
-    done = await wait_status(client, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    done = await upload_completed(client, data, CHUNK, name=name, folder_id=folder_id)
     return done.file_id
 
 

@@ -107,10 +107,7 @@ async def test_file_lock_held_past_every_attempt_fails_the_upload(cluster, locks
     holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     try:
-        for i, c in enumerate(split(data, CHUNK)):
-            await alice.uploads.PutChunk(
-                chunk_request(upload.upload_id, i, c), metadata=alice.metadata
-            )
+        await put_chunks(alice, upload.upload_id, split(data, CHUNK))
         failed = await wait_status(
             alice,
             upload.upload_id,

@@ -9,7 +9,14 @@ import time
 import uuid
 
 from serentak.upload.v1 import upload_pb2
-from upload.upload_helpers import chunk_request, create_request, download, split, wait_status
+from upload.upload_helpers import (
+    chunk_request,
+    create_request,
+    download,
+    put_chunks,
+    split,
+    wait_status,
+)
 
 from services.locks.client import LockClient
 
@@ -43,10 +50,7 @@ async def test_chunks_of_other_uploads_are_stored_while_a_merge_waits(
     holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     try:
-        for i, c in enumerate(split(data, CHUNK)):
-            await alice.uploads.PutChunk(
-                chunk_request(upload.upload_id, i, c), metadata=alice.metadata
-            )
+        await put_chunks(alice, upload.upload_id, split(data, CHUNK))
         # The merge ran merge_core and now waits for the lock we hold.
         await _wait_for_waiter(holder, key)
         merged = cluster.settings.blob_root / "files" / upload.file_id / upload.upload_id

@@ -20,6 +20,7 @@ from upload.upload_helpers import (
     create_request,
     download,
     expect_error,
+    put_chunks,
     split,
     wait_status,
 )
@@ -85,8 +86,7 @@ async def _merge_parked_on_the_lock(cluster, locks_address, file_id: str, data: 
     key = f"file:{file_id}"
     holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
-    for i, c in enumerate(split(data, CHUNK)):
-        await bob.uploads.PutChunk(chunk_request(upload.upload_id, i, c), metadata=bob.metadata)
+    await put_chunks(bob, upload.upload_id, split(data, CHUNK))
     await _wait_for_waiter(holder, key)
     return upload, holder, lock
 

@@ -13,7 +13,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from serentak.upload.v1 import upload_pb2
-from upload.upload_helpers import chunk_request, create_request, expect_error, split, wait_status
+from upload.upload_helpers import create_request, expect_error, upload_completed
 
 CHUNK = 1024
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -61,10 +61,7 @@ async def test_an_upload_larger_than_the_limit_is_refused(cluster) -> None:
 async def test_quota_counts_stored_versions_and_open_uploads_per_tenant(cluster) -> None:
     alice, mallory = cluster["alice"], cluster["mallory"]
     data = os.urandom(6 * CHUNK)
-    upload = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
-    for i, c in enumerate(split(data, CHUNK)):
-        await alice.uploads.PutChunk(chunk_request(upload.upload_id, i, c), metadata=alice.metadata)
-    await wait_status(alice, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    await upload_completed(alice, data, CHUNK)
     # 6 stored + 3 open = 9 of 10.
     open_one = await _create(alice, 3 * CHUNK, "open")
     info = await expect_error(_create(cluster["bob"], 2 * CHUNK), RE, "QUOTA_EXCEEDED")

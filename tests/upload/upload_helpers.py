@@ -74,13 +74,25 @@ def chunk_request(upload_id: str, index: int, data: bytes) -> upload_pb2.PutChun
 
 
 async def put_chunks(
-    client: Any, upload_id: str, chunks: list[bytes], indexes: Iterable[int]
+    client: Any, upload_id: str, chunks: list[bytes], indexes: Iterable[int] | None = None
 ) -> None:
-    """PutChunk each of `chunks` named by `indexes`, in that order."""
-    for i in indexes:
+    """PutChunk each of `chunks` named by `indexes` (default: all), in that order."""
+    for i in range(len(chunks)) if indexes is None else indexes:
         await client.uploads.PutChunk(
             chunk_request(upload_id, i, chunks[i]), metadata=client.metadata
         )
+
+
+async def upload_completed(
+    client: Any, data: bytes, chunk_size: int, **create: Any
+) -> upload_pb2.Upload:
+    """Upload `data` as a new file (`create`: create_request's name, folder_id, ...): create,
+    send every chunk, and return the upload once COMPLETED."""
+    upload = await client.uploads.CreateUpload(
+        create_request(data, chunk_size, **create), metadata=client.metadata
+    )
+    await put_chunks(client, upload.upload_id, split(data, chunk_size))
+    return await wait_status(client, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
 
 
 async def chunk_row_count(sessions: Any, upload_id: str) -> int:
