@@ -51,6 +51,21 @@ async def _shared_folder(channel: grpc.aio.Channel) -> str:
     return folder.file_id
 
 
+async def _tombstoned(world: SyncWorld, tenant_id: str, upstream_item: str, file_id: str) -> None:
+    """A tombstoned synced item of `tenant_id` naming `file_id`."""
+    async with world.sessions() as s, s.begin():
+        item_id = await items.insert_item(
+            s,
+            tenant_id=tenant_id,
+            account_id=ACCOUNT,
+            upstream_drive_id=DRIVE,
+            upstream_item_id=upstream_item,
+            file_id=file_id,
+            now=utcnow(),
+        )
+        await items.tombstone(s, item_id, "gone", utcnow())
+
+
 def _link(file_id: str, item: str = "up-1") -> sync_pb2.LinkItemRequest:
     return sync_pb2.LinkItemRequest(
         account_id=ACCOUNT, upstream_drive_id=DRIVE, upstream_item_id=item, file_id=file_id
@@ -95,17 +110,7 @@ async def test_a_tombstone_of_one_tenant_never_hides_another_tenants_file(
     )
     # A tombstone in tenant "evil" naming acme's file id (as a cross-tenant LinkItem used
     # to be able to create).
-    async with world.sessions() as s, s.begin():
-        item_id = await items.insert_item(
-            s,
-            tenant_id=OTHER_TENANT,
-            account_id=ACCOUNT,
-            upstream_drive_id=DRIVE,
-            upstream_item_id="evil-1",
-            file_id=child.file_id,
-            now=utcnow(),
-        )
-        await items.tombstone(s, item_id, "gone", utcnow())
+    await _tombstoned(world, OTHER_TENANT, "evil-1", child.file_id)
     got = await files.GetFile(upload_pb2.GetFileRequest(file_id=child.file_id), metadata=ALICE)
     assert got.file_id == child.file_id
     page = await files.ListFolder(
@@ -113,17 +118,7 @@ async def test_a_tombstone_of_one_tenant_never_hides_another_tenants_file(
     )
     assert [f.file_id for f in page.files] == [child.file_id]
     # acme's own tombstone does hide it.
-    async with world.sessions() as s, s.begin():
-        own = await items.insert_item(
-            s,
-            tenant_id=TENANT,
-            account_id=ACCOUNT,
-            upstream_drive_id=DRIVE,
-            upstream_item_id="acme-1",
-            file_id=child.file_id,
-            now=utcnow(),
-        )
-        await items.tombstone(s, own, "gone", utcnow())
+    await _tombstoned(world, TENANT, "acme-1", child.file_id)
     await _expect(
         files.GetFile(upload_pb2.GetFileRequest(file_id=child.file_id), metadata=ALICE),
         grpc.StatusCode.FAILED_PRECONDITION,
