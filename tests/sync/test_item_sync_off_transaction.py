@@ -6,6 +6,7 @@ row as it finds it, and a row tombstoned meanwhile is left alone."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from sqlalchemy import update
 from sync.sync_world import DRIVE, SyncWorld
@@ -19,17 +20,20 @@ from services.upload.sync.models import SYNCED, TOMBSTONED, synced_items, utcnow
 WRITER_DEADLINE_S = 15.0
 
 
-async def _trigger(world: SyncWorld, item_id: str) -> None:
+async def _parked(world: SyncWorld, upstream_id: str, **meta: Any) -> tuple[str, Any, Any]:
+    """Link the upstream item `upstream_id` (`meta`: its name, size), hold its upstream GET,
+    queue its sync and start one worker pass, which parks in that GET. Returns the item's
+    id, the hold and the worker pass's task."""
+    world.fake.put_item(DRIVE, upstream_id, **meta)
+    item_id = await world.link_item(upstream_id)
+    held = world.fake.hold(DRIVE, upstream_id)
     async with world.sessions() as s, s.begin():
         await enqueue_item_sync(s, item_id, reason="test")
+    return item_id, held, asyncio.create_task(world.worker.run_once())
 
 
 async def test_writers_commit_while_the_upstream_call_is_parked(world: SyncWorld) -> None:
-    world.fake.put_item(DRIVE, "slow-1", name="upstream.txt", size=7)
-    item_id = await world.link_item("slow-1")
-    held = world.fake.hold(DRIVE, "slow-1")
-    await _trigger(world, item_id)
-    job = asyncio.create_task(world.worker.run_once())
+    item_id, held, job = await _parked(world, "slow-1", name="upstream.txt", size=7)
     try:
         await asyncio.wait_for(held.arrived.wait(), WRITER_DEADLINE_S)
         # Another item linked, and the parked item's own row written, mid-call.
@@ -54,11 +58,7 @@ async def test_writers_commit_while_the_upstream_call_is_parked(world: SyncWorld
 
 
 async def test_a_row_tombstoned_during_the_call_stays_tombstoned(world: SyncWorld) -> None:
-    world.fake.put_item(DRIVE, "race-1", name="race.txt", size=3)
-    item_id = await world.link_item("race-1")
-    held = world.fake.hold(DRIVE, "race-1")
-    await _trigger(world, item_id)
-    job = asyncio.create_task(world.worker.run_once())
+    item_id, held, job = await _parked(world, "race-1", name="race.txt", size=3)
     try:
         await asyncio.wait_for(held.arrived.wait(), WRITER_DEADLINE_S)
         async with world.sessions.begin() as s:
