@@ -12,13 +12,17 @@ import os
 import threading
 
 import pytest
-from upload.upload_helpers import CallerContext, chunk_request, create_request, split
+from upload.upload_helpers import (
+    CallerContext,
+    chunk_request,
+    chunk_store_over,
+    create_request,
+    split,
+)
 
 from services.common.auth import Identity
 from services.upload.blob_store import LocalBlobStore, chunk_key
-from services.upload.chunks import ChunkStore
 from services.upload.errors import ChecksumMismatch, ChunkConflict
-from services.upload.merge_job import enqueue_merge
 from services.upload.servicer import UploadServicer
 
 CHUNK = 1024
@@ -61,13 +65,7 @@ async def _gated(parts, chunks: int, fail: Exception | None = None):
     data = os.urandom(CHUNK * chunks)
     upload = await parts.uploads.create(_alice(parts), create_request(data, CHUNK, name="pipe.bin"))
     blobs = PublishGate(parts.blobs, chunk_key(upload.id, 0), fail)
-    store = ChunkStore(
-        parts.sessions,
-        parts.uploads,
-        blobs,
-        enqueue_merge,
-        upload_ttl_seconds=parts.settings.upload_ttl_seconds,
-    )
+    store = chunk_store_over(parts, blobs)
     servicer = UploadServicer(parts.auth, parts.uploads, store, parts.limiter)
     return upload, split(data, CHUNK), blobs, servicer
 

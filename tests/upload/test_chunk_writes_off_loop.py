@@ -12,12 +12,17 @@ import asyncio
 import os
 import threading
 
-from upload.upload_helpers import CallerContext, chunk_request, create_request, sha256, split
+from upload.upload_helpers import (
+    CallerContext,
+    chunk_request,
+    chunk_store_over,
+    create_request,
+    sha256,
+    split,
+)
 
 from services.common.auth import Identity
 from services.upload.blob_store import LocalBlobStore, chunk_key
-from services.upload.chunks import ChunkStore
-from services.upload.merge_job import enqueue_merge
 from services.upload.servicer import UploadServicer
 
 CHUNK = 1024
@@ -49,13 +54,7 @@ async def test_other_chunks_and_reads_proceed_while_a_blob_write_blocks(parts) -
     slow = await parts.uploads.create(alice, create_request(data, CHUNK, name="slow.bin"))
     fast = await parts.uploads.create(alice, create_request(other, CHUNK, name="fast.bin"))
     blobs = GatedBlobs(parts.blobs, chunk_key(slow.id, 0))
-    store = ChunkStore(
-        parts.sessions,
-        parts.uploads,
-        blobs,
-        enqueue_merge,
-        upload_ttl_seconds=parts.settings.upload_ttl_seconds,
-    )
+    store = chunk_store_over(parts, blobs)
     chunks = split(data, CHUNK)
     stuck = asyncio.create_task(store.put(alice, slow.id, 0, chunks[0], sha256(chunks[0])))
     try:
@@ -91,13 +90,7 @@ async def test_upload_chunks_receives_the_next_chunk_while_storing_one(parts) ->
     chunks = split(data, CHUNK)
     upload = await parts.uploads.create(alice, create_request(data, CHUNK, name="pipe.bin"))
     blobs = GatedBlobs(parts.blobs, chunk_key(upload.id, 0))
-    store = ChunkStore(
-        parts.sessions,
-        parts.uploads,
-        blobs,
-        enqueue_merge,
-        upload_ttl_seconds=parts.settings.upload_ttl_seconds,
-    )
+    store = chunk_store_over(parts, blobs)
     servicer = UploadServicer(parts.auth, parts.uploads, store, parts.limiter)
     second_pulled = asyncio.Event()
 

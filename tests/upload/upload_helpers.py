@@ -17,6 +17,8 @@ from support.grpc_errors import error_info
 
 from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
+from services.upload.chunks import ChunkStore
+from services.upload.merge_job import enqueue_merge
 from services.upload.models import ChunkRow
 
 DEADLINE_S = 60.0
@@ -93,6 +95,18 @@ async def upload_completed(
     )
     await put_chunks(client, upload.upload_id, split(data, chunk_size))
     return await wait_status(client, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+
+
+def chunk_store_over(parts: Any, blobs: Any) -> ChunkStore:
+    """The upload components' (`parts` fixture) chunk store, writing to `blobs` instead
+    (a store a test gates or fails)."""
+    return ChunkStore(
+        parts.sessions,
+        parts.uploads,
+        blobs,
+        enqueue_merge,
+        upload_ttl_seconds=parts.settings.upload_ttl_seconds,
+    )
 
 
 async def chunk_row_count(sessions: Any, upload_id: str) -> int:
