@@ -27,6 +27,9 @@ them one at a time), and a job that finds its events already written by an earli
 finishes with no effect. Whenever accepted events wait, a job that will see them is
 queued: the one their accepting transaction queued, or a continuation.
 
+A file's job that is still waiting to be claimed absorbs later ones (the runtime's
+`dedupe_key`, window 0): under a burst the file's partition runs one job per claim.
+
 Exactly once. The runtime records the job's idempotency key with its effects; the inbox
 rows go `applied -> notified` in the same transaction, read under row locks, so a
 redelivered or replayed job, or a job whose events an earlier one already wrote, changes
@@ -86,6 +89,10 @@ def fanout_job(event: events_pb2.Event, *, continuation: bool = False) -> NewJob
         },
         partition_key=f"notify-file:{event.aggregate_id}",
         idempotency_key=f"{'fanout-next' if continuation else 'fanout'}:{event.event_id}",
+        # While a file's job waits unclaimed, later ones fold into it (it will write their
+        # events too: a job writes all the file's accepted events), so a busy file's
+        # single partition runs one job per claim, not one per accepting transaction.
+        dedupe_key=f"notify-file:{event.aggregate_id}",
         correlation_id=event.correlation_id[:ID_LEN] or None,
     )
 
