@@ -8,6 +8,7 @@ it is skipped with the reason, so a laptop without them can still run the unit t
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -27,6 +28,11 @@ os.environ.setdefault("SERENTAK_MIGRATE_ON_START", "true")
 # settings built in-process read this, and `service_process` passes it to children.
 os.environ.setdefault("SERENTAK_AUTH_MODE", "dev")
 PG_DSN_ENV = "SERENTAK_TEST_PG_DSN"
+# A suite started in the background by a non-interactive shell inherits SIGINT ignored, and
+# exec keeps it ignored in every child: the tests that Ctrl-C a CLI would then see it run on.
+# A handled SIGINT here is reset to the default in children, as in an interactive shell.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _unavailable(what: str) -> None:
