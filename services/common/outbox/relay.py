@@ -167,13 +167,16 @@ class Relay:
             await mark_many_published(session, [row.id for row in batch])
         for event in events:
             metrics.OUTBOX_PUBLISHED.labels(event.event_type).inc()
-        log.info(
-            "outbox_events_published",
-            aggregate=key,
-            events=len(events),
-            first_version=events[0].version,
-            last_version=events[-1].version,
-        )
+            # One line per event under its own correlation id, as one by one: an id is
+            # followed from the chunk to the notification whichever way it was sent.
+            with bound_correlation_id(event.correlation_id):
+                log.info(
+                    "outbox_event_published",
+                    event_id=event.event_id,
+                    aggregate=key,
+                    version=event.version,
+                    batch=len(events),
+                )
         return True
 
     async def _publish_one(

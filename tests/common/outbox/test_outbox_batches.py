@@ -8,6 +8,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 
+import structlog
 from serentak.events.v1 import events_pb2
 from sqlalchemy import func, select
 
@@ -18,6 +19,7 @@ from services.common.outbox.models import outbox_events
 def _event(aggregate_id: str, version: int) -> events_pb2.Event:
     return events_pb2.Event(
         event_id=uuid.uuid4().hex,
+        correlation_id=f"cid-{aggregate_id}-{version}",
         event_type="file.renamed",
         aggregate_type="file",
         aggregate_id=aggregate_id,
@@ -122,3 +124,18 @@ async def test_a_subscriber_refusing_batches_gets_one_event_per_call(runtime_db)
     assert subscriber.versions == {"f0": [1, 2, 3], "f1": [1, 2, 3]}
     assert (subscriber.batches, subscriber.singles) == (0, 6)
     assert await _unpublished(runtime_db) == 0
+
+
+async def test_each_event_of_a_batch_is_logged_under_its_own_correlation_id(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _record_versions(runtime_db, 1, range(1, 5))
+    subscriber = BatchingSubscriber()
+    relay = Relay(runtime_db.sessions, [subscriber], relay_id="r")
+    with structlog.testing.capture_logs(
+        processors=[structlog.contextvars.merge_contextvars]
+    ) as logs:
+        assert await relay.publish_pending() == 4
+    assert subscriber.batches == 1
+    published = [e for e in logs if e["event"] == "outbox_event_published"]
+    assert [(e["correlation_id"], e["version"], e["batch"]) for e in published] == [
+        (f"cid-f0-{v}", v, 4) for v in range(1, 5)
+    ]
