@@ -1,19 +1,24 @@
-"""PostgreSQL fan-out fast path: a whole chain of events in two statements.
+"""PostgreSQL fan-out fast path: a whole chain of events in one statement.
 
 `fanout.fan_out` writes one event at a time with multi-row statements whose text grows
 with the audience (SQLAlchemy's "insertmanyvalues": 400 rows x 15 columns of parameters a
 statement, which psycopg re-parses every time; that parse was most of a fan-out's CPU).
 Here the rows travel as arrays and `unnest` spreads them, so the statement text is
-constant (parsed and planned once per connection) and its size does not depend on N:
+constant (parsed and planned once per connection) and its size does not depend on N.
+One data-modifying CTE does the three writes, one round trip instead of three (the
+round trips between them, not the statements, were most of a fan-out's latency):
 
 1. one upsert takes every (tenant, user)'s stream positions for the whole chain: a user
    notified by k events of the chain gets `last_seq + 1 .. last_seq + k`, one per event in
    version order. Rows are visited in (tenant, user) order, the global lock order of
    `fanout.lock_streams`, so chains sharing users cannot deadlock;
-2. one INSERT ... SELECT writes every notification of the chain: per-row arrays (id, user,
-   seq, event index) joined to per-event arrays (the state every recipient shares), so an
-   event's text is bound once, not once per recipient. ON CONFLICT DO NOTHING keeps UNIQUE
-   (tenant, user, file, version) as the backstop of exactly-once, as on the slow path.
+2. an INSERT ... SELECT writes every notification of the chain: per-row arrays (id, user,
+   rank k among the user's events of the chain, event index) joined to the positions the
+   upsert returned (seq = new last_seq - count + k) and to per-event arrays (the state
+   every recipient shares), so an event's text is bound once, not once per recipient.
+   ON CONFLICT DO NOTHING keeps UNIQUE (tenant, user, file, version) as the backstop of
+   exactly-once, as on the slow path;
+3. the chain's inbox rows go `applied -> notified` (locked by the job's read of them).
 
 Only for chains of events that never fold into a digest (content updates, deletes, shares
 ...): a fold must look at each user's latest notification between events, which the
@@ -31,44 +36,62 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.notify.fanout import Written, audience
+from services.notify.models import InboxStatus
 from services.notify.summaries import Description
 
-_TAKE_SEQS = text(
+_FAN_OUT = text(
     """
-INSERT INTO notify_user_streams AS s (tenant_id, user_id, last_seq)
-SELECT x.tenant_id, x.user_id, x.n
-FROM unnest(CAST(:tenants AS varchar[]), CAST(:users AS varchar[]), CAST(:counts AS bigint[]))
-     AS x(tenant_id, user_id, n)
-ORDER BY x.tenant_id, x.user_id
-ON CONFLICT (tenant_id, user_id) DO UPDATE SET last_seq = s.last_seq + EXCLUDED.last_seq
-RETURNING s.tenant_id, s.user_id, s.last_seq
+WITH taken AS (
+    INSERT INTO notify_user_streams AS s (tenant_id, user_id, last_seq)
+    SELECT x.tenant_id, x.user_id, x.n
+    FROM unnest(CAST(:tenants AS varchar[]), CAST(:users AS varchar[]),
+                CAST(:counts AS bigint[])) AS x(tenant_id, user_id, n)
+    ORDER BY x.tenant_id, x.user_id
+    ON CONFLICT (tenant_id, user_id) DO UPDATE SET last_seq = s.last_seq + EXCLUDED.last_seq
+    RETURNING s.tenant_id, s.user_id, s.last_seq
+),
+rows AS (
+    SELECT r.notification_id, r.tenant_id, r.user_id, t.last_seq - r.n + r.k AS seq, r.ev
+    FROM unnest(CAST(:ids AS varchar[]), CAST(:r_tenants AS varchar[]),
+                CAST(:r_users AS varchar[]), CAST(:r_n AS bigint[]), CAST(:r_k AS bigint[]),
+                CAST(:events AS bigint[])) AS r(notification_id, tenant_id, user_id, n, k, ev)
+    JOIN taken AS t ON t.tenant_id = r.tenant_id AND t.user_id = r.user_id
+),
+stored AS (
+    INSERT INTO notifications (
+        notification_id, tenant_id, user_id, seq, file_id, version, event_type, event_id,
+        actor_user_id, file_name, summary, dedupe_key, digest_count, window_started_at,
+        created_at, updated_at, read_at, correlation_id)
+    SELECT r.notification_id, e.tenant_id, r.user_id, r.seq, e.file_id, e.version,
+           e.event_type, e.event_id, e.actor_user_id, e.file_name, e.summary, e.dedupe_key, 1,
+           e.window_started_at, CAST(:now AS timestamp), CAST(:now AS timestamp), NULL,
+           e.correlation_id
+    FROM rows AS r
+    JOIN unnest(CAST(:e_tenant AS varchar[]), CAST(:e_file AS varchar[]),
+                CAST(:e_version AS bigint[]), CAST(:e_type AS varchar[]),
+                CAST(:e_id AS varchar[]), CAST(:e_actor AS varchar[]),
+                CAST(:e_name AS varchar[]), CAST(:e_summary AS varchar[]),
+                CAST(:e_dedupe AS varchar[]), CAST(:e_window AS timestamp[]),
+                CAST(:e_correlation AS varchar[]))
+         WITH ORDINALITY AS e(tenant_id, file_id, version, event_type, event_id, actor_user_id,
+                              file_name, summary, dedupe_key, window_started_at,
+                              correlation_id, ev)
+      ON e.ev = r.ev
+    ON CONFLICT DO NOTHING
+    RETURNING notification_id, seq
+),
+marked AS (
+    UPDATE notify_inbox SET status = :notified
+    WHERE event_id = ANY(CAST(:e_id AS varchar[]))
+)
+SELECT notification_id, seq FROM stored
 """
 )
-_INSERT = text(
-    """
-INSERT INTO notifications (
-    notification_id, tenant_id, user_id, seq, file_id, version, event_type, event_id,
-    actor_user_id, file_name, summary, dedupe_key, digest_count, window_started_at,
-    created_at, updated_at, read_at, correlation_id)
-SELECT r.notification_id, e.tenant_id, r.user_id, r.seq, e.file_id, e.version, e.event_type,
-       e.event_id, e.actor_user_id, e.file_name, e.summary, e.dedupe_key, 1,
-       e.window_started_at, CAST(:now AS timestamp), CAST(:now AS timestamp), NULL,
-       e.correlation_id
-FROM unnest(CAST(:ids AS varchar[]), CAST(:users AS varchar[]), CAST(:seqs AS bigint[]),
-            CAST(:events AS bigint[])) AS r(notification_id, user_id, seq, ev)
-JOIN unnest(CAST(:e_tenant AS varchar[]), CAST(:e_file AS varchar[]),
-            CAST(:e_version AS bigint[]), CAST(:e_type AS varchar[]),
-            CAST(:e_id AS varchar[]), CAST(:e_actor AS varchar[]),
-            CAST(:e_name AS varchar[]), CAST(:e_summary AS varchar[]),
-            CAST(:e_dedupe AS varchar[]), CAST(:e_window AS timestamp[]),
-            CAST(:e_correlation AS varchar[]))
-     WITH ORDINALITY AS e(tenant_id, file_id, version, event_type, event_id, actor_user_id,
-                          file_name, summary, dedupe_key, window_started_at, correlation_id,
-                          ev)
-  ON e.ev = r.ev
-ON CONFLICT DO NOTHING
-RETURNING notification_id
-"""
+
+
+_MARK = text(
+    f"UPDATE notify_inbox SET status = '{InboxStatus.NOTIFIED}' "
+    "WHERE event_id = ANY(CAST(:ids AS varchar[]))"
 )
 
 
@@ -96,16 +119,9 @@ async def fan_out_chain(
         for user in audience(ev):
             recipients[(ev.tenant_id, user)].append(i)
     if not recipients:
+        await session.execute(_MARK, {"ids": [ev.event_id for ev in chain]})
         return [], 0
     keys = sorted(recipients)
-    taken = await session.execute(
-        _TAKE_SEQS,
-        {
-            "tenants": [t for t, _ in keys],
-            "users": [u for _, u in keys],
-            "counts": [len(recipients[k]) for k in keys],
-        },
-    )
     states = [
         {
             "tenant_id": ev.tenant_id,
@@ -126,34 +142,49 @@ async def fan_out_chain(
         }
         for i, (ev, d) in enumerate(zip(chain, described, strict=True))
     ]
-    rows: list[dict[str, object]] = []
-    for tenant_id, user_id, last_seq in taken:
-        events = recipients[(tenant_id, user_id)]
-        first = last_seq - len(events) + 1
-        for offset, i in enumerate(events):
-            rows.append(
-                {
-                    **states[i],
-                    "notification_id": uuid.uuid4().hex,
-                    "user_id": user_id,
-                    "seq": first + offset,
-                    "_ev": i + 1,  # WITH ORDINALITY counts from 1
-                }
-            )
+    # A user notified by k events of the chain gets the k positions after its stream's
+    # last one, in chain (version) order: row number `k` of the user's events takes
+    # `last_seq_after - n + k`, computed in the statement from what the upsert returns.
+    rows: dict[str, dict[str, object]] = {}
+    ns: list[int] = []
+    ks: list[int] = []
+    events: list[int] = []
+    for key in keys:
+        for k, i in enumerate(recipients[key], start=1):
+            ns.append(len(recipients[key]))
+            notification_id = uuid.uuid4().hex
+            rows[notification_id] = {
+                **states[i],
+                "notification_id": notification_id,
+                "user_id": key[1],
+            }
+            ks.append(k)
+            events.append(i + 1)  # WITH ORDINALITY counts from 1
     stored = await session.execute(
-        _INSERT,
+        _FAN_OUT,
         {
+            "tenants": [t for t, _ in keys],
+            "users": [u for _, u in keys],
+            "counts": [len(recipients[k]) for k in keys],
+            "ids": list(rows),
+            "r_tenants": [r["tenant_id"] for r in rows.values()],
+            "r_users": [r["user_id"] for r in rows.values()],
+            "r_n": ns,
+            "r_k": ks,
+            "events": events,
             "now": now,
-            "ids": [r["notification_id"] for r in rows],
-            "users": [r["user_id"] for r in rows],
-            "seqs": [r["seq"] for r in rows],
-            "events": [r.pop("_ev") for r in rows],
+            "notified": InboxStatus.NOTIFIED,
             **{param: [s[column] for s in states] for param, column in _EVENT_COLUMNS.items()},
         },
     )
-    kept = {nid for (nid,) in stored}
-    written = [Written(r, merged=False) for r in rows if r["notification_id"] in kept]
-    return written, len(rows) - len(written)
+    written = []
+    for notification_id, seq in stored:
+        row = rows[notification_id]
+        row["seq"] = seq
+        written.append(row)
+    # RETURNING order is unspecified; publish in stream order.
+    written.sort(key=lambda r: (r["tenant_id"], r["user_id"], r["seq"]))
+    return [Written(r, merged=False) for r in written], len(rows) - len(written)
 
 
 _EVENT_COLUMNS = {

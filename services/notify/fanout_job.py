@@ -130,11 +130,6 @@ class FanOutHandler:
         waiting = chain[self._max_batch :]
         chain = chain[: self._max_batch]
         written, duplicates = await self._write(session, chain)
-        await session.execute(
-            update(InboxEvent)
-            .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
-            .values(status=InboxStatus.NOTIFIED)
-        )
         if waiting:
             await enqueue(session, fanout_job(waiting[0], continuation=True))
         self._publish_after_commit(session, written, duplicates, len(chain))
@@ -167,6 +162,7 @@ class FanOutHandler:
         described = [describe(ev) for ev in chain]
         if fanout_batch.batchable(session, described):
             # PostgreSQL, nothing to fold: the whole chain in two statements.
+            # It also marks the chain notified.
             occurred = [self._occurred_at(ev) for ev in chain]
             return await fanout_batch.fan_out_chain(session, chain, described, occurred, utcnow())
         if len(chain) > 1:
@@ -190,6 +186,11 @@ class FanOutHandler:
             )
             written.extend(fanned.written)
             duplicates += fanned.duplicates
+        await session.execute(
+            update(InboxEvent)
+            .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
+            .values(status=InboxStatus.NOTIFIED)
+        )
         return written, duplicates
 
     @staticmethod
