@@ -76,7 +76,10 @@ async def test_reconnect_with_cursor_during_a_burst_has_no_gap_and_no_duplicate(
 
 
 async def test_slow_subscriber_is_dropped_and_others_keep_receiving(notify_factory):
-    async with notify_factory(stream_buffer_size=4) as notify:
+    # Room for a few fan-out commits landing between two of the in-process reader's turns
+    # (4 workers, each fan-out one round trip): "fast" is a reader that keeps up, not one
+    # that wins every race against four committing jobs. The unread stream still overflows.
+    async with notify_factory(stream_buffer_size=16) as notify:
         await notify.ingest(event("f-warm", 1, audience=["alice"]))
         options = [("grpc.http2.bdp_probe", 0)]
         async with grpc.aio.insecure_channel(
