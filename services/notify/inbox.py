@@ -46,6 +46,10 @@ log = get_logger(__name__)
 Outcome = notify_pb2.IngestOutcome
 # session.info key: the aggregates whose fan-out job this transaction has queued.
 _FANOUT_QUEUED = "notify_fanout_queued"
+# session.info key: aggregate_id -> applied version, for the aggregates whose row this
+# transaction has locked (an IngestBatch locks them all up front; each event then reads
+# the version from here instead of a second upsert round trip).
+_LOCKED = "notify_aggregates_locked"
 
 
 @dataclass
@@ -149,8 +153,12 @@ class Inbox:
 
     async def _ingest_in(self, session: AsyncSession, event: events_pb2.Event) -> IngestResult:
         # Lock the aggregate first: the inbox row is then inserted with its final
-        # status, and the common case costs five statements.
-        applied = await self._lock_aggregate(session, event.aggregate_id)
+        # status, and the common case costs five statements (four in a batch that
+        # locked the aggregate already).
+        locked: dict[str, int] = session.info.get(_LOCKED, {})
+        applied = locked.get(event.aggregate_id)
+        if applied is None:
+            applied = await self._lock_aggregate(session, event.aggregate_id)
         if event.version <= applied:
             status, outcome = InboxStatus.SKIPPED_OLD, Outcome.INGEST_OUTCOME_SKIPPED_OLD
         elif event.version > applied + 1:
@@ -193,6 +201,7 @@ class Inbox:
                 index_elements=[av.aggregate_id], set_={"applied_version": av.applied_version}
             ).returning(av.applied_version)
         )
+        session.info.setdefault(_LOCKED, {})[aggregate_id] = int(version or 0)
         return int(version or 0)
 
     async def _accept_in_order(
@@ -220,6 +229,7 @@ class Inbox:
             .where(AggregateVersion.aggregate_id == aggregate_id)
             .values(applied_version=chain[-1].version)
         )
+        session.info.setdefault(_LOCKED, {})[aggregate_id] = chain[-1].version
         if stale:
             # A second event_id claiming an accepted version is old news, not a hole.
             await self._finish(session, stale, InboxStatus.SKIPPED_OLD)
