@@ -84,6 +84,14 @@ async def _staged(blobs: PublishGate, key: str) -> None:
             pass
 
 
+async def _staged_during_first_commit(blobs: PublishGate, key: str) -> None:
+    """The first chunk is parked in its commit; `key` is then staged twice (it and a repeat)."""
+    async with asyncio.timeout(GATE_TIMEOUT_S):
+        await blobs.parked.wait()
+    await _staged(blobs, key)
+    await _staged(blobs, key)
+
+
 def _files(parts, upload_id: str) -> list[str]:
     return sorted(p.name for p in (parts.settings.blob_root / "uploads" / upload_id).iterdir())
 
@@ -116,11 +124,8 @@ async def test_a_repeat_prepared_during_the_first_commit_is_the_duplicate(parts)
     again = chunk_request(upload.id, 0, chunks[0])
     call = _call(servicer, [chunk_request(upload.id, 0, chunks[0]), again, again])
     try:
-        async with asyncio.timeout(GATE_TIMEOUT_S):
-            await blobs.parked.wait()
         # The repeat found no row yet (chunk 0 is still committing) and staged its bytes.
-        await _staged(blobs, chunk_key(upload.id, 0))
-        await _staged(blobs, chunk_key(upload.id, 0))
+        await _staged_during_first_commit(blobs, chunk_key(upload.id, 0))
     finally:
         blobs.gate.set()
     response = await call
@@ -138,10 +143,7 @@ async def test_a_conflicting_repeat_prepared_during_the_first_commit(parts) -> N
     other = chunk_request(upload.id, 0, os.urandom(CHUNK))
     call = _call(servicer, [chunk_request(upload.id, 0, chunks[0]), other])
     try:
-        async with asyncio.timeout(GATE_TIMEOUT_S):
-            await blobs.parked.wait()
-        await _staged(blobs, chunk_key(upload.id, 0))
-        await _staged(blobs, chunk_key(upload.id, 0))
+        await _staged_during_first_commit(blobs, chunk_key(upload.id, 0))
     finally:
         blobs.gate.set()
     with pytest.raises(ChunkConflict):

@@ -7,6 +7,7 @@ tests/locks/test_lock_metrics.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -37,15 +38,9 @@ def settings_overrides() -> dict[str, Any]:
 
 
 @pytest.fixture
-def runtime_options() -> RuntimeOptions:
+def runtime_options(runtime_options: RuntimeOptions) -> RuntimeOptions:
     # The queue gauges (outbox age among them) re-read often enough to watch them move.
-    return RuntimeOptions(
-        node_id=f"test-{uuid.uuid4().hex[:6]}",
-        concurrency=4,
-        poll_interval=0.05,
-        lease_seconds=10,
-        stats_interval=0.2,
-    )
+    return dataclasses.replace(runtime_options, stats_interval=0.2)
 
 
 async def _until(condition, what: str, within: float = 30) -> None:  # type: ignore[no-untyped-def]
