@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use _merge_core::checksum::{checksum_file, Algorithm};
 use _merge_core::chunk::Chunk;
-use _merge_core::merge::{merge, MergeOptions};
+use _merge_core::merge::{merge, ChunkHashing, MergeOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -32,6 +32,9 @@ fn main() {
         ("mmap write 1M pieces", MergeOptions { write_size: 1 << 20, ..base.clone() }),
         ("mmap no drop-behind", MergeOptions { drop_behind: 0, ..base.clone() }),
         ("mmap drop-behind always", MergeOptions { drop_behind_always: true, ..base.clone() }),
+        ("chunks fused on caller", MergeOptions { chunk_hashing: ChunkHashing::Caller, ..base.clone() }),
+        ("chunks on feeder", MergeOptions { chunk_hashing: ChunkHashing::Feeder, ..base.clone() }),
+        ("chunks balanced", MergeOptions { chunk_hashing: ChunkHashing::Balanced, ..base.clone() }),
     ];
     if let Ok(only) = std::env::var("ONLY") {
         configs.retain(|(n, _)| only.split(',').any(|o| n.contains(o)));

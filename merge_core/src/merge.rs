@@ -4,17 +4,24 @@
 //!
 //! ```text
 //!   feeder (spawned): open chunk, check size, mmap a window (or read() it
-//!        │            into a pool buffer), write it to the temporary file
+//!        │            into a pool buffer), write it to the temporary file,
+//!        │            and, for some chunks, hash it into the chunk's checksum
 //!        │ the same window, bounded by `blocks`
-//!        └──> hasher (calling thread): chunk checksum + whole-file checksum,
-//!                                      chunk checks, progress
+//!        └──> hasher (calling thread): whole-file checksum (+ the chunk's
+//!                                      when the feeder left it), chunk checks,
+//!                                      progress
 //! ```
 //!
 //! The per-chunk and whole-file checksums are two sha256 streams over the
-//! same bytes. With SHA-NI they run fused on one core (`sha256x2`: the two
-//! round chains interleaved, one message schedule), at ~0.6x the cost of two
-//! separate streams, which leaves the other core to the feeder's mapping and
-//! writing. By default chunk files are mapped, not read, so the only
+//! same bytes. The whole-file stream is sequential, so it bounds the merge at
+//! one core's hash rate. The per-chunk streams go wherever there is CPU left
+//! (`ChunkHashing::Balanced`, the default with two or more cores): the feeder
+//! takes a chunk's checksum when windows are queued for the calling thread
+//! (it is behind), else the calling thread fuses it with the whole-file
+//! stream (`sha256x2`: the two round chains interleaved, one message
+//! schedule, ~0.6x the cost of two separate streams). With one core
+//! everything is fused on the calling thread, leaving the feeder only its
+//! mapping and writing. By default chunk files are mapped, not read, so the only
 //! user-space touch of the bytes is the hash (plus the kernel's copy into the
 //! output's page cache by `write()`): no read() copy. The bytes written are
 //! the mapped pages that are hashed, which is the same bytes as long as no
@@ -30,7 +37,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,6 +84,25 @@ pub struct MergeOptions {
     /// before any work. Off by default: on ext4 it made page-cache merges ~4x
     /// slower (writes into unwritten extents).
     pub preallocate: bool,
+    /// Which thread computes the per-chunk checksums.
+    pub chunk_hashing: ChunkHashing,
+}
+
+/// Which thread computes the per-chunk checksums (the whole-file checksum is
+/// always the calling thread's: it is one sequential stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkHashing {
+    /// The calling thread, fused with the whole-file stream (`sha256x2`).
+    Caller,
+    /// The feeder, after writing each window, so the calling thread runs the
+    /// whole-file stream alone.
+    Feeder,
+    /// Per chunk: the feeder takes a chunk's checksum when the calling thread
+    /// is behind (windows queued), else the calling thread fuses it. Keeps
+    /// both cores busy whichever side is slower on this machine.
+    Balanced,
+    /// `Balanced` with two or more cores, else `Caller`.
+    Auto,
 }
 
 impl Default for MergeOptions {
@@ -94,6 +120,7 @@ impl Default for MergeOptions {
             drop_behind_always: false,
             progress_interval: Duration::from_millis(250),
             preallocate: false,
+            chunk_hashing: ChunkHashing::Auto,
         }
     }
 }
@@ -116,10 +143,12 @@ pub struct MergeOutcome {
 }
 
 enum Msg {
-    /// Bytes of the current chunk, already written to the output.
-    Data(Bytes),
-    /// All bytes of the chunk at this position (in index order) were sent.
-    ChunkEnd(usize),
+    /// Bytes of the current chunk, already written to the output, and
+    /// whether the feeder already hashed them into the chunk's checksum.
+    Data(Bytes, bool),
+    /// All bytes of the chunk at this position (in index order) were sent,
+    /// with the chunk's checksum if the feeder computed it.
+    ChunkEnd(usize, Option<String>),
     /// The chunk at this position failed (or the output write failed while
     /// copying it); nothing follows.
     Fail(usize, MergeError),
@@ -180,17 +209,18 @@ pub fn merge(
     // Windows alive at once: `blocks - 2` queued, one being written, one
     // being hashed. Read mode also bounds them by its pool.
     let (tx, rx) = sync_channel::<Msg>(blocks - 2);
+    let split = Split::new(options.chunk_hashing, blocks - 2);
 
     let file_checksum = std::thread::scope(|scope| {
         let feeder = {
-            let (chunks, output, failure) = (&chunks, &output, &failure);
+            let (chunks, output, failure, split) = (&chunks, &output, &failure, &split);
             scope.spawn(move || {
                 let pool = (!options.mmap).then(|| Pool::new(blocks, window_size(options)));
-                feed(chunks, tx, pool.as_ref(), output, options, failure)
+                feed(chunks, tx, pool.as_ref(), output, options, failure, split)
             })
         };
         let file_checksum = if progress(0, total) {
-            hash(rx, &chunks, total, options, &failure, progress)
+            hash(rx, &chunks, total, options, &failure, &split, progress)
         } else {
             failure.record(usize::MAX, MergeError::Interrupted);
             drop(rx);
@@ -231,6 +261,7 @@ fn feed(
     output: &TempOutput,
     options: &MergeOptions,
     failure: &Failure,
+    split: &Split,
 ) {
     let mut out =
         Writer { file: output.file(), path: output.temp_path(), options, written: 0, flushed: 0, dropped: 0 };
@@ -239,7 +270,8 @@ fn feed(
         if failure.aborted() {
             return;
         }
-        match feed_chunk(chunk, &tx, pool, &mut out, options, failure) {
+        let mut hasher = split.feeder_takes_chunk().then(|| Hasher::new(options.algorithm));
+        match feed_chunk(chunk, &tx, pool, &mut out, options, failure, split, hasher.as_mut()) {
             Ok(true) => {}
             Ok(false) => return,
             Err(err) => {
@@ -247,15 +279,17 @@ fn feed(
                 return;
             }
         }
-        if tx.send(Msg::ChunkEnd(position)).is_err() {
+        if tx.send(Msg::ChunkEnd(position, hasher.map(Hasher::finalize_hex))).is_err() {
             return;
         }
     }
     out.finish();
 }
 
-/// One chunk through the feeder; `Ok(false)`: stop quietly (the hasher
-/// stopped, or a failure was recorded elsewhere).
+/// One chunk through the feeder (hashed into `hasher` too, if given);
+/// `Ok(false)`: stop quietly (the hasher stopped, or a failure was recorded
+/// elsewhere).
+#[allow(clippy::too_many_arguments)]
 fn feed_chunk(
     chunk: &Chunk,
     tx: &SyncSender<Msg>,
@@ -263,6 +297,8 @@ fn feed_chunk(
     out: &mut Writer<'_>,
     options: &MergeOptions,
     failure: &Failure,
+    split: &Split,
+    mut hasher: Option<&mut Hasher>,
 ) -> Result<bool, MergeError> {
     let io_err = |op, e| MergeError::io(Some(chunk.index), &chunk.path, op, e);
     let size_err = |actual| MergeError::ChunkSizeMismatch {
@@ -316,8 +352,12 @@ fn feed_chunk(
             }
         };
         out.write(bytes.data())?;
+        if let Some(h) = hasher.as_deref_mut() {
+            h.update(bytes.data());
+        }
         offset += want as u64;
-        if tx.send(Msg::Data(bytes)).is_err() {
+        split.sent();
+        if tx.send(Msg::Data(bytes, hasher.is_some())).is_err() {
             return Ok(false);
         }
     }
@@ -408,6 +448,7 @@ fn hash(
     total: u64,
     options: &MergeOptions,
     failure: &Failure,
+    split: &Split,
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> String {
     let mut hasher = PairHasher::new(options.algorithm);
@@ -417,9 +458,14 @@ fn hash(
             break;
         }
         match msg {
-            Msg::Data(bytes) => {
+            Msg::Data(bytes, chunk_hashed) => {
+                split.received();
                 let n = bytes.data().len() as u64;
-                hasher.update(bytes.data());
+                if chunk_hashed {
+                    hasher.update_file(bytes.data());
+                } else {
+                    hasher.update(bytes.data());
+                }
                 drop(bytes); // unmap (or free the buffer) right away
                 done += n;
                 if last_report.elapsed() >= options.progress_interval {
@@ -430,9 +476,12 @@ fn hash(
                     }
                 }
             }
-            Msg::ChunkEnd(position) => {
+            Msg::ChunkEnd(position, by_feeder) => {
                 let chunk = &chunks[position];
-                let actual = hasher.finish_chunk();
+                let actual = match by_feeder {
+                    Some(hex) => hex,
+                    None => hasher.finish_chunk(),
+                };
                 if actual != chunk.checksum {
                     let err = MergeError::ChunkChecksumMismatch {
                         index: chunk.index,
@@ -484,6 +533,14 @@ impl PairHasher {
         }
     }
 
+    /// The whole file's checksum only (the chunk's is computed elsewhere).
+    pub(crate) fn update_file(&mut self, data: &[u8]) {
+        match self {
+            PairHasher::Sha256 { file, .. } => file.update(data),
+            PairHasher::Other { file, .. } => file.update(data),
+        }
+    }
+
     /// The finished chunk's hex; starts the next chunk.
     pub(crate) fn finish_chunk(&mut self) -> String {
         match self {
@@ -500,6 +557,45 @@ impl PairHasher {
             PairHasher::Sha256 { file, .. } => file.hex(),
             PairHasher::Other { file, .. } => file.finalize_hex(),
         }
+    }
+}
+
+/// Who hashes each chunk, decided by the feeder at the chunk's start.
+struct Split {
+    mode: ChunkHashing,
+    /// Windows sent and not yet taken by the calling thread.
+    queued: AtomicUsize,
+    /// At or above this many queued windows the calling thread is behind.
+    behind: usize,
+}
+
+impl Split {
+    fn new(mode: ChunkHashing, capacity: usize) -> Self {
+        let mode = match mode {
+            ChunkHashing::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                if cores >= 2 { ChunkHashing::Balanced } else { ChunkHashing::Caller }
+            }
+            other => other,
+        };
+        Split { mode, queued: AtomicUsize::new(0), behind: capacity.div_ceil(2).max(1) }
+    }
+
+    /// Whether the feeder computes the next chunk's checksum.
+    fn feeder_takes_chunk(&self) -> bool {
+        match self.mode {
+            ChunkHashing::Caller | ChunkHashing::Auto => false,
+            ChunkHashing::Feeder => true,
+            ChunkHashing::Balanced => self.queued.load(Ordering::Relaxed) >= self.behind,
+        }
+    }
+
+    fn sent(&self) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn received(&self) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

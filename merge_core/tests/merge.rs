@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use _merge_core::checksum::{Algorithm, Hasher};
 use _merge_core::chunk::Chunk;
 use _merge_core::errors::MergeError;
-use _merge_core::merge::{merge, MergeOptions};
+use _merge_core::merge::{merge, ChunkHashing, MergeOptions};
 
 struct TempDir(PathBuf);
 
@@ -276,5 +276,48 @@ fn a_chunk_longer_than_listed_is_a_size_mismatch() {
             run(chunks, &out, &options),
             Err(MergeError::ChunkSizeMismatch { index: 0, expected: 4999, actual: 5000, .. })
         ));
+    }
+}
+
+const CHUNK_HASHING: [ChunkHashing; 4] =
+    [ChunkHashing::Caller, ChunkHashing::Feeder, ChunkHashing::Balanced, ChunkHashing::Auto];
+
+#[test]
+fn every_chunk_hashing_mode_gives_the_same_file_and_checksums() {
+    // Odd sizes: the whole-file stream is mid-block when a chunk starts, on
+    // either thread. Balanced switches threads as the queue fills and drains.
+    let sizes = [10_000, 0, 1, 4096, 8193, 65, 64, 40_000, 3, 12_288, 7, 100_000];
+    for alg in Algorithm::ALL {
+        for mode in CHUNK_HASHING {
+            for mmap in [true, false] {
+                let dir = TempDir::new();
+                let (chunks, all) = make_chunks(&dir.0, &sizes, alg);
+                let out = dir.0.join("out.bin");
+                let options = MergeOptions { chunk_hashing: mode, mmap, ..small_options(alg) };
+                let outcome = run(chunks, &out, &options).unwrap();
+                assert_eq!(fs::read(&out).unwrap(), all, "{alg:?} {mode:?} mmap={mmap}");
+                assert_eq!(outcome.checksum, hex(alg, &all), "{alg:?} {mode:?} mmap={mmap}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_lowest_bad_chunk_wins_whichever_thread_hashes_it() {
+    for mode in CHUNK_HASHING {
+        for _ in 0..5 {
+            let dir = TempDir::new();
+            let (mut chunks, _) = make_chunks(&dir.0, &[20_000; 10], Algorithm::Sha256);
+            chunks[4].checksum = hex(Algorithm::Sha256, b"other");
+            chunks[6].checksum = hex(Algorithm::Sha256, b"another");
+            fs::remove_file(&chunks[8].path).unwrap(); // found first, by the feeder
+            let out = dir.0.join("out.bin");
+            let options = MergeOptions { chunk_hashing: mode, ..small_options(Algorithm::Sha256) };
+            assert!(
+                matches!(run(chunks, &out, &options), Err(MergeError::ChunkChecksumMismatch { index: 4, .. })),
+                "{mode:?}"
+            );
+            assert_eq!(dir.entries(), vec!["chunks"]);
+        }
     }
 }
