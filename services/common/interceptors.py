@@ -310,6 +310,7 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                     raise
                 except Exception as exc:
                     code = _status_name(exc)
+                    finish(code)  # before the status: abort sends it, then raises
                     await self._fail(exc, method, context)
                 finally:
                     handler_done = True
@@ -320,7 +321,7 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
 
         async def unary_behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started_total.inc()
-            started, code = time.perf_counter(), "OK"
+            started, code, recorded = time.perf_counter(), "OK", False
             try:
                 return await behaviour(request, context)
             except grpc.aio.AbortError:
@@ -331,8 +332,13 @@ class ErrorMappingInterceptor(_WrappingInterceptor):
                 raise
             except Exception as exc:
                 code = _status_name(exc)
+                # Counted before the caller can see the status: abort sends it, then raises,
+                # and the loop may run the rest much later (a scrape would miss the call).
+                record(started, code)
+                recorded = True
                 await self._fail(exc, method, context)
             finally:
-                record(started, code)
+                if not recorded:
+                    record(started, code)
 
         return unary_behaviour
