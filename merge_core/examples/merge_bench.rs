@@ -1,5 +1,5 @@
 //! Compares merge configurations on the same inputs, interleaved, median of
-//! N runs (page cache, fsync off unless FSYNC=1):
+//! N runs (page cache, fsync off unless FSYNC=1; sha256 unless ALG=blake3|crc32c):
 //! `cargo run --release --example merge_bench -- DIR_OF_CHUNK_FILES COUNT RUNS`
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,15 +14,16 @@ fn main() {
     let count: usize = args[2].parse().unwrap();
     let runs: usize = args[3].parse().unwrap();
     let fsync = std::env::var("FSYNC").is_ok_and(|v| v == "1");
+    let algorithm = Algorithm::parse(&std::env::var("ALG").unwrap_or_else(|_| "sha256".into())).unwrap();
     let chunks: Vec<Chunk> = (0..count)
         .map(|i| {
             let path = dir.join(format!("chunk-{i:05}"));
-            let (checksum, size) = checksum_file(&path, Algorithm::Sha256).unwrap();
+            let (checksum, size) = checksum_file(&path, algorithm).unwrap();
             Chunk { index: i as u64, path, size, checksum }
         })
         .collect();
     let total: u64 = chunks.iter().map(|c| c.size).sum();
-    let base = MergeOptions { fsync, ..Default::default() };
+    let base = MergeOptions { fsync, algorithm, ..Default::default() };
     let mut configs: Vec<(&str, MergeOptions)> = vec![
         ("mmap write 1Mx8", base.clone()),
         ("read 1Mx8", MergeOptions { mmap: false, ..base.clone() }),
