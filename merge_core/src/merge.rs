@@ -14,14 +14,14 @@
 //!
 //! The per-chunk and whole-file checksums are two sha256 streams over the
 //! same bytes. The whole-file stream is sequential, so it bounds the merge at
-//! one core's hash rate. Where the per-chunk streams run is `ChunkHashing`:
-//! for sha256 the calling thread fuses them with the whole-file stream
-//! (`sha256x2`: the two round chains interleaved, one message schedule, ~0.6x
-//! the cost of two separate streams), leaving the feeder its mapping and
-//! writing. `Feeder` (the feeder hashes each chunk after writing it) and
-//! `Balanced` (the feeder takes a chunk when windows queue up for the calling
-//! thread) were measured slower here (README "Measured") and stay as options
-//! to measure on other machines. By default chunk files are mapped, not read, so the only
+//! one core's hash rate. The per-chunk streams go wherever there is CPU left
+//! (`ChunkHashing::Balanced`, the default with two or more cores): the feeder
+//! takes a chunk's checksum when windows are queued for the calling thread
+//! (it is behind), else the calling thread fuses it with the whole-file
+//! stream (`sha256x2`: the two round chains interleaved, one message
+//! schedule, ~0.6x the cost of two separate streams). With one core
+//! everything is fused on the calling thread, leaving the feeder only its
+//! mapping and writing. By default chunk files are mapped, not read, so the only
 //! user-space touch of the bytes is the hash (plus the kernel's copy into the
 //! output's page cache by `write()`): no read() copy. The bytes written are
 //! the mapped pages that are hashed, which is the same bytes as long as no
@@ -101,10 +101,11 @@ pub enum ChunkHashing {
     /// is behind (windows queued), else the calling thread fuses it. Keeps
     /// both cores busy whichever side is slower on this machine.
     Balanced,
-    /// `Caller`: measured fastest in `bench_merge_core.py` on this 2-core
-    /// VM for every algorithm (see README "Measured"): the feeder's
-    /// `write()` already costs about what the calling thread's hashing does,
-    /// so chunk hashing moved onto it makes the feeder the bottleneck.
+    /// `Balanced` with two or more cores, else `Caller`. On this 2-core VM,
+    /// quiet, `Balanced` is ~1.13x `Caller` for sha256 (and even for blake3)
+    /// at ~1.2x the CPU; with the other core busy, `Caller` is ~1.1x ahead
+    /// (README "Measured"). `Feeder` alone overloads the feeder, whose
+    /// `write()` costs about what the calling thread's hash does.
     Auto,
 }
 
@@ -575,7 +576,14 @@ struct Split {
 impl Split {
     fn new(mode: ChunkHashing, capacity: usize) -> Self {
         let mode = match mode {
-            ChunkHashing::Auto => ChunkHashing::Caller,
+            ChunkHashing::Auto => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                if cores >= 2 {
+                    ChunkHashing::Balanced
+                } else {
+                    ChunkHashing::Caller
+                }
+            }
             other => other,
         };
         Split { mode, queued: AtomicUsize::new(0), behind: capacity.div_ceil(2).max(1) }
