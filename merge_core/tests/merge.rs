@@ -314,7 +314,10 @@ fn the_lowest_bad_chunk_wins_whichever_thread_hashes_it() {
             let out = dir.0.join("out.bin");
             let options = MergeOptions { chunk_hashing: mode, ..small_options(Algorithm::Sha256) };
             assert!(
-                matches!(run(chunks, &out, &options), Err(MergeError::ChunkChecksumMismatch { index: 4, .. })),
+                matches!(
+                    run(chunks, &out, &options),
+                    Err(MergeError::ChunkChecksumMismatch { index: 4, .. })
+                ),
                 "{mode:?}"
             );
             assert_eq!(dir.entries(), vec!["chunks"]);
