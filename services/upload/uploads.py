@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import and_, case, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -301,17 +301,8 @@ class Uploads:
 
     async def load(self, session: AsyncSession, identity: Identity, upload_id: str) -> UploadRow:
         """The caller's upload `upload_id` in their tenant, or UPLOAD_NOT_FOUND."""
-        if not upload_id:
-            raise InvalidArgument("upload_id", "must not be empty")
-        validation.resource_id(upload_id, "upload_id")
         row = (
-            await session.execute(
-                select(UploadRow).where(
-                    UploadRow.id == upload_id,
-                    UploadRow.tenant_id == identity.tenant_id,
-                    UploadRow.owner_user_id == identity.user_id,
-                )
-            )
+            await session.execute(select(UploadRow).where(*_callers(identity, upload_id)))
         ).scalar_one_or_none()
         if row is None:
             raise UploadNotFound("upload not found", upload_id=upload_id)
@@ -322,9 +313,7 @@ class Uploads:
     ) -> tuple[UploadRow, FileRow | None, ChunkRow | None]:
         """`load`, with the upload's target file (None if gone from its tenant) and the row
         stored for chunk `index` (None if none), in one statement: a chunk's hot path."""
-        if not upload_id:
-            raise InvalidArgument("upload_id", "must not be empty")
-        validation.resource_id(upload_id, "upload_id")
+        where = _callers(identity, upload_id)
         target = case((UploadRow.is_new_file, UploadRow.folder_id), else_=UploadRow.file_id)
         found = (
             await session.execute(
@@ -336,11 +325,7 @@ class Uploads:
                     ChunkRow,
                     and_(ChunkRow.upload_id == UploadRow.id, ChunkRow.chunk_index == index),
                 )
-                .where(
-                    UploadRow.id == upload_id,
-                    UploadRow.tenant_id == identity.tenant_id,
-                    UploadRow.owner_user_id == identity.user_id,
-                )
+                .where(*where)
             )
         ).first()
         if found is None:
@@ -433,3 +418,16 @@ class Uploads:
             last = rows[-1]
             token = self._tokens.encode(purpose, [last.created_at.isoformat(), last.id])
         return rows, token
+
+
+def _callers(identity: Identity, upload_id: str) -> tuple[ColumnElement[bool], ...]:
+    """The conditions that find `upload_id` only among the caller's own uploads in their
+    tenant (after checking the id's shape)."""
+    if not upload_id:
+        raise InvalidArgument("upload_id", "must not be empty")
+    validation.resource_id(upload_id, "upload_id")
+    return (
+        UploadRow.id == upload_id,
+        UploadRow.tenant_id == identity.tenant_id,
+        UploadRow.owner_user_id == identity.user_id,
+    )
