@@ -30,7 +30,7 @@ from serentak.notify.v1 import notify_pb2
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.common.correlation import current_correlation_id
+from services.common.correlation import bound_correlation_id, current_correlation_id
 from services.common.jobs import enqueue
 from services.common.logging import get_logger
 from services.common.validation import MAX_PRINCIPAL_LENGTH
@@ -112,15 +112,17 @@ class Inbox:
 
     @staticmethod
     def _log(event: events_pb2.Event, result: IngestResult) -> None:
-        log.info(
-            "event_ingested",
-            event_id=event.event_id,
-            file_id=event.aggregate_id,
-            version=event.version,
-            outcome=Outcome.Name(result.outcome),
-            accepted=result.applied,
-            notifications_scheduled=result.scheduled,
-        )
+        # Under the event's own id: a batch call's id is only the first event's.
+        with bound_correlation_id(event.correlation_id or current_correlation_id()):
+            log.info(
+                "event_ingested",
+                event_id=event.event_id,
+                file_id=event.aggregate_id,
+                version=event.version,
+                outcome=Outcome.Name(result.outcome),
+                accepted=result.applied,
+                notifications_scheduled=result.scheduled,
+            )
 
     async def ingest_many(self, events: Sequence[events_pb2.Event]) -> list[IngestResult]:
         """`ingest` for each of `events`, in order, in one transaction (one commit, one
