@@ -17,6 +17,7 @@ from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.listener import CommitListener
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.notify.fanout_job import FANOUT_JOB, FANOUT_RETRY, FanOutHandler
+from services.notify.fanout_writer import FanOutWriter
 from services.notify.inbox import Inbox
 from services.notify.parked import ParkedSampler
 from services.notify.retention import RETENTION_JOB, RetentionJob, retention_schedule
@@ -51,13 +52,10 @@ def build_components(
     sessions = session_factory(engine)
     broker = Broker(settings.stream_buffer_size)
     registry = JobRegistry()
+    writer = FanOutWriter(broker, digest_window=timedelta(seconds=settings.digest_window_seconds))
     registry.register(
         FANOUT_JOB,
-        FanOutHandler(
-            broker,
-            digest_window=timedelta(seconds=settings.digest_window_seconds),
-            max_batch=settings.fanout_batch_max,
-        ),
+        FanOutHandler(writer, max_batch=settings.fanout_batch_max),
         retry=FANOUT_RETRY,
     )
     registry.register(
@@ -79,7 +77,13 @@ def build_components(
         options,
         schedules=[retention_schedule(settings.retention_interval_seconds)],
     )
-    inbox = Inbox(sessions, max_audience=settings.max_audience, on_accepted=runtime.wake)
+    inbox = Inbox(
+        sessions,
+        max_audience=settings.max_audience,
+        on_accepted=runtime.wake,
+        writer=writer,
+        inline_max=settings.inline_fanout_max,
+    )
     return NotifyComponents(
         settings=settings,
         engine=engine,

@@ -36,20 +36,22 @@ redelivered or replayed job, or a job whose events an earlier one already wrote,
 nothing. UNIQUE (tenant, user, file, version) backs it up.
 
 Live delivery. What the transaction wrote is handed to the in-process `Broker` only after
-it commits (an `after_commit` hook), so a stream never shows an uncommitted row.
+it commits (`fanout_writer.py`), so a stream never shows an uncommitted row.
+
+Not every accepted event comes here: on PostgreSQL, Ingest writes a small audience's
+notifications in its own transaction (`inbox.py`, "Inline fan-out"); a job is queued for
+big audiences, digest folds, SQLite, and whenever an earlier event of the file still
+waits for its job.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from typing import Any
 
 from serentak.events.v1 import events_pb2
-from sqlalchemy import event as sa_event
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import SessionTransaction
 
 from services.common.jobs import (
     ConflictError,
@@ -60,13 +62,9 @@ from services.common.jobs import (
     enqueue,
 )
 from services.common.logging import get_logger
-from services.notify import fanout_batch, metrics
-from services.notify.clock import to_naive_utc, utcnow
-from services.notify.fanout import Written, audience, fan_out, lock_streams
+from services.notify.fanout_writer import FanOutWriter
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
 from services.notify.sql import retryable
-from services.notify.streams import Broker
-from services.notify.summaries import describe
 
 log = get_logger(__name__)
 
@@ -101,9 +99,8 @@ class FanOutHandler:
     """Job handler: write the notifications of an accepted event (and its accepted
     successors), then publish them to open streams after commit."""
 
-    def __init__(self, broker: Broker, *, digest_window: timedelta, max_batch: int) -> None:
-        self._broker = broker
-        self._window = digest_window
+    def __init__(self, writer: FanOutWriter, *, max_batch: int) -> None:
+        self._writer = writer
         self._max_batch = max_batch
 
     async def __call__(self, ctx: JobContext) -> None:
@@ -129,10 +126,10 @@ class FanOutHandler:
             return {"events": 0, "already_notified": True}
         waiting = chain[self._max_batch :]
         chain = chain[: self._max_batch]
-        written, duplicates = await self._write(session, chain)
+        written, duplicates = await self._writer.write(session, chain)
         if waiting:
             await enqueue(session, fanout_job(waiting[0], continuation=True))
-        self._publish_after_commit(session, written, duplicates, len(chain))
+        self._writer.publish_after_commit(session, written, duplicates, chain)
         return {"events": len(chain), "notifications": len(written)}
 
     async def _accepted(self, session: AsyncSession, aggregate_id: str) -> list[events_pb2.Event]:
@@ -155,71 +152,3 @@ class FanOutHandler:
             ev.ParseFromString(payload)
             chain.append(ev)
         return chain
-
-    async def _write(
-        self, session: AsyncSession, chain: list[events_pb2.Event]
-    ) -> tuple[list[Written], int]:
-        described = [describe(ev) for ev in chain]
-        if fanout_batch.batchable(session, described):
-            # PostgreSQL, nothing to fold: the whole chain in two statements.
-            # It also marks the chain notified.
-            occurred = [self._occurred_at(ev) for ev in chain]
-            return await fanout_batch.fan_out_chain(session, chain, described, occurred, utcnow())
-        if len(chain) > 1:
-            # Every user this transaction will notify, locked up front in one global
-            # order (a single event's seq upsert already visits its users sorted).
-            audiences: dict[str, set[str]] = {}
-            for ev in chain:
-                audiences.setdefault(ev.tenant_id, set()).update(audience(ev))
-            for tenant_id, users in sorted(audiences.items()):
-                await lock_streams(session, tenant_id, sorted(users))
-        written: list[Written] = []
-        duplicates = 0
-        for ev, description in zip(chain, described, strict=True):
-            fanned = await fan_out(
-                session,
-                ev,
-                description,
-                occurred_at=self._occurred_at(ev),
-                now=utcnow(),
-                window=self._window,
-            )
-            written.extend(fanned.written)
-            duplicates += fanned.duplicates
-        await session.execute(
-            update(InboxEvent)
-            .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
-            .values(status=InboxStatus.NOTIFIED)
-        )
-        return written, duplicates
-
-    @staticmethod
-    def _occurred_at(ev: events_pb2.Event) -> datetime:
-        if ev.HasField("occurred_at"):
-            return to_naive_utc(ev.occurred_at.ToDatetime())
-        return utcnow()
-
-    def _publish_after_commit(
-        self, session: AsyncSession, written: list[Written], duplicates: int, events: int
-    ) -> None:
-        ended = self._broker.committing(written)
-        outcome = {"committed": False, "ended": False}
-
-        def committed(_session: object) -> None:
-            outcome["committed"] = True
-            metrics.NOTIFICATIONS_WRITTEN.inc(len(written))
-            metrics.DIGESTS_MERGED.inc(sum(1 for w in written if w.merged))
-            metrics.FANOUT_EVENTS.inc(events)
-            if duplicates:
-                metrics.DUPLICATES_PREVENTED.labels("notification").inc(duplicates)
-
-        def transaction_ended(_session: object, transaction: SessionTransaction) -> None:
-            if transaction.parent is None and not outcome["ended"]:
-                outcome["ended"] = True
-                # Publishes when committed; a rollback (lost lease, lost idempotency race)
-                # publishes nothing.
-                ended(outcome["committed"])
-
-        # The runtime commits after the handler returns (with the idempotency record).
-        sa_event.listen(session.sync_session, "after_commit", committed, once=True)
-        sa_event.listen(session.sync_session, "after_transaction_end", transaction_ended)

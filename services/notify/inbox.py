@@ -12,12 +12,28 @@ applied for the aggregate (row-locked for the transaction):
 - `version > applied + 1`: parked in the inbox. It "retries later" without any resend:
   the transaction that accepts its predecessor accepts it too.
 
-Accepting events enqueues a fan-out job (`fanout_job.py`) in the same transaction, one
-per file however many events of it the transaction accepts; the job writes the file's
-accepted events oldest first, so notifications follow version order. Ingest returns once
-that transaction commits: the per-user work runs on the job runtime, and a crash at any
-point leaves either the accepted event with its queued job or nothing (a redelivery then
-does the work).
+Fan-out. The events a transaction accepts are written as notifications either by that
+transaction itself (inline) or by a fan-out job (`fanout_job.py`) it enqueues, one per
+file however many events of it the transaction accepts; the job writes the file's
+accepted events oldest first, so notifications follow version order. Either way a crash
+at any point leaves the accepted event with its notifications or its queued job, or
+nothing (a redelivery then does the work).
+
+Inline fan-out (PostgreSQL). A file's accepted events are written in the accepting
+transaction, in one statement (`fanout_batch.py`), and published to open streams right
+after its commit, when
+- none of them can fold into a digest (folds take the per-event path of the job),
+- the transaction writes at most `inline_fanout_max` notifications in all (a big
+  audience goes to a job: the aggregate stays locked while Ingest writes), and
+- no earlier accepted event of the file still waits for its job (status `applied` in the
+  inbox, committed by another transaction). Only an Ingest transaction holding the
+  file's aggregate row lock makes events `applied`, and this one holds it, so none can
+  appear meanwhile; a job still writing them leaves them `applied` until it commits.
+  Notifications therefore still follow version order per file: the job path takes the
+  file's events until its backlog is written.
+Exactly once holds as on the job path: the inbox rows go `applied -> notified` in the
+transaction that writes the notifications, UNIQUE (tenant, user, file, version) backs it,
+and a fan-out job that finds nothing `applied` changes nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +43,7 @@ from dataclasses import dataclass
 
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2
-from sqlalchemy import select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.correlation import bound_correlation_id, current_correlation_id
@@ -39,13 +55,17 @@ from services.notify.clock import utcnow
 from services.notify.errors import InvalidEvent
 from services.notify.fanout import audience
 from services.notify.fanout_job import fanout_job
+from services.notify.fanout_writer import FanOutWriter
 from services.notify.models import ID_LEN, AggregateVersion, InboxEvent, InboxStatus
 from services.notify.sql import insert_ignore, retrying, upsert
 
 log = get_logger(__name__)
 Outcome = notify_pb2.IngestOutcome
-# session.info key: the aggregates whose fan-out job this transaction has queued.
-_FANOUT_QUEUED = "notify_fanout_queued"
+# session.info key: aggregate_id -> the events this transaction accepted, in order.
+_ACCEPTED = "notify_accepted"
+# session.info key: aggregates with accepted events of other transactions still waiting
+# for their fan-out job (this transaction's must wait behind them: a job, not inline).
+_BEHIND = "notify_behind_job"
 # session.info key: aggregate_id -> applied version, for the aggregates whose row this
 # transaction has locked (an IngestBatch locks them all up front; each event then reads
 # the version from here instead of a second upsert round trip).
@@ -92,19 +112,25 @@ class Inbox:
         *,
         max_audience: int,
         on_accepted: Callable[[], None] = lambda: None,
+        writer: FanOutWriter | None = None,
+        inline_max: int = 0,
     ) -> None:
         self._sessions = sessions
         self._max_audience = max_audience
         # Called after a commit that queued fan-out jobs: wakes the in-process workers.
         self._on_accepted = on_accepted
+        # Inline fan-out: notifications one transaction may write itself (0 or no
+        # writer: every accepted event goes to a fan-out job).
+        self._writer = writer
+        self._inline_max = inline_max if writer is not None else 0
 
     async def ingest(self, event: events_pb2.Event) -> IngestResult:
         """Store `event` and, when its turn has come, accept it (queue its fan-out)."""
         validate(event, self._max_audience)
         if not event.correlation_id:
             event.correlation_id = current_correlation_id()
-        result = await retrying(lambda: self._ingest_once(event))
-        if result.applied:
+        result, queued = await retrying(lambda: self._ingest_once(event))
+        if queued:
             self._on_accepted()
         self._count(result)
         self._log(event, result)
@@ -133,25 +159,57 @@ class Inbox:
         for event in events:
             if not event.correlation_id:
                 event.correlation_id = current_correlation_id()
-        results = await retrying(lambda: self._ingest_many_once(events))
-        if any(r.applied for r in results):
+        results, queued = await retrying(lambda: self._ingest_many_once(events))
+        if queued:
             self._on_accepted()
         for event, result in zip(events, results, strict=True):
             self._count(result)
             self._log(event, result)
         return results
 
-    async def _ingest_many_once(self, events: Sequence[events_pb2.Event]) -> list[IngestResult]:
+    async def _ingest_many_once(
+        self, events: Sequence[events_pb2.Event]
+    ) -> tuple[list[IngestResult], bool]:
         async with self._sessions() as session, session.begin():
             # Every aggregate of the batch locked up front in sorted order, so batches
             # sharing aggregates cannot deadlock whatever order their events come in.
             for aggregate_id in sorted({ev.aggregate_id for ev in events}):
                 await self._lock_aggregate(session, aggregate_id)
-            return [await self._ingest_in(session, event) for event in events]
+            results = [await self._ingest_in(session, event) for event in events]
+            return results, await self._fan_out(session)
 
-    async def _ingest_once(self, event: events_pb2.Event) -> IngestResult:
+    async def _ingest_once(self, event: events_pb2.Event) -> tuple[IngestResult, bool]:
         async with self._sessions() as session, session.begin():
-            return await self._ingest_in(session, event)
+            result = await self._ingest_in(session, event)
+            return result, await self._fan_out(session)
+
+    async def _fan_out(self, session: AsyncSession) -> bool:
+        """Write (inline) or queue (a job per file) the fan-out of every event this
+        transaction accepted; True when it queued a job. See "Inline fan-out" above."""
+        accepted: dict[str, list[events_pb2.Event]] = session.info.pop(_ACCEPTED, {})
+        behind: set[str] = session.info.pop(_BEHIND, set())
+        budget = self._inline_max
+        inline: list[events_pb2.Event] = []
+        queued = False
+        for aggregate_id, chain in accepted.items():
+            size = sum(len(audience(ev)) for ev in chain)
+            if (
+                aggregate_id not in behind
+                and size <= budget
+                and self._writer is not None
+                and self._writer.batchable(session, chain)
+            ):
+                budget -= size
+                inline.extend(chain)
+            else:
+                await enqueue(session, fanout_job(chain[0]))
+                queued = True
+        if inline and self._writer is not None:
+            # One statement for every file's chain: users are locked in one global
+            # order, per file in version order (`fanout_batch.py`).
+            written, duplicates = await self._writer.write(session, inline)
+            self._writer.publish_after_commit(session, written, duplicates, inline, inline=True)
+        return queued
 
     async def _ingest_in(self, session: AsyncSession, event: events_pb2.Event) -> IngestResult:
         # Lock the aggregate first: the inbox row is then inserted with its final
@@ -210,17 +268,22 @@ class Inbox:
         self, session: AsyncSession, first: events_pb2.Event, result: IngestResult
     ) -> None:
         """Accept `first` (already stored as applied) and the parked successors that
-        follow it without a hole: queue one fan-out job each, in version order."""
+        follow it without a hole, in version order, for the fan-out at the end of the
+        transaction (`_fan_out`)."""
         aggregate_id = first.aggregate_id
-        successors, stale = await self._parked_successors(session, aggregate_id, first.version)
+        accepted: dict[str, list[events_pb2.Event]] = session.info.setdefault(_ACCEPTED, {})
+        ours = {ev.event_id for ev in accepted.get(aggregate_id, ())} | {first.event_id}
+        successors, stale, behind = await self._parked_successors(
+            session, aggregate_id, first.version, ours
+        )
+        if behind:
+            session.info.setdefault(_BEHIND, set()).add(aggregate_id)
         chain = [first, *successors]
-        # One fan-out job per file per transaction: it writes every accepted event of
-        # the file from the oldest on (`fanout_job.py`), this chain and any later one
-        # this transaction accepts (an IngestBatch) included.
-        queued: set[str] = session.info.setdefault(_FANOUT_QUEUED, set())
-        if aggregate_id not in queued:
-            queued.add(aggregate_id)
-            await enqueue(session, fanout_job(first))
+        # Fanned out when the transaction ends (`_fan_out`): inline, or one fan-out job
+        # per file per transaction, which writes every accepted event of the file from
+        # the oldest on (`fanout_job.py`), this chain and any later one this transaction
+        # accepts (an IngestBatch) included.
+        accepted.setdefault(aggregate_id, []).extend(chain)
         for ev in chain:
             result.scheduled += len(audience(ev))
             result.applied += 1
@@ -238,24 +301,32 @@ class Inbox:
             result.skipped_old += len(stale)
 
     async def _parked_successors(
-        self, session: AsyncSession, aggregate_id: str, version: int
-    ) -> tuple[list[events_pb2.Event], list[str]]:
+        self, session: AsyncSession, aggregate_id: str, version: int, ours: set[str]
+    ) -> tuple[list[events_pb2.Event], list[str], bool]:
         """Parked events of the aggregate at `version + 1`, `version + 2`, ... up to the
-        first hole (one per version: the earliest received wins), and the ids of parked
-        events that this chain makes old (a second event for `version` or a chain version)."""
+        first hole (one per version: the earliest received wins), the ids of parked
+        events that this chain makes old (a second event for `version` or a chain
+        version), and whether accepted events other than `ours` still wait for their
+        fan-out job (one round trip for all three)."""
         rows = await session.execute(
-            select(InboxEvent.event_id, InboxEvent.version, InboxEvent.event)
+            select(InboxEvent.event_id, InboxEvent.version, InboxEvent.status, InboxEvent.event)
             .where(
                 InboxEvent.aggregate_id == aggregate_id,
-                InboxEvent.status == InboxStatus.PARKED,
-                InboxEvent.version >= version,
+                or_(
+                    and_(InboxEvent.status == InboxStatus.PARKED, InboxEvent.version >= version),
+                    InboxEvent.status == InboxStatus.APPLIED,
+                ),
             )
             .order_by(InboxEvent.version, InboxEvent.received_at, InboxEvent.event_id)
         )
         chain: list[events_pb2.Event] = []
         stale: list[str] = []
+        behind = False
         expected = version + 1
-        for event_id, row_version, payload in rows:
+        for event_id, row_version, status, payload in rows:
+            if status == InboxStatus.APPLIED:
+                behind = behind or event_id not in ours
+                continue
             if row_version < expected:
                 stale.append(event_id)  # a second event for a version already accepted
                 continue
@@ -265,7 +336,7 @@ class Inbox:
             event.ParseFromString(payload)
             chain.append(event)
             expected += 1
-        return chain, stale
+        return chain, stale, behind
 
     async def _finish(self, session: AsyncSession, event_ids: list[str], status: str) -> None:
         await session.execute(

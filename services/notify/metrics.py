@@ -29,6 +29,10 @@ FANOUT_EVENTS = Counter(
     "serentak_notify_fanout_events_total",
     "Accepted events whose notifications a fan-out job wrote.",
 )
+FANOUT_INLINE_EVENTS = Counter(
+    "serentak_notify_fanout_inline_events_total",
+    "Accepted events whose notifications Ingest wrote in its own transaction (no job).",
+)
 PARKED_EVENTS = Gauge(
     "serentak_notify_parked_events",
     "Events waiting in the inbox for a missing earlier version of their file.",

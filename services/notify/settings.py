@@ -50,6 +50,13 @@ class NotifySettings(CommonSettings):
     fanout_batch_max: int = Field(
         50, ge=1, description="Most accepted events of one file a fan-out job writes at once."
     )
+    inline_fanout_max: int = Field(
+        2_000,
+        ge=0,
+        description="Most notifications an Ingest transaction writes itself on PostgreSQL "
+        "(then publishes right after its commit, no fan-out job); bigger audiences, digest "
+        "folds and SQLite go to a fan-out job. 0: always a job.",
+    )
     worker_concurrency: int = Field(8, ge=1, description="Jobs one worker runs at a time.")
     worker_lease_seconds: float = Field(
         30.0, gt=0, description="Job lease; a dead worker's job runs again after it."

@@ -1,0 +1,137 @@
+"""Writing accepted events' notifications and handing them to open streams after commit.
+
+Two callers share it: the fan-out job (`fanout_job.py`) and Ingest itself (`inbox.py`),
+which writes a small audience's notifications in its own transaction instead of queuing
+a job (one transaction and one job-runtime hop fewer between commit and delivery).
+
+Live delivery. What a transaction wrote is handed to the in-process `Broker` only after
+it commits (an `after_commit` hook), so a stream never shows an uncommitted row; a
+rollback (lost lease, lost idempotency race, a deadlock retried) publishes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from serentak.events.v1 import events_pb2
+from sqlalchemy import event as sa_event
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import SessionTransaction
+
+from services.common.correlation import bound_correlation_id, current_correlation_id
+from services.common.logging import get_logger
+from services.notify import fanout_batch, metrics
+from services.notify.clock import to_naive_utc, utcnow
+from services.notify.fanout import Written, audience, fan_out, lock_streams
+from services.notify.models import InboxEvent, InboxStatus
+from services.notify.streams import Broker
+from services.notify.summaries import describe
+
+log = get_logger(__name__)
+
+
+def occurred_at(ev: events_pb2.Event) -> datetime:
+    """When the event happened (naive UTC); now when the event does not say."""
+    if ev.HasField("occurred_at"):
+        return to_naive_utc(ev.occurred_at.ToDatetime())
+    return utcnow()
+
+
+class FanOutWriter:
+    """Writes a chain of accepted events' notifications and publishes them after commit."""
+
+    def __init__(self, broker: Broker, *, digest_window: timedelta) -> None:
+        self._broker = broker
+        self._window = digest_window
+
+    @staticmethod
+    def batchable(session: AsyncSession, chain: list[events_pb2.Event]) -> bool:
+        """Whether `chain` is written in one statement (PostgreSQL, nothing can fold)."""
+        return fanout_batch.batchable(session, [describe(ev) for ev in chain])
+
+    async def write(
+        self, session: AsyncSession, chain: list[events_pb2.Event]
+    ) -> tuple[list[Written], int]:
+        """Write every notification of `chain` (accepted events in version order per file,
+        their inbox rows `applied` in this transaction) and mark them `notified`.
+
+        Returns what was written and how many rows UNIQUE (tenant, user, file, version)
+        refused (already written)."""
+        described = [describe(ev) for ev in chain]
+        if fanout_batch.batchable(session, described):
+            # PostgreSQL, nothing to fold: the whole chain in one statement, which also
+            # marks the chain notified.
+            occurred = [occurred_at(ev) for ev in chain]
+            return await fanout_batch.fan_out_chain(session, chain, described, occurred, utcnow())
+        if len(chain) > 1:
+            # Every user this transaction will notify, locked up front in one global
+            # order (a single event's seq upsert already visits its users sorted).
+            audiences: dict[str, set[str]] = {}
+            for ev in chain:
+                audiences.setdefault(ev.tenant_id, set()).update(audience(ev))
+            for tenant_id, users in sorted(audiences.items()):
+                await lock_streams(session, tenant_id, sorted(users))
+        written: list[Written] = []
+        duplicates = 0
+        for ev, description in zip(chain, described, strict=True):
+            fanned = await fan_out(
+                session,
+                ev,
+                description,
+                occurred_at=occurred_at(ev),
+                now=utcnow(),
+                window=self._window,
+            )
+            written.extend(fanned.written)
+            duplicates += fanned.duplicates
+        await session.execute(
+            update(InboxEvent)
+            .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
+            .values(status=InboxStatus.NOTIFIED)
+        )
+        return written, duplicates
+
+    def publish_after_commit(
+        self,
+        session: AsyncSession,
+        written: list[Written],
+        duplicates: int,
+        chain: list[events_pb2.Event],
+        *,
+        inline: bool = False,
+    ) -> None:
+        """Hand `written` to open streams once `session`'s transaction commits (nothing
+        on rollback); count it and log each event of `chain` under its correlation id."""
+        ended = self._broker.committing(written)
+        outcome = {"committed": False, "ended": False}
+
+        def committed(_session: object) -> None:
+            outcome["committed"] = True
+            metrics.NOTIFICATIONS_WRITTEN.inc(len(written))
+            metrics.DIGESTS_MERGED.inc(sum(1 for w in written if w.merged))
+            metrics.FANOUT_EVENTS.inc(len(chain))
+            if inline:
+                metrics.FANOUT_INLINE_EVENTS.inc(len(chain))
+            if duplicates:
+                metrics.DUPLICATES_PREVENTED.labels("notification").inc(duplicates)
+            for ev in chain:
+                with bound_correlation_id(ev.correlation_id or current_correlation_id()):
+                    log.info(
+                        "notifications_written",
+                        event_id=ev.event_id,
+                        file_id=ev.aggregate_id,
+                        version=ev.version,
+                        fanout="inline" if inline else "job",
+                    )
+
+        def transaction_ended(_session: object, transaction: SessionTransaction) -> None:
+            if transaction.parent is None and not outcome["ended"]:
+                outcome["ended"] = True
+                # Publishes when committed; a rollback publishes nothing.
+                ended(outcome["committed"])
+
+        # Both callers commit after this returns (the job runtime with the idempotency
+        # record, Ingest with the inbox rows).
+        sa_event.listen(session.sync_session, "after_commit", committed, once=True)
+        sa_event.listen(session.sync_session, "after_transaction_end", transaction_ended)
