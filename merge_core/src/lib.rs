@@ -8,11 +8,13 @@ pub mod aligned;
 pub mod checksum;
 pub mod chunk;
 pub mod errors;
+pub mod handover;
 pub mod merge;
 pub mod output;
 pub mod pool;
 pub mod sha256x2;
 pub mod stream;
+mod writer;
 
 #[cfg(feature = "python")]
 mod bindings;
@@ -29,5 +31,6 @@ fn _merge_core(m: &pyo3::Bound<'_, pyo3::types::PyModule>) -> pyo3::PyResult<()>
     m.add_function(wrap_pyfunction!(bindings::merge::merge, m)?)?;
     m.add_class::<bindings::stream::PyStreamingMerge>()?;
     m.add("BUFFER_BUDGET", merge::MergeOptions::default().buffer_budget())?;
+    m.add("DROP_BEHIND_FROM", merge::DROP_BEHIND_FROM)?;
     Ok(())
 }

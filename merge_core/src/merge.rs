@@ -15,12 +15,13 @@
 //! The per-chunk and whole-file checksums are two sha256 streams over the
 //! same bytes. The whole-file stream is sequential, so it bounds the merge at
 //! one core's hash rate. The per-chunk streams go wherever there is CPU left
-//! (`ChunkHashing::Balanced`, the default with two or more cores): the feeder
-//! takes a chunk's checksum when windows are queued for the calling thread
-//! (it is behind), else the calling thread fuses it with the whole-file
+//! (`handover.rs`; `ChunkHashing::Adaptive`, the default with two or more
+//! cores): the calling thread fuses a chunk's stream with the whole-file
 //! stream (`sha256x2`: the two round chains interleaved, one message
-//! schedule, ~0.6x the cost of two separate streams). With one core
-//! everything is fused on the calling thread, leaving the feeder only its
+//! schedule, ~0.6x the cost of two separate streams), unless the feeder has
+//! measured spare time (waiting on a full queue, with no CPU contention) to
+//! hash that chunk itself. With one core everything is fused on the calling
+//! thread, leaving the feeder only its
 //! mapping and writing. By default chunk files are mapped, not read, so the only
 //! user-space touch of the bytes is the hash (plus the kernel's copy into the
 //! output's page cache by `write()`): no read() copy. The bytes written are
@@ -33,12 +34,11 @@
 //! only after every check passed.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,9 +46,12 @@ use crate::aligned::PAGE;
 use crate::checksum::{Algorithm, Hasher};
 use crate::chunk::{order_chunks, Chunk};
 use crate::errors::MergeError;
+pub use crate::handover::{ChunkHashing, MergeStats};
+use crate::handover::{Planner, Split};
 use crate::output::TempOutput;
 use crate::pool::{Block, Pool};
 use crate::sha256x2::{self, Sha256Stream};
+use crate::writer::Writer;
 
 /// How a merge runs. `Default` is what the Python API uses.
 #[derive(Clone, Debug)]
@@ -76,8 +79,17 @@ pub struct MergeOptions {
     /// same few page-cache pages is far cheaper than taking fresh ones on
     /// this VM (~2x at 4 GiB); the output is then not cached afterwards.
     pub drop_behind: u64,
-    /// Use `drop_behind` also when `fsync` is off.
-    pub drop_behind_always: bool,
+    /// Without `fsync`, use `drop_behind` only in merges of at least this
+    /// many bytes (0: always; `u64::MAX`: never). A merged upload is cold
+    /// data; dropping it behind the writer only starts its writeback sooner
+    /// (nothing waits for it to be durable; `fsync: false` promises nothing
+    /// more or less) and leaves it uncached. Below this size the output
+    /// stays in the page cache, where small merges are cheapest.
+    pub drop_behind_from: u64,
+    /// Without `fsync`, wait for the dropped range's writeback (else drop
+    /// only what is already clean, so the merge is not paced by the disk:
+    /// the default). Durable merges always wait.
+    pub drop_waits: bool,
     /// Least time between two progress reports.
     pub progress_interval: Duration,
     /// Reserve the output's size up front (`fallocate`), so a full disk fails
@@ -86,28 +98,14 @@ pub struct MergeOptions {
     pub preallocate: bool,
     /// Which thread computes the per-chunk checksums.
     pub chunk_hashing: ChunkHashing,
+    /// Where the time went (benchmarks, profiling); `None` in production.
+    pub stats: Option<Arc<MergeStats>>,
 }
 
-/// Which thread computes the per-chunk checksums (the whole-file checksum is
-/// always the calling thread's: it is one sequential stream).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChunkHashing {
-    /// The calling thread, fused with the whole-file stream (`sha256x2`).
-    Caller,
-    /// The feeder, after writing each window, so the calling thread runs the
-    /// whole-file stream alone.
-    Feeder,
-    /// Per chunk: the feeder takes a chunk's checksum when the calling thread
-    /// is behind (windows queued), else the calling thread fuses it. Keeps
-    /// both cores busy whichever side is slower on this machine.
-    Balanced,
-    /// `Balanced` with two or more cores, else `Caller`. On this 2-core VM,
-    /// quiet, `Balanced` is ~1.13x `Caller` for sha256 (and even for blake3)
-    /// at ~1.2x the CPU; with the other core busy, `Caller` is ~1.1x ahead
-    /// (README "Measured"). `Feeder` alone overloads the feeder, whose
-    /// `write()` costs about what the calling thread's hash does.
-    Auto,
-}
+/// Default `drop_behind_from`. README "Measured": at 4 GiB a page-cache
+/// merge that drops behind was ~2x faster on this VM (which faults every
+/// fresh page-cache page in from the host); at 1 GiB it was slightly slower.
+pub const DROP_BEHIND_FROM: u64 = 2 << 30;
 
 impl Default for MergeOptions {
     fn default() -> Self {
@@ -121,10 +119,12 @@ impl Default for MergeOptions {
             write_size: 128 << 10,
             writeback_every: 4 << 20,
             drop_behind: 64 << 20,
-            drop_behind_always: false,
+            drop_behind_from: DROP_BEHIND_FROM,
+            drop_waits: false,
             progress_interval: Duration::from_millis(250),
             preallocate: false,
             chunk_hashing: ChunkHashing::Auto,
+            stats: None,
         }
     }
 }
@@ -220,7 +220,16 @@ pub fn merge(
             let (chunks, output, failure, split) = (&chunks, &output, &failure, &split);
             scope.spawn(move || {
                 let pool = (!options.mmap).then(|| Pool::new(blocks, window_size(options)));
-                feed(chunks, tx, pool.as_ref(), output, options, failure, split)
+                let feeder = Feeder {
+                    tx,
+                    pool: pool.as_ref(),
+                    out: Writer::new(output, options, total),
+                    options,
+                    failure,
+                    planner: Planner::new(split),
+                    stats: options.stats.as_deref(),
+                };
+                feeder.run(chunks)
             })
         };
         let file_checksum = if progress(0, total) {
@@ -258,119 +267,146 @@ pub fn merge(
 /// file and then hands it to the hasher. Chunk errors and write errors travel
 /// in order with the data (`Msg::Fail`), so the hasher reports the lowest
 /// failing chunk even though the feeder runs ahead of it.
-fn feed(
-    chunks: &[Chunk],
+struct Feeder<'a> {
     tx: SyncSender<Msg>,
-    pool: Option<&Pool>,
-    output: &TempOutput,
-    options: &MergeOptions,
-    failure: &Failure,
-    split: &Split,
-) {
-    let mut out =
-        Writer { file: output.file(), path: output.temp_path(), options, written: 0, flushed: 0, dropped: 0 };
+    pool: Option<&'a Pool>,
+    out: Writer<'a>,
+    options: &'a MergeOptions,
+    failure: &'a Failure,
+    planner: Planner<'a>,
+    stats: Option<&'a MergeStats>,
+}
 
-    for (position, chunk) in chunks.iter().enumerate() {
-        if failure.aborted() {
-            return;
-        }
-        let mut hasher = split.feeder_takes_chunk().then(|| Hasher::new(options.algorithm));
-        match feed_chunk(chunk, &tx, pool, &mut out, options, failure, split, hasher.as_mut()) {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(err) => {
-                let _ = tx.send(Msg::Fail(position, err));
+impl Feeder<'_> {
+    fn run(mut self, chunks: &[Chunk]) {
+        for (position, chunk) in chunks.iter().enumerate() {
+            if self.failure.aborted() {
+                return;
+            }
+            let takes = self.planner.feeder_takes(chunk.size, self.stats);
+            if let Some(stats) = self.stats {
+                stats.chunks.fetch_add(1, Ordering::Relaxed);
+                stats.chunks_by_feeder.fetch_add(takes as u64, Ordering::Relaxed);
+            }
+            let mut hasher = takes.then(|| Hasher::new(self.options.algorithm));
+            match self.feed_chunk(chunk, hasher.as_mut()) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(err) => {
+                    let _ = self.tx.send(Msg::Fail(position, err));
+                    return;
+                }
+            }
+            if !self.send(Msg::ChunkEnd(position, hasher.map(Hasher::finalize_hex))) {
                 return;
             }
         }
-        if tx.send(Msg::ChunkEnd(position, hasher.map(Hasher::finalize_hex))).is_err() {
-            return;
-        }
+        self.out.finish();
     }
-    out.finish();
-}
 
-/// One chunk through the feeder (hashed into `hasher` too, if given);
-/// `Ok(false)`: stop quietly (the hasher stopped, or a failure was recorded
-/// elsewhere).
-#[allow(clippy::too_many_arguments)]
-fn feed_chunk(
-    chunk: &Chunk,
-    tx: &SyncSender<Msg>,
-    pool: Option<&Pool>,
-    out: &mut Writer<'_>,
-    options: &MergeOptions,
-    failure: &Failure,
-    split: &Split,
-    mut hasher: Option<&mut Hasher>,
-) -> Result<bool, MergeError> {
-    let io_err = |op, e| MergeError::io(Some(chunk.index), &chunk.path, op, e);
-    let size_err = |actual| MergeError::ChunkSizeMismatch {
-        index: chunk.index,
-        path: chunk.path.clone(),
-        expected: chunk.size,
-        actual,
-    };
-    let mut file = File::open(&chunk.path).map_err(|e| io_err("open", e))?;
-    let actual = file.metadata().map_err(|e| io_err("stat", e))?.len();
-    if actual != chunk.size {
-        return Err(size_err(actual));
-    }
-    let fd = file.as_raw_fd();
-    // SAFETY: advisory syscall on an fd we own.
-    unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
-    let window = window_size(options);
-    let mut use_map = pool.is_none();
-    let mut own_pool: Option<Pool> = None;
-    let mut offset = 0u64;
-    while offset < chunk.size {
-        if failure.aborted() {
-            return Ok(false);
-        }
-        let want = (window as u64).min(chunk.size - offset) as usize;
-        let mut bytes = None;
-        if use_map {
-            match Mapping::new(fd, offset, want) {
-                Ok(map) => bytes = Some(Bytes::Mapped(map)),
-                // Not mappable (some filesystems, special files): read() it.
-                Err(_) => use_map = false,
-            }
-        }
-        let bytes = match bytes {
-            Some(b) => b,
-            None => {
-                // A chunk that cannot be mapped is read through a small
-                // pool of its own (the mmap path has no buffers).
-                let pool = match pool {
-                    Some(p) => p,
-                    None => own_pool.get_or_insert_with(|| Pool::new(2, window)),
-                };
-                let mut buf = pool.take();
-                let got = read_full(&mut file, offset, &mut buf.as_mut_slice()[..want])
-                    .map_err(|e| io_err("read", e))?;
-                if got < want {
-                    // The file shrank after we looked at its size.
-                    return Err(size_err(offset + got as u64));
+    /// Queues `msg` for the hasher, timing any wait for room (the feeder's
+    /// idle time, which `Planner` spends on chunk checksums); `false` if the
+    /// hasher stopped.
+    fn send(&mut self, msg: Msg) -> bool {
+        match self.tx.try_send(msg) {
+            Ok(()) => true,
+            Err(TrySendError::Disconnected(_)) => false,
+            Err(TrySendError::Full(msg)) => {
+                let started = Instant::now();
+                let sent = self.tx.send(msg).is_ok();
+                let waited = started.elapsed();
+                self.planner.idled(waited);
+                if let Some(stats) = self.stats {
+                    MergeStats::add(&stats.feeder_idle_ns, waited);
                 }
-                Bytes::Buffer(pool.share(buf, got))
+                sent
             }
+        }
+    }
+
+    /// One chunk through the feeder (hashed into `hasher` too, if given);
+    /// `Ok(false)`: stop quietly (the hasher stopped, or a failure was
+    /// recorded elsewhere).
+    fn feed_chunk(&mut self, chunk: &Chunk, mut hasher: Option<&mut Hasher>) -> Result<bool, MergeError> {
+        let (options, failure, pool) = (self.options, self.failure, self.pool);
+        let io_err = |op, e| MergeError::io(Some(chunk.index), &chunk.path, op, e);
+        let size_err = |actual| MergeError::ChunkSizeMismatch {
+            index: chunk.index,
+            path: chunk.path.clone(),
+            expected: chunk.size,
+            actual,
         };
-        out.write(bytes.data())?;
-        if let Some(h) = hasher.as_deref_mut() {
-            h.update(bytes.data());
+        let mut file = File::open(&chunk.path).map_err(|e| io_err("open", e))?;
+        let actual = file.metadata().map_err(|e| io_err("stat", e))?.len();
+        if actual != chunk.size {
+            return Err(size_err(actual));
         }
-        offset += want as u64;
-        split.sent();
-        if tx.send(Msg::Data(bytes, hasher.is_some())).is_err() {
-            return Ok(false);
+        let fd = file.as_raw_fd();
+        // SAFETY: advisory syscall on an fd we own.
+        unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
+        let window = window_size(options);
+        let mut use_map = pool.is_none();
+        let mut own_pool: Option<Pool> = None;
+        let mut offset = 0u64;
+        while offset < chunk.size {
+            if failure.aborted() {
+                return Ok(false);
+            }
+            let want = (window as u64).min(chunk.size - offset) as usize;
+            let mut bytes = None;
+            if use_map {
+                match Mapping::new(fd, offset, want) {
+                    Ok(map) => bytes = Some(Bytes::Mapped(map)),
+                    // Not mappable (some filesystems, special files): read() it.
+                    Err(_) => use_map = false,
+                }
+            }
+            let bytes = match bytes {
+                Some(b) => b,
+                None => {
+                    // A chunk that cannot be mapped is read through a small
+                    // pool of its own (the mmap path has no buffers).
+                    let pool = match pool {
+                        Some(p) => p,
+                        None => own_pool.get_or_insert_with(|| Pool::new(2, window)),
+                    };
+                    let mut buf = pool.take();
+                    let got = read_full(&mut file, offset, &mut buf.as_mut_slice()[..want])
+                        .map_err(|e| io_err("read", e))?;
+                    if got < want {
+                        // The file shrank after we looked at its size.
+                        return Err(size_err(offset + got as u64));
+                    }
+                    Bytes::Buffer(pool.share(buf, got))
+                }
+            };
+            let started = Instant::now();
+            self.out.write(bytes.data())?;
+            let wrote = Instant::now();
+            if let Some(h) = hasher.as_deref_mut() {
+                h.update(bytes.data());
+                let hashed = wrote.elapsed();
+                self.planner.hashed(want as u64, hashed);
+                if let Some(stats) = self.stats {
+                    MergeStats::add(&stats.feeder_hash_ns, hashed);
+                }
+            }
+            if let Some(stats) = self.stats {
+                MergeStats::add(&stats.feeder_write_ns, wrote - started);
+            }
+            offset += want as u64;
+            self.planner.split().sent();
+            if !self.send(Msg::Data(bytes, hasher.is_some())) {
+                return Ok(false);
+            }
         }
+        // The file grew (or shrank) after we looked at its size.
+        let now = file.metadata().map_err(|e| io_err("stat", e))?.len();
+        if now != chunk.size {
+            return Err(size_err(now));
+        }
+        Ok(true)
     }
-    // The file grew (or shrank) after we looked at its size.
-    let now = file.metadata().map_err(|e| io_err("stat", e))?.len();
-    if now != chunk.size {
-        return Err(size_err(now));
-    }
-    Ok(true)
 }
 
 /// The window (mapping or buffer) size: `block_size` rounded up to a page.
@@ -392,56 +428,6 @@ fn read_full(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<us
     Ok(filled)
 }
 
-/// The temporary file's writing end, with writeback when `fsync` is on.
-struct Writer<'a> {
-    file: &'a File,
-    path: &'a Path,
-    options: &'a MergeOptions,
-    written: u64,
-    flushed: u64,
-    dropped: u64,
-}
-
-impl Writer<'_> {
-    /// Writes `data` in pieces of at most `write_size`.
-    fn write(&mut self, data: &[u8]) -> Result<(), MergeError> {
-        let mut file = self.file;
-        for piece in data.chunks(self.options.write_size.max(1)) {
-            file.write_all(piece).map_err(|e| MergeError::io(None, self.path, "write", e))?;
-            self.wrote(piece.len());
-        }
-        Ok(())
-    }
-
-    fn dropping(&self) -> bool {
-        self.options.drop_behind > 0 && (self.options.fsync || self.options.drop_behind_always)
-    }
-
-    fn wrote(&mut self, n: usize) {
-        self.written += n as u64;
-        if (self.options.fsync || self.dropping())
-            && self.written - self.flushed >= self.options.writeback_every
-        {
-            let fd = self.file.as_raw_fd();
-            start_writeback(fd, self.flushed, self.written - self.flushed);
-            self.flushed = self.written;
-            let lag = self.options.drop_behind;
-            if self.dropping() && self.flushed >= self.dropped + lag + self.options.writeback_every {
-                let end = self.flushed - lag;
-                drop_written(fd, self.dropped, end - self.dropped);
-                self.dropped = end;
-            }
-        }
-    }
-
-    fn finish(&mut self) {
-        if self.options.fsync && self.written > self.flushed {
-            start_writeback(self.file.as_raw_fd(), self.flushed, self.written - self.flushed);
-            self.flushed = self.written;
-        }
-    }
-}
-
 /// The hasher (the calling thread): hashes every window into the chunk's and
 /// the whole file's checksum (fused, one core, for sha256), checks each
 /// chunk's checksum at its end, records the first failure in chunk order and
@@ -456,8 +442,21 @@ fn hash(
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> String {
     let mut hasher = PairHasher::new(options.algorithm);
+    let stats = options.stats.as_deref();
     let (mut done, mut last_report) = (0u64, Instant::now());
-    for msg in rx {
+    loop {
+        let msg = match rx.try_recv() {
+            Ok(msg) => msg,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                let started = Instant::now();
+                let Ok(msg) = rx.recv() else { break };
+                if let Some(stats) = stats {
+                    MergeStats::add(&stats.caller_idle_ns, started.elapsed());
+                }
+                msg
+            }
+        };
         if failure.aborted() {
             break;
         }
@@ -465,10 +464,14 @@ fn hash(
             Msg::Data(bytes, chunk_hashed) => {
                 split.received();
                 let n = bytes.data().len() as u64;
+                let started = Instant::now();
                 if chunk_hashed {
                     hasher.update_file(bytes.data());
                 } else {
                     hasher.update(bytes.data());
+                }
+                if let Some(stats) = stats {
+                    MergeStats::add(&stats.caller_hash_ns, started.elapsed());
                 }
                 drop(bytes); // unmap (or free the buffer) right away
                 done += n;
@@ -564,49 +567,6 @@ impl PairHasher {
     }
 }
 
-/// Who hashes each chunk, decided by the feeder at the chunk's start.
-struct Split {
-    mode: ChunkHashing,
-    /// Windows sent and not yet taken by the calling thread.
-    queued: AtomicUsize,
-    /// At or above this many queued windows the calling thread is behind.
-    behind: usize,
-}
-
-impl Split {
-    fn new(mode: ChunkHashing, capacity: usize) -> Self {
-        let mode = match mode {
-            ChunkHashing::Auto => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                if cores >= 2 {
-                    ChunkHashing::Balanced
-                } else {
-                    ChunkHashing::Caller
-                }
-            }
-            other => other,
-        };
-        Split { mode, queued: AtomicUsize::new(0), behind: capacity.div_ceil(2).max(1) }
-    }
-
-    /// Whether the feeder computes the next chunk's checksum.
-    fn feeder_takes_chunk(&self) -> bool {
-        match self.mode {
-            ChunkHashing::Caller | ChunkHashing::Auto => false,
-            ChunkHashing::Feeder => true,
-            ChunkHashing::Balanced => self.queued.load(Ordering::Relaxed) >= self.behind,
-        }
-    }
-
-    fn sent(&self) {
-        self.queued.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn received(&self) {
-        self.queued.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Bytes on their way from the feeder to the hasher.
 enum Bytes {
     Mapped(Mapping),
@@ -663,25 +623,5 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: unmapping what `new` mapped.
         unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
-/// Waits for `offset..offset+len` to be written back, then drops it from the
-/// page cache. Only a hint too: errors surface at the final fsync.
-fn drop_written(fd: libc::c_int, offset: u64, len: u64) {
-    let flags =
-        libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: plain syscalls on an open fd.
-    unsafe {
-        libc::sync_file_range(fd, offset as libc::off64_t, len as libc::off64_t, flags);
-        libc::posix_fadvise(fd, offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
-    }
-}
-
-fn start_writeback(fd: libc::c_int, offset: u64, len: u64) {
-    // Only a hint: the final fsync is what makes the data durable.
-    // SAFETY: plain syscall on an open fd.
-    unsafe {
-        libc::sync_file_range(fd, offset as libc::off64_t, len as libc::off64_t, libc::SYNC_FILE_RANGE_WRITE);
     }
 }

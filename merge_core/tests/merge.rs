@@ -279,8 +279,13 @@ fn a_chunk_longer_than_listed_is_a_size_mismatch() {
     }
 }
 
-const CHUNK_HASHING: [ChunkHashing; 4] =
-    [ChunkHashing::Caller, ChunkHashing::Feeder, ChunkHashing::Balanced, ChunkHashing::Auto];
+const CHUNK_HASHING: [ChunkHashing; 5] = [
+    ChunkHashing::Caller,
+    ChunkHashing::Feeder,
+    ChunkHashing::Balanced,
+    ChunkHashing::Adaptive,
+    ChunkHashing::Auto,
+];
 
 #[test]
 fn every_chunk_hashing_mode_gives_the_same_file_and_checksums() {
@@ -323,4 +328,118 @@ fn the_lowest_bad_chunk_wins_whichever_thread_hashes_it() {
             assert_eq!(dir.entries(), vec!["chunks"]);
         }
     }
+}
+
+/// Drop-behind tuned down so a small merge drops: writeback every 64 KiB,
+/// dropping what lies more than 256 KiB behind the writer.
+fn dropping(alg: Algorithm, fsync: bool, drop_behind_from: u64) -> MergeOptions {
+    MergeOptions {
+        algorithm: alg,
+        fsync,
+        block_size: 64 << 10,
+        blocks: 4,
+        write_size: 16 << 10,
+        writeback_every: 64 << 10,
+        drop_behind: 256 << 10,
+        drop_behind_from,
+        ..Default::default()
+    }
+}
+
+/// How many of `path`'s pages are in the page cache (`mincore`).
+fn cached_pages(path: &Path) -> usize {
+    let file = fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a fresh read-only mapping of `len` bytes, unmapped below;
+    // `vec` holds one byte per page.
+    unsafe {
+        use std::os::unix::io::AsRawFd;
+        let ptr =
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(ptr, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(ptr, len, vec.as_mut_ptr()), 0);
+        libc::munmap(ptr, len);
+    }
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+#[test]
+fn drop_behind_on_or_off_gives_the_same_bytes_and_checksums() {
+    let sizes = [1 << 20, 300_001, 1 << 20, 65, 700_000, 1 << 20];
+    for alg in Algorithm::ALL {
+        for fsync in [false, true] {
+            for from in [0, u64::MAX] {
+                let dir = TempDir::new();
+                let (chunks, all) = make_chunks(&dir.0, &sizes, alg);
+                let out = dir.0.join("out.bin");
+                let outcome = run(chunks, &out, &dropping(alg, fsync, from)).unwrap();
+                assert_eq!(fs::read(&out).unwrap(), all, "{alg:?} fsync={fsync} from={from}");
+                assert_eq!(outcome.checksum, hex(alg, &all), "{alg:?} fsync={fsync} from={from}");
+            }
+        }
+    }
+}
+
+#[test]
+fn drop_behind_leaves_the_output_uncached_and_off_leaves_it_cached() {
+    let dir = TempDir::new();
+    let (chunks, all) = make_chunks(&dir.0, &[1 << 20; 4], Algorithm::Sha256);
+    let pages = all.len() / 4096;
+    let out = dir.0.join("kept.bin");
+    run(chunks.clone(), &out, &dropping(Algorithm::Sha256, false, u64::MAX)).unwrap();
+    assert_eq!(cached_pages(&out), pages, "never dropping keeps every page cached");
+
+    // Without fsync only pages already written back are dropped; wait for
+    // writeback so the test does not depend on the disk's speed.
+    let out = dir.0.join("dropped.bin");
+    let options = MergeOptions { drop_waits: true, ..dropping(Algorithm::Sha256, false, 0) };
+    run(chunks.clone(), &out, &options).unwrap();
+    let cached = cached_pages(&out);
+    assert!(cached <= pages / 2, "{cached} of {pages} pages still cached");
+    assert_eq!(fs::read(&out).unwrap(), all);
+
+    // The size threshold: a merge smaller than `drop_behind_from` keeps
+    // its output cached.
+    let out = dir.0.join("small.bin");
+    let options =
+        MergeOptions { drop_waits: true, ..dropping(Algorithm::Sha256, false, all.len() as u64 + 1) };
+    run(chunks, &out, &options).unwrap();
+    assert_eq!(cached_pages(&out), pages);
+}
+
+#[test]
+fn a_late_bad_chunk_fails_cleanly_after_output_was_dropped() {
+    for fsync in [false, true] {
+        for waits in [false, true] {
+            let dir = TempDir::new();
+            let (mut chunks, _) = make_chunks(&dir.0, &[1 << 20; 4], Algorithm::Sha256);
+            // The last chunk: by then more than `drop_behind` was dropped.
+            chunks[3].checksum = hex(Algorithm::Sha256, b"not this chunk");
+            let out = dir.0.join("out.bin");
+            let options = MergeOptions { drop_waits: waits, ..dropping(Algorithm::Sha256, fsync, 0) };
+            assert!(
+                matches!(
+                    run(chunks, &out, &options),
+                    Err(MergeError::ChunkChecksumMismatch { index: 3, .. })
+                ),
+                "fsync={fsync} waits={waits}"
+            );
+            assert_eq!(dir.entries(), vec!["chunks"], "no output, no temporary file");
+        }
+    }
+}
+
+#[test]
+fn a_whole_file_mismatch_fails_cleanly_with_drop_behind() {
+    let dir = TempDir::new();
+    let (chunks, _) = make_chunks(&dir.0, &[1 << 20; 3], Algorithm::Blake3);
+    let out = dir.0.join("out.bin");
+    let options = MergeOptions {
+        expected_checksum: Some(hex(Algorithm::Blake3, b"something else")),
+        ..dropping(Algorithm::Blake3, false, 0)
+    };
+    assert!(matches!(run(chunks, &out, &options), Err(MergeError::FileChecksumMismatch { .. })));
+    assert_eq!(dir.entries(), vec!["chunks"]);
 }

@@ -259,3 +259,49 @@ def test_hasher_and_checksum_file(tmp_path: Path) -> None:
         Hasher("md5")
     with pytest.raises(MergeIOError):
         checksum_file(tmp_path / "missing")
+
+
+def _repeated(big_chunk_dir, count: int) -> tuple[list[Chunk], str]:  # type: ignore[no-untyped-def]
+    """`count` chunks cycling over the four 4 MiB files, and their whole sha256."""
+    _, files = big_chunk_dir
+    chunks = [Chunk(i, *files[i % 4]) for i in range(count)]
+    whole = hashlib.sha256()
+    for chunk in chunks:
+        whole.update(Path(chunk.path).read_bytes())
+    return chunks, whole.hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("fsync", "drop_behind"),
+    [(False, None), (False, True), (False, False), (True, None), (True, False)],
+)
+def test_drop_behind_on_or_off_gives_the_same_file(
+    tmp_path: Path,
+    big_chunk_dir,  # type: ignore[no-untyped-def]
+    fsync: bool,
+    drop_behind: bool | None,
+) -> None:
+    # 80 MiB: more than the 64 MiB drop-behind distance, so pages are dropped.
+    chunks, expected = _repeated(big_chunk_dir, 20)
+    out = tmp_path / "out.bin"
+    result = merge(chunks, out, fsync=fsync, drop_behind=drop_behind, expected_checksum=expected)
+    assert result.checksum == expected
+    assert merge_core.checksum_file(out) == expected
+    assert out.stat().st_size == 80 << 20
+    assert listing(tmp_path) == ["out.bin"]
+
+
+def test_a_late_bad_chunk_with_drop_behind_leaves_nothing(
+    tmp_path: Path,
+    big_chunk_dir,  # type: ignore[no-untyped-def]
+) -> None:
+    chunks, _ = _repeated(big_chunk_dir, 20)
+    # The last chunk is bad: by then the output's first 12 MiB were dropped.
+    chunks[19] = Chunk(19, chunks[19].path, chunks[19].size, "0" * 64)
+    (tmp_path / "out.bin").write_bytes(b"previous version")
+    with pytest.raises(ChunkChecksumMismatch) as caught:
+        merge(chunks, tmp_path / "out.bin", fsync=False, drop_behind=True)
+    assert caught.value.index == 19
+    assert listing(tmp_path) == ["out.bin"]
+    assert (tmp_path / "out.bin").read_bytes() == b"previous version"
+

@@ -18,6 +18,7 @@ from merge_core._merge import Chunk, ChunkLike, MergeResult, as_chunk, merge
 from merge_core._merge_core import (
     ALGORITHMS,
     BUFFER_BUDGET,
+    DROP_BEHIND_FROM,
     ChunkChecksumMismatch,
     ChunkSizeMismatch,
     DuplicateChunk,
@@ -34,6 +35,7 @@ from merge_core._merge_core import (
 __all__ = [
     "ALGORITHMS",
     "BUFFER_BUDGET",
+    "DROP_BEHIND_FROM",
     "Chunk",
     "ChunkChecksumMismatch",
     "ChunkLike",

@@ -9,6 +9,7 @@ from typing_extensions import Buffer
 __all__ = [
     "ALGORITHMS",
     "BUFFER_BUDGET",
+    "DROP_BEHIND_FROM",
     "ChunkChecksumMismatch",
     "ChunkSizeMismatch",
     "DuplicateChunk",
@@ -26,6 +27,7 @@ __all__ = [
 __version__: str
 ALGORITHMS: tuple[str, ...]
 BUFFER_BUDGET: int
+DROP_BEHIND_FROM: int
 
 class _ChunkFields(Protocol):
     @property
@@ -113,4 +115,5 @@ def merge(
     fsync: bool = True,
     progress: Callable[[int, int], object] | None = None,
     mmap: bool = True,
+    drop_behind: bool | None = None,
 ) -> tuple[str, int, str, str, int]: ...

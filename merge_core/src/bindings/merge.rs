@@ -32,7 +32,7 @@ impl PyChunk {
 /// `(output_path, size, checksum, algorithm, chunk_count)`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)] // the Python signature's keywords
-#[pyo3(signature = (chunks, output_path, algorithm = "sha256", expected_checksum = None, fsync = true, progress = None, mmap = true))]
+#[pyo3(signature = (chunks, output_path, algorithm = "sha256", expected_checksum = None, fsync = true, progress = None, mmap = true, drop_behind = None))]
 pub fn merge(
     py: Python<'_>,
     chunks: Vec<PyChunk>,
@@ -42,14 +42,20 @@ pub fn merge(
     fsync: bool,
     progress: Option<Py<PyAny>>,
     mmap: bool,
+    drop_behind: Option<bool>,
 ) -> PyResult<(String, u64, String, &'static str, u64)> {
-    let options = MergeOptions {
+    let mut options = MergeOptions {
         algorithm: parse_algorithm(py, algorithm)?,
         expected_checksum,
         fsync,
         mmap,
         ..MergeOptions::default()
     };
+    match drop_behind {
+        None => {} // durable: always; page cache: from DROP_BEHIND_FROM bytes
+        Some(true) => options.drop_behind_from = 0,
+        Some(false) => options.drop_behind = 0,
+    }
     let chunks: Vec<Chunk> = chunks.into_iter().map(PyChunk::into_chunk).collect();
 
     let mut raised: Option<PyErr> = None;
