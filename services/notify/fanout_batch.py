@@ -18,7 +18,8 @@ round trips between them, not the statements, were most of a fan-out's latency):
    every recipient shares), so an event's text is bound once, not once per recipient.
    ON CONFLICT DO NOTHING keeps UNIQUE (tenant, user, file, version) as the backstop of
    exactly-once, as on the slow path;
-3. the chain's inbox rows go `applied -> notified` (locked by the job's read of them).
+3. the chain's inbox rows go `applied -> notified` (locked by the job's read of them);
+4. Ingest's inline fan-out only: the files' applied versions move (rows it has locked).
 
 Only for chains of events that never fold into a digest (content updates, deletes, shares
 ...): a fold must look at each user's latest notification between events, which the
@@ -83,6 +84,11 @@ stored AS (
 marked AS (
     UPDATE notify_inbox SET status = :notified
     WHERE event_id = ANY(CAST(:e_id AS varchar[]))
+),
+bumped AS (
+    UPDATE notify_aggregate_versions AS a SET applied_version = b.version
+    FROM unnest(CAST(:b_ids AS varchar[]), CAST(:b_versions AS bigint[])) AS b(id, version)
+    WHERE a.aggregate_id = b.id
 )
 SELECT notification_id, seq FROM stored
 """
@@ -90,8 +96,15 @@ SELECT notification_id, seq FROM stored
 
 
 _MARK = text(
-    f"UPDATE notify_inbox SET status = '{InboxStatus.NOTIFIED}' "
-    "WHERE event_id = ANY(CAST(:ids AS varchar[]))"
+    f"""
+WITH bumped AS (
+    UPDATE notify_aggregate_versions AS a SET applied_version = b.version
+    FROM unnest(CAST(:b_ids AS varchar[]), CAST(:b_versions AS bigint[])) AS b(id, version)
+    WHERE a.aggregate_id = b.id
+)
+UPDATE notify_inbox SET status = '{InboxStatus.NOTIFIED}'
+WHERE event_id = ANY(CAST(:ids AS varchar[]))
+"""
 )
 
 
@@ -108,18 +121,24 @@ async def fan_out_chain(
     described: list[Description],
     occurred_at: list[datetime],
     now: datetime,
+    applied: dict[str, int] | None = None,
 ) -> tuple[list[Written], int]:
     """Write one notification per audience user of every event in `chain` (version order).
 
+    `applied` (aggregate id -> version) moves those aggregates' applied versions in the
+    same statement (Ingest's inline fan-out: one round trip fewer); their rows must be
+    locked by this transaction already.
+
     Returns what was written (for live delivery after commit) and how many rows the
     UNIQUE constraint refused (already written: counted as duplicates prevented)."""
+    bumps = {"b_ids": list(applied or {}), "b_versions": list((applied or {}).values())}
     # (tenant, user) -> indexes into `chain` of the events that notify them, in order.
     recipients: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
     for i, ev in enumerate(chain):
         for user in audience(ev):
             recipients[(ev.tenant_id, user)].append(i)
     if not recipients:
-        await session.execute(_MARK, {"ids": [ev.event_id for ev in chain]})
+        await session.execute(_MARK, {"ids": [ev.event_id for ev in chain], **bumps})
         return [], 0
     keys = sorted(recipients)
     states = [
@@ -174,6 +193,7 @@ async def fan_out_chain(
             "events": events,
             "now": now,
             "notified": InboxStatus.NOTIFIED,
+            **bumps,
             **{param: [s[column] for s in states] for param, column in _EVENT_COLUMNS.items()},
         },
     )

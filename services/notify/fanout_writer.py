@@ -24,7 +24,7 @@ from services.common.logging import get_logger
 from services.notify import fanout_batch, metrics
 from services.notify.clock import to_naive_utc, utcnow
 from services.notify.fanout import Written, audience, fan_out, lock_streams
-from services.notify.models import InboxEvent, InboxStatus
+from services.notify.models import AggregateVersion, InboxEvent, InboxStatus
 from services.notify.streams import Broker
 from services.notify.summaries import describe
 
@@ -36,6 +36,16 @@ def occurred_at(ev: events_pb2.Event) -> datetime:
     if ev.HasField("occurred_at"):
         return to_naive_utc(ev.occurred_at.ToDatetime())
     return utcnow()
+
+
+async def bump_applied(session: AsyncSession, applied: dict[str, int]) -> None:
+    """Set each aggregate's applied version (its row locked by this transaction)."""
+    for aggregate_id, version in applied.items():
+        await session.execute(
+            update(AggregateVersion)
+            .where(AggregateVersion.aggregate_id == aggregate_id)
+            .values(applied_version=version)
+        )
 
 
 class FanOutWriter:
@@ -51,10 +61,14 @@ class FanOutWriter:
         return fanout_batch.batchable(session, [describe(ev) for ev in chain])
 
     async def write(
-        self, session: AsyncSession, chain: list[events_pb2.Event]
+        self,
+        session: AsyncSession,
+        chain: list[events_pb2.Event],
+        applied: dict[str, int] | None = None,
     ) -> tuple[list[Written], int]:
         """Write every notification of `chain` (accepted events in version order per file,
-        their inbox rows `applied` in this transaction) and mark them `notified`.
+        their inbox rows `applied` in this transaction) and mark them `notified`; move
+        the `applied` aggregates' versions too (rows this transaction has locked).
 
         Returns what was written and how many rows UNIQUE (tenant, user, file, version)
         refused (already written)."""
@@ -63,7 +77,9 @@ class FanOutWriter:
             # PostgreSQL, nothing to fold: the whole chain in one statement, which also
             # marks the chain notified.
             occurred = [occurred_at(ev) for ev in chain]
-            return await fanout_batch.fan_out_chain(session, chain, described, occurred, utcnow())
+            return await fanout_batch.fan_out_chain(
+                session, chain, described, occurred, utcnow(), applied
+            )
         if len(chain) > 1:
             # Every user this transaction will notify, locked up front in one global
             # order (a single event's seq upsert already visits its users sorted).
@@ -90,6 +106,7 @@ class FanOutWriter:
             .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
             .values(status=InboxStatus.NOTIFIED)
         )
+        await bump_applied(session, applied or {})
         return written, duplicates
 
     def publish_after_commit(

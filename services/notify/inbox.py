@@ -40,10 +40,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.correlation import bound_correlation_id, current_correlation_id
@@ -55,7 +56,8 @@ from services.notify.clock import utcnow
 from services.notify.errors import InvalidEvent
 from services.notify.fanout import audience
 from services.notify.fanout_job import fanout_job
-from services.notify.fanout_writer import FanOutWriter
+from services.notify.fanout_writer import FanOutWriter, bump_applied
+from services.notify.inbox_rows import insert_and_read, pending_rows
 from services.notify.models import ID_LEN, AggregateVersion, InboxEvent, InboxStatus
 from services.notify.sql import insert_ignore, retrying, upsert
 
@@ -191,6 +193,9 @@ class Inbox:
         budget = self._inline_max
         inline: list[events_pb2.Event] = []
         queued = False
+        locked: dict[str, int] = session.info.get(_LOCKED, {})
+        applied = {aggregate_id: locked[aggregate_id] for aggregate_id in accepted}
+        inline_applied: dict[str, int] = {}
         for aggregate_id, chain in accepted.items():
             size = sum(len(audience(ev)) for ev in chain)
             if (
@@ -201,20 +206,23 @@ class Inbox:
             ):
                 budget -= size
                 inline.extend(chain)
+                inline_applied[aggregate_id] = applied.pop(aggregate_id)
             else:
                 await enqueue(session, fanout_job(chain[0]))
                 queued = True
+        await bump_applied(session, applied)
         if inline and self._writer is not None:
-            # One statement for every file's chain: users are locked in one global
-            # order, per file in version order (`fanout_batch.py`).
-            written, duplicates = await self._writer.write(session, inline)
+            # One statement for every file's chain (and their applied versions): users
+            # are locked in one global order, per file in version order (`fanout_batch.py`).
+            written, duplicates = await self._writer.write(session, inline, inline_applied)
             self._writer.publish_after_commit(session, written, duplicates, inline, inline=True)
         return queued
 
     async def _ingest_in(self, session: AsyncSession, event: events_pb2.Event) -> IngestResult:
         # Lock the aggregate first: the inbox row is then inserted with its final
-        # status, and the common case costs five statements (four in a batch that
-        # locked the aggregate already).
+        # status. On PostgreSQL the common case is three statements (lock, insert with
+        # the read of the aggregate's pending rows, then the inline fan-out, which also
+        # moves the applied version); a batch that locked the aggregate already, two.
         locked: dict[str, int] = session.info.get(_LOCKED, {})
         applied = locked.get(event.aggregate_id)
         if applied is None:
@@ -226,7 +234,7 @@ class Inbox:
         else:
             status, outcome = InboxStatus.APPLIED, Outcome.INGEST_OUTCOME_APPLIED
         now = utcnow()
-        stored = await session.scalar(
+        insert = (
             insert_ignore(session, InboxEvent)
             .values(
                 event_id=event.event_id,
@@ -240,13 +248,21 @@ class Inbox:
             )
             .returning(InboxEvent.event_id)
         )
+        rows: list[Any] | None = None
+        if status == InboxStatus.APPLIED and session.get_bind().dialect.name == "postgresql":
+            # One round trip: the insert, and the aggregate's inbox rows that accepting
+            # it needs (read in the same snapshot, which cannot hold the new row; the
+            # aggregate is locked, so nothing else changes them meanwhile).
+            stored, rows = await insert_and_read(session, insert, event)
+        else:
+            stored = await session.scalar(insert)
         if stored is None:
             return IngestResult(Outcome.INGEST_OUTCOME_DUPLICATE)
         result = IngestResult(outcome)
         if status == InboxStatus.SKIPPED_OLD:
             result.skipped_old = 1
         elif status == InboxStatus.APPLIED:
-            await self._accept_in_order(session, event, result)
+            await self._accept_in_order(session, event, result, rows)
         return result
 
     async def _lock_aggregate(self, session: AsyncSession, aggregate_id: str) -> int:
@@ -265,7 +281,11 @@ class Inbox:
         return int(version or 0)
 
     async def _accept_in_order(
-        self, session: AsyncSession, first: events_pb2.Event, result: IngestResult
+        self,
+        session: AsyncSession,
+        first: events_pb2.Event,
+        result: IngestResult,
+        rows: list[Any] | None = None,
     ) -> None:
         """Accept `first` (already stored as applied) and the parked successors that
         follow it without a hole, in version order, for the fan-out at the end of the
@@ -274,7 +294,7 @@ class Inbox:
         accepted: dict[str, list[events_pb2.Event]] = session.info.setdefault(_ACCEPTED, {})
         ours = {ev.event_id for ev in accepted.get(aggregate_id, ())} | {first.event_id}
         successors, stale, behind = await self._parked_successors(
-            session, aggregate_id, first.version, ours
+            session, aggregate_id, first.version, ours, rows
         )
         if behind:
             session.info.setdefault(_BEHIND, set()).add(aggregate_id)
@@ -289,11 +309,8 @@ class Inbox:
             result.applied += 1
         if successors:
             await self._finish(session, [ev.event_id for ev in successors], InboxStatus.APPLIED)
-        await session.execute(
-            update(AggregateVersion)
-            .where(AggregateVersion.aggregate_id == aggregate_id)
-            .values(applied_version=chain[-1].version)
-        )
+        # Written when the transaction ends (`_fan_out`), with the inline fan-out when
+        # there is one: the row is locked, and this transaction reads it from here.
         session.info.setdefault(_LOCKED, {})[aggregate_id] = chain[-1].version
         if stale:
             # A second event_id claiming an accepted version is old news, not a hole.
@@ -301,29 +318,32 @@ class Inbox:
             result.skipped_old += len(stale)
 
     async def _parked_successors(
-        self, session: AsyncSession, aggregate_id: str, version: int, ours: set[str]
+        self,
+        session: AsyncSession,
+        aggregate_id: str,
+        version: int,
+        ours: set[str],
+        rows: list[Any] | None = None,
     ) -> tuple[list[events_pb2.Event], list[str], bool]:
         """Parked events of the aggregate at `version + 1`, `version + 2`, ... up to the
         first hole (one per version: the earliest received wins), the ids of parked
         events that this chain makes old (a second event for `version` or a chain
         version), and whether accepted events other than `ours` still wait for their
-        fan-out job (one round trip for all three)."""
-        rows = await session.execute(
-            select(InboxEvent.event_id, InboxEvent.version, InboxEvent.status, InboxEvent.event)
-            .where(
-                InboxEvent.aggregate_id == aggregate_id,
-                or_(
-                    and_(InboxEvent.status == InboxStatus.PARKED, InboxEvent.version >= version),
-                    InboxEvent.status == InboxStatus.APPLIED,
-                ),
+        fan-out job; from `rows` (`inbox_rows.pending_rows`, in this order) when already read."""
+        if rows is None:
+            rows = list(
+                await session.execute(
+                    pending_rows(aggregate_id, version).order_by(
+                        InboxEvent.version, InboxEvent.received_at, InboxEvent.event_id
+                    )
+                )
             )
-            .order_by(InboxEvent.version, InboxEvent.received_at, InboxEvent.event_id)
-        )
         chain: list[events_pb2.Event] = []
         stale: list[str] = []
         behind = False
         expected = version + 1
-        for event_id, row_version, status, payload in rows:
+        for row in rows:
+            event_id, row_version, status, payload = row[0], row[1], row[2], row[3]
             if status == InboxStatus.APPLIED:
                 behind = behind or event_id not in ours
                 continue

@@ -132,8 +132,8 @@ async def test_a_failed_inline_transaction_writes_and_publishes_nothing(
         original = writer.write
         failures = []
 
-        async def write_then_fail(session, chain):
-            written = await original(session, chain)
+        async def write_then_fail(session, chain, *args):
+            written = await original(session, chain, *args)
             if not failures:
                 failures.append(chain[0].event_id)
                 raise RuntimeError("crash after the notifications were written")
