@@ -36,6 +36,11 @@ def current_correlation_id() -> str:
     return _current.get() or new_correlation_id()
 
 
+def bound_or_none() -> str | None:
+    """The id bound for the work in progress, or None (nothing generated)."""
+    return _current.get()
+
+
 @contextlib.contextmanager
 def bound_correlation_id(correlation_id: str | None) -> Iterator[str]:
     """Bind `correlation_id` (or a new one) for the duration of the block."""

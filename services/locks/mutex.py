@@ -29,6 +29,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockHeld, LockLost
@@ -160,7 +161,7 @@ class Mutex:
             if admit is not None:
                 await admit.check(my_rev, is_holder, claim.counted_keys)
             if is_holder:
-                LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
+                _acquired_histogram(pattern).observe(time.monotonic() - started)
                 self._remember(key, my_rev, my_key)
                 # The lease's TTL runs from its grant (a spare may be a moment older).
                 expires_at = granted.granted_at + ttl
@@ -373,6 +374,17 @@ class Admission:
 
     counted: bytes  # the etcd folder whose keys the claim transaction lists for `check`
     check: Callable[[int, bool, list[bytes] | None], Awaitable[None]]
+
+
+# The uncontended path's histogram child per pattern, bound on first use, not per call.
+_ACQUIRED: dict[str, Any] = {}
+
+
+def _acquired_histogram(pattern: str) -> Any:
+    child = _ACQUIRED.get(pattern)
+    if child is None:
+        child = _ACQUIRED[pattern] = LOCK_WAIT_SECONDS.labels("acquired", pattern)
+    return child
 
 
 LIST_BATCH = 512  # contender keys read per etcd request while listing

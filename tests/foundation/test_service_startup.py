@@ -66,7 +66,8 @@ def test_correlation_id_sent_by_client_appears_in_the_call_log(tmp_path: Path, e
                 metadata=[("x-correlation-id", "corr-test-42")],
                 timeout=10,
             )
-            echoed = dict(call.initial_metadata())
+            # A unary call's echo rides in its trailing metadata (test_correlation_echo.py).
+            echoed = dict(call.trailing_metadata())
             assert echoed["x-correlation-id"] == "corr-test-42"
         svc.process.terminate()
         svc.process.wait(timeout=15)
@@ -87,5 +88,5 @@ def test_a_call_without_correlation_id_gets_a_fresh_one(tmp_path: Path, etcd) ->
             ids = set()
             for _ in range(3):
                 _, call = health.Check.with_call(health_pb2.HealthCheckRequest(), timeout=10)
-                ids.add(dict(call.initial_metadata())["x-correlation-id"])
+                ids.add(dict(call.trailing_metadata())["x-correlation-id"])
     assert len(ids) == 3 and all(len(i) == 32 for i in ids)
