@@ -16,6 +16,7 @@ from typing import Any
 import aiosqlite
 from sqlalchemy import MetaData, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -122,9 +123,15 @@ async def connect_sqlite(path: str) -> aiosqlite.Connection:
 
 
 def create_engine(
-    url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10
+    url: str, *, sqlite_synchronous: str = "FULL", pool_size: int = 10, pre_ping: bool = True
 ) -> AsyncEngine:
-    """An async engine for `url` with Serentak's SQLite/PostgreSQL settings."""
+    """An async engine for `url` with Serentak's SQLite/PostgreSQL settings.
+
+    PostgreSQL connections are pinged on every checkout (`pre_ping`) so a connection the
+    server dropped (restart, idle timeout, `pg_terminate_backend`) is replaced before use:
+    one round trip per checkout. A caller that runs every transaction through a retry on
+    `is_disconnect` may pass `pre_ping=False`: the first statement on a dropped connection
+    then fails, SQLAlchemy replaces the pool's connections, and the retry runs on a fresh one."""
     if is_sqlite(url):
         path = make_url(url).database
         if path and path != ":memory:":
@@ -136,8 +143,15 @@ def create_engine(
         _configure_sqlite(engine.sync_engine, sqlite_synchronous)
         return engine
     return create_async_engine(
-        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping
     )
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """True for a database error that means the connection was lost (SQLAlchemy has
+    invalidated it): the transaction did not run or, if it failed at COMMIT, may have;
+    only an idempotent transaction may be run again."""
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

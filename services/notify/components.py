@@ -48,7 +48,12 @@ def build_components(
     settings: NotifySettings, runtime_options: RuntimeOptions | None = None
 ) -> NotifyComponents:
     """Build and wire the parts (the database must already be migrated)."""
-    engine = create_engine(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    # No ping per checkout (a round trip on every Ingest and stream read): notify runs
+    # its transactions through `sql.retrying`, which reruns one on a lost connection,
+    # and the job runtime retries a failed job.
+    engine = create_engine(
+        settings.database_url, sqlite_synchronous=settings.sqlite_synchronous, pre_ping=False
+    )
     sessions = session_factory(engine)
     broker = Broker(settings.stream_buffer_size)
     registry = JobRegistry()

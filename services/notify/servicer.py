@@ -20,6 +20,7 @@ from services.notify import cursors, reading
 from services.notify.inbox import Inbox
 from services.notify.messages import to_message
 from services.notify.settings import NotifySettings
+from services.notify.sql import retrying
 from services.notify.streams import StreamReader
 
 log = get_logger(__name__)
@@ -95,14 +96,18 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
             request.page_size or self._settings.default_page_size, self._settings.max_page_size
         )
         before = cursors.decode("page_token", request.page_token) if request.page_token else None
-        async with self._sessions() as session:
-            page = await reading.list_page(
-                session,
-                identity,
-                page_size=size,
-                before_seq=before,
-                unread_only=request.unread_only,
-            )
+
+        async def read() -> reading.Page:
+            async with self._sessions() as session:
+                return await reading.list_page(
+                    session,
+                    identity,
+                    page_size=size,
+                    before_seq=before,
+                    unread_only=request.unread_only,
+                )
+
+        page = await retrying(read)
         return notify_pb2.ListNotificationsResponse(
             notifications=[to_message(row) for row in page.rows],
             next_page_token=cursors.encode(page.next_before)
@@ -121,11 +126,15 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
         )
         if not ids and up_to is None:
             raise InvalidArgument("notification_ids", "give notification_ids or up_to_cursor")
-        async with self._sessions() as session, session.begin():
-            marked = await reading.mark_read(
-                session, identity, notification_ids=ids, up_to_seq=up_to
-            )
-            unread = await reading.unread_count(session, identity)
+
+        async def mark() -> tuple[int, int]:
+            async with self._sessions() as session, session.begin():
+                marked = await reading.mark_read(
+                    session, identity, notification_ids=ids, up_to_seq=up_to
+                )
+                return marked, await reading.unread_count(session, identity)
+
+        marked, unread = await retrying(mark)
         return notify_pb2.MarkReadResponse(marked=marked, unread_count=unread)
 
     async def GetUnreadCount(
@@ -133,8 +142,12 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
     ) -> notify_pb2.GetUnreadCountResponse:
         """The caller's badge."""
         identity = self._auth.require_user(context)
-        async with self._sessions() as session:
-            unread = await reading.unread_count(session, identity)
+
+        async def count() -> int:
+            async with self._sessions() as session:
+                return await reading.unread_count(session, identity)
+
+        unread = await retrying(count)
         return notify_pb2.GetUnreadCountResponse(unread_count=unread)
 
     async def Subscribe(

@@ -10,6 +10,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common.db import is_disconnect
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -42,15 +43,25 @@ def retryable(exc: DBAPIError) -> bool:
 
 async def retrying(transaction: Callable[[], Awaitable[T]]) -> T:
     """Run `transaction` (which opens and commits its own) again when the database
-    rolled it back to resolve a deadlock or serialization conflict."""
-    for attempt in range(1, TRANSACTION_ATTEMPTS + 1):
+    rolled it back to resolve a deadlock or serialization conflict, and once when its
+    connection was lost: notify's engine does not ping connections at checkout
+    (`components.py`), so a connection the server dropped fails its first statement,
+    and the pool hands the rerun a new one. Every notify transaction is safe to rerun
+    after a loss at COMMIT: Ingest is idempotent by event_id, the rest read or mark read."""
+    reconnected = False
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return await transaction()
         except DBAPIError as exc:
-            if not retryable(exc) or attempt == TRANSACTION_ATTEMPTS:
+            if is_disconnect(exc) and not reconnected:
+                reconnected = True
+                log.info("transaction_retried", attempt=attempt, reason="connection_lost")
+                continue
+            if not retryable(exc) or attempt >= TRANSACTION_ATTEMPTS:
                 raise
             log.info("transaction_retried", attempt=attempt, sqlstate=exc.orig.sqlstate)  # type: ignore[union-attr]
-    raise AssertionError("unreachable")
 
 
 def batches(items: Sequence[T], size: int = BATCH_ROWS) -> Iterator[Sequence[T]]:

@@ -37,6 +37,8 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -46,6 +48,7 @@ from services.notify import cursors, metrics, reading
 from services.notify.errors import SubscriberTooSlow
 from services.notify.fanout import Written
 from services.notify.messages import to_message
+from services.notify.sql import retrying
 
 log = get_logger(__name__)
 REPLAY_PAGE = 200
@@ -230,17 +233,23 @@ class StreamReader:
         self, tenant_id: str, user_id: str, after: int
     ) -> AsyncIterator[notify_pb2.Notification]:
         while True:
-            async with self._sessions() as session:
-                rows = await reading.read_after(session, tenant_id, user_id, after, REPLAY_PAGE)
+            rows = await retrying(partial(self._read_after, tenant_id, user_id, after))
             for row in rows:
                 yield to_message(row)
             if len(rows) < REPLAY_PAGE:
                 return
             after = rows[-1].seq
 
-    async def _position(self, tenant_id: str, user_id: str) -> int:
+    async def _read_after(self, tenant_id: str, user_id: str, after: int) -> list[Any]:
         async with self._sessions() as session:
-            return await reading.stream_position(session, tenant_id, user_id)
+            return list(await reading.read_after(session, tenant_id, user_id, after, REPLAY_PAGE))
+
+    async def _position(self, tenant_id: str, user_id: str) -> int:
+        async def read() -> int:
+            async with self._sessions() as session:
+                return await reading.stream_position(session, tenant_id, user_id)
+
+        return await retrying(read)
 
     async def subscribe(
         self, tenant_id: str, user_id: str, after_seq: int | None, device_id: str
