@@ -21,22 +21,20 @@ would stall every other RPC and the job runtime's heartbeats for the length of a
 
 Per chunk, the database sees one read-only snapshot (the upload, the uploader's rights, an
 existing row; on SQLite it takes no write lock, so parallel senders' reads never queue
-behind a commit) and one write transaction of two statements: the INSERT, and one UPDATE
-that counts the chunk and, for the one that completes the set, moves the upload to
+behind a commit); the write is a group commit (`chunk_commits`): every chunk waiting in
+the process goes into one transaction of one multi-row INSERT and one UPDATE per upload
+that counts its chunks and, for the one that completes the set, moves the upload to
 `merging` (RETURNING the row). A store is two steps, `prepare` (checks, hash, stage) and
-`commit` (record, publish), so a stream can prepare the next chunk while one commits.
+`commit` (record, publish), so a stream can prepare the next chunks while earlier ones
+commit.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 
-from sqlalchemy import case, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
@@ -45,9 +43,10 @@ from services.common.errors import InvalidArgument
 from services.common.logging import get_logger
 from services.upload import checksums, metrics
 from services.upload.blob_store import BlobStore, chunk_key
+from services.upload.chunk_commits import Chain, ChunkCommitter, Lost, Recorded
 from services.upload.conflict_repeats import REPEATS
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
-from services.upload.models import EXPIRED, MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
+from services.upload.models import EXPIRED, MERGING, UPLOADING, ChunkRow, UploadRow
 from services.upload.uploads import (
     MergeEnqueuer,
     Uploads,
@@ -62,7 +61,6 @@ log = get_logger(__name__)
 # updated, inside that transaction. None in every deployment: nothing sets it from
 # settings, the environment or a request; only code in the same process (a test) can.
 after_chunk_write: Callable[[str, int], Awaitable[None]] | None = None
-_NO_LOCK = contextlib.nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +99,6 @@ class PreparedChunk:
     existing: _Stored | None
 
 
-class _AlreadyStored(Exception):
-    """The index had a row when our insert ran (internal control flow)."""
-
-    def __init__(self, existing: _Stored) -> None:
-        self.existing = existing
-
-
 class ChunkStore:
     """Stores chunks of the caller's uploads."""
 
@@ -123,9 +114,13 @@ class ChunkStore:
         self._sessions = sessions
         self._uploads = uploads
         self._blobs = blobs
-        self._enqueue_merge = enqueue_merge
-        self._ttl = upload_ttl_seconds
-        self._sqlite_writes = asyncio.Lock()
+        self._committer = ChunkCommitter(
+            sessions,
+            blobs,
+            enqueue_merge,
+            upload_ttl_seconds=upload_ttl_seconds,
+            after_write=lambda: after_chunk_write,
+        )
 
     async def put(
         self, identity: Identity, upload_id: str, index: int, data: bytes, checksum: str
@@ -199,32 +194,48 @@ class ChunkStore:
         staged = await self._blobs.stage(key, data)
         return PreparedChunk(upload, index, len(data), actual, key, staged, None)
 
-    async def commit(self, prepared: PreparedChunk) -> ChunkOutcome:
-        """Record a prepared chunk and publish its bytes (or answer duplicate/conflict)."""
+    async def commit(self, prepared: PreparedChunk, chain: Chain | None = None) -> ChunkOutcome:
+        """Record a prepared chunk and publish its bytes (or answer duplicate/conflict).
+
+        The chunk joins the next group commit (`chunk_commits`); `chain`: the stream it
+        belongs to, whose later chunks are withdrawn once one of them fails."""
         p = prepared
         if p.existing is not None:
             return await self._answer_existing(p.upload, p.existing, p.index, p.size, p.checksum)
-        published = False
-        try:
-            outcome = await self._record(p)
-            published = True  # renamed into place: no temp file left to remove
-            return outcome
-        except _AlreadyStored as lost:
-            return await self._answer_existing(p.upload, lost.existing, p.index, p.size, p.checksum)
-        finally:
-            if not published:
-                # Shielded: a cancelled call must still remove its temp file.
-                await asyncio.shield(self.abandon(p))
+        result = await self._committer.record(
+            p.upload, p.index, p.size, p.checksum, p.key, p.staged, chain
+        )
+        if isinstance(result, Lost):
+            return await self._answer_existing(
+                p.upload, None, p.index, p.size, p.checksum, seen=result.upload
+            )
+        return self._stored(p, result)
 
     async def abandon(self, prepared: PreparedChunk) -> None:
         """Remove a prepared chunk's staged bytes (nothing once they were published)."""
         if prepared.staged is not None:
             await self._blobs.discard(prepared.staged)
 
+    async def close(self) -> None:
+        """Stop the group committer (service shutdown)."""
+        await self._committer.close()
+
     async def _answer_existing(
-        self, upload: UploadRow, existing: _Stored, index: int, size: int, checksum: str
+        self,
+        upload: UploadRow,
+        existing: _Stored | None,
+        index: int,
+        size: int,
+        checksum: str,
+        *,
+        seen: UploadRow | None = None,
     ) -> ChunkOutcome:
-        attempt = await self._count_attempt(upload.id, index)
+        """A send of an index that has a row: duplicate or conflict, its attempt counted.
+        `seen`: the upload as the group commit saw it at this chunk (saves a read)."""
+        stored = await self._count_attempt(upload.id, index)
+        attempt = stored.attempts
+        if existing is None:
+            existing = stored
         if existing.checksum != checksum or existing.size != size:
             metrics.CHUNK_CONFLICTS.inc()
             metrics.CHUNK_CONFLICTS_BY_INDEX.labels(metrics.index_bucket(index)).inc()
@@ -254,34 +265,33 @@ class ChunkStore:
             checksum=checksum,
             attempt=attempt,
         )
+        if seen is not None:
+            return ChunkOutcome(seen, index, duplicate=True, started_merge=False)
         async with self._sessions() as session:
             await read_only(session)
             fresh = await session.get(UploadRow, upload.id)
             assert fresh is not None
         return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
 
-    async def _count_attempt(self, upload_id: str, index: int) -> int:
+    async def _count_attempt(self, upload_id: str, index: int) -> _Stored:
         """One more send of a stored index (a retry, or other bytes): counted on its row,
-        which answers with the total, so concurrent retries each log their own number."""
+        which answers with the total (and what is stored), so concurrent retries each log
+        their own number."""
         async with self._sessions.begin() as session:
-            counted = await session.scalar(
-                update(ChunkRow)
-                .where(ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index)
-                .values(attempts=ChunkRow.attempts + 1)
-                .returning(ChunkRow.attempts)
-            )
-        return int(counted or 0)
+            counted = (
+                await session.execute(
+                    update(ChunkRow)
+                    .where(ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index)
+                    .values(attempts=ChunkRow.attempts + 1)
+                    .returning(ChunkRow.checksum, ChunkRow.size, ChunkRow.attempts)
+                )
+            ).first()
+        assert counted is not None, "a stored chunk's row is never deleted while uploading"
+        return _Stored(counted.checksum, counted.size, counted.attempts)
 
-    async def _record(self, p: PreparedChunk) -> ChunkOutcome:
-        now = utcnow()
-        async with self._sessions() as session:
-            dialect = session.get_bind().dialect.name
-            # SQLite has one writer at a time, and a writer that finds the lock taken sleeps
-            # in steps of up to 100 ms: this process's chunk commits queue here instead, in
-            # order, each starting the moment the previous one ends.
-            async with self._sqlite_writes if dialect == "sqlite" else _NO_LOCK:
-                fresh = await self._write(session, dialect, p, now)
-        started = fresh.status == MERGING
+    def _stored(self, p: PreparedChunk, result: Recorded) -> ChunkOutcome:
+        """Log and count a chunk the group commit inserted."""
+        fresh, started = result.upload, result.started_merge
         metrics.CHUNKS_STORED.inc()
         log.info(
             "chunk_stored",
@@ -294,7 +304,9 @@ class ChunkStore:
         )
         if started:
             metrics.STATUS_SECONDS.labels(UPLOADING).observe(
-                max((now - p.upload.created_at).total_seconds(), 0.0)
+                max((fresh.merge_started_at - p.upload.created_at).total_seconds(), 0.0)
+                if fresh.merge_started_at is not None
+                else 0.0
             )
             log.info(
                 "upload_status_changed",
@@ -305,67 +317,3 @@ class ChunkStore:
             )
             log.info("upload_merge_started", upload_id=p.upload.id, file_id=p.upload.file_id)
         return ChunkOutcome(fresh, p.index, duplicate=False, started_merge=started)
-
-    async def _write(
-        self, session: AsyncSession, dialect: str, p: PreparedChunk, now: datetime
-    ) -> UploadRow:
-        """The chunk's transaction: its row, its bytes published, the upload counted."""
-        async with session.begin():
-            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-            inserted = await session.execute(
-                insert(ChunkRow)
-                .values(
-                    upload_id=p.upload.id,
-                    chunk_index=p.index,
-                    size=p.size,
-                    checksum=p.checksum,
-                    blob_key=p.key,
-                    created_at=now,
-                )
-                .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
-                # RETURNING, not rowcount: psycopg reports -1 for ON CONFLICT inserts.
-                .returning(ChunkRow.id)
-            )
-            if inserted.first() is None:
-                existing = await _stored(session, p.upload.id, p.index)
-                assert existing is not None, "ON CONFLICT found a row"
-                raise _AlreadyStored(existing)
-            # Our row: we are the only writer of this key (see the module docstring).
-            await self._blobs.publish(p.staged, p.key)
-            if after_chunk_write is not None:
-                await after_chunk_write(p.upload.id, p.index)
-            # Count the chunk; the one store that completes the set also moves the upload to
-            # merging (invariant 3). SET expressions all read the row as it was before.
-            completes = UploadRow.received_chunk_count + 1 == UploadRow.total_chunks
-            fresh = (
-                await session.execute(
-                    update(UploadRow)
-                    .where(UploadRow.id == p.upload.id, UploadRow.status == UPLOADING)
-                    .values(
-                        received_chunk_count=UploadRow.received_chunk_count + 1,
-                        updated_at=now,
-                        expires_at=now + timedelta(seconds=self._ttl),
-                        status=case((completes, MERGING), else_=UploadRow.status),
-                        merge_started_at=case((completes, now), else_=UploadRow.merge_started_at),
-                    )
-                    .returning(UploadRow)
-                    .execution_options(synchronize_session=False, populate_existing=True)
-                )
-            ).scalar_one_or_none()
-            if fresh is None:
-                # Aborted or expired meanwhile: roll back the row (the bytes are an orphan).
-                raise UploadNotActive("the upload stopped accepting chunks", upload_id=p.upload.id)
-            if fresh.status == MERGING:
-                await self._enqueue_merge(session, fresh)
-        return fresh
-
-
-async def _stored(session: AsyncSession, upload_id: str, index: int) -> _Stored | None:
-    row = (
-        await session.execute(
-            select(ChunkRow.checksum, ChunkRow.size, ChunkRow.attempts).where(
-                ChunkRow.upload_id == upload_id, ChunkRow.chunk_index == index
-            )
-        )
-    ).first()
-    return None if row is None else _Stored(row.checksum, row.size, row.attempts)

@@ -67,6 +67,7 @@ class UploadComponents:
         for subscriber in self.subscribers:
             await subscriber.close()
         await self.locks.close()
+        await self.chunks.close()
         await self.blobs.close()
         await self.engine.dispose()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -17,10 +18,15 @@ from services.common.errors import InvalidArgument
 from services.common.rate_limit import RateLimiter
 from services.upload import convert
 from services.upload.audit import UploadAudit
+from services.upload.chunk_commits import Chain
 from services.upload.chunks import ChunkOutcome, ChunkStore
 from services.upload.files import Files
 from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT
 from services.upload.uploads import Uploads
+
+# At most this many of one stream's chunks wait for or sit in a group commit at once (staged:
+# on the local store their bytes are on disk by then, not in memory).
+STREAM_COMMIT_DEPTH = 4
 
 
 class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
@@ -79,12 +85,13 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
     ) -> upload_pb2.UploadChunksResponse:
         """Store the stream's chunks in order, overlapping the steps of neighbouring chunks.
 
-        While chunk n commits (its row, the rename), chunk n+1 is checked, hashed and staged
-        and chunk n+2 is received: at most three chunks are in flight. Commits still run
-        one at a time in stream order, and a chunk is checked against the rows as they
-        stand, so the per-chunk answers (and which repeat of an index is the duplicate) are
-        those of sequential PutChunk calls; the first failure in stream order ends the call
-        with its error (a later chunk's staged bytes are removed).
+        While earlier chunks commit (up to `STREAM_COMMIT_DEPTH` of them, queued for the
+        group commit with every other sender's), the next chunk is checked, hashed and
+        staged and the one after it is received. A chunk is checked against the rows as
+        they stand, and answers come in stream order, so the per-chunk answers (and which
+        repeat of an index is the duplicate) are those of sequential PutChunk calls; the
+        first failure in stream order ends the call with its error (the stream's later
+        chunks still queued are withdrawn and their staged bytes removed).
         """
         identity = self._auth.require_user(context)
         response = upload_pb2.UploadChunksResponse()
@@ -93,15 +100,13 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         receiving: asyncio.Future[upload_pb2.PutChunkRequest] = asyncio.ensure_future(
             anext(messages)
         )
-        committing: asyncio.Task[ChunkOutcome] | None = None
+        committing: deque[asyncio.Task[ChunkOutcome]] = deque()
+        chain = Chain()
 
-        async def committed() -> None:
-            # The previous chunk's answer; its failure comes before any later chunk's.
-            nonlocal committing, last_upload_id
-            if committing is None:
-                return
-            task, committing = committing, None
-            outcome = self._stored(await task)
+        async def answer_oldest() -> None:
+            # The oldest commit's answer; its failure comes before any later chunk's.
+            nonlocal last_upload_id
+            outcome = self._stored(await committing.popleft())
             response.chunks.append(
                 convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
             )
@@ -116,30 +121,33 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
                 receiving = asyncio.ensure_future(anext(messages))
                 data = request.data
                 BYTES_RECEIVED.inc(len(data))
+                while committing and (
+                    committing[0].done() or len(committing) >= STREAM_COMMIT_DEPTH
+                ):
+                    await answer_oldest()
                 try:
                     prepared = await self._chunks.prepare(
                         identity, request.upload_id, request.chunk_index, data, request.checksum
                     )
                 except Exception:
-                    await committed()  # an earlier chunk's failure is the first one
+                    while committing:  # an earlier chunk's failure is the first one
+                        await answer_oldest()
                     raise
-                try:
-                    await committed()
-                except BaseException:
-                    await asyncio.shield(self._chunks.abandon(prepared))
-                    raise
-                committing = asyncio.ensure_future(self._chunks.commit(prepared))
-            await committed()
+                committing.append(asyncio.ensure_future(self._chunks.commit(prepared, chain)))
+            while committing:
+                await answer_oldest()
         finally:
             # A failed chunk or a cancelled call: stop receiving (and retrieve a receive
-            # error that lost to the chunk's, so asyncio does not report it as unseen); a
-            # commit still running is cancelled (it removes its staged bytes).
+            # error that lost to the chunk's, so asyncio does not report it as unseen); the
+            # stream's chunks still queued are withdrawn (their staged bytes removed).
+            chain.failed = True
             if not receiving.cancel() and not receiving.cancelled():
                 receiving.exception()
-            if committing is not None:
-                committing.cancel()
+            for task in committing:
+                task.cancel()
+            for task in committing:
                 with contextlib.suppress(BaseException):
-                    await committing
+                    await task
         if not last_upload_id:
             raise InvalidArgument("chunks", "the stream carried no chunk")
         upload, missing = await self._uploads.get(identity, last_upload_id)

@@ -47,14 +47,14 @@ class PublishGate(LocalBlobStore):
         self._loop.call_soon_threadsafe(self.staged.put_nowait, key)
         return staged
 
-    def _publish_sync(self, staged: str, key: str) -> None:
-        if key == self._gated_key:
+    def _publish_many_sync(self, items) -> None:
+        if any(key == self._gated_key for _, key in items):
             self._loop.call_soon_threadsafe(self.parked.set)
             if not self.gate.wait(GATE_TIMEOUT_S):
                 raise RuntimeError("gate never opened")
             if self._fail is not None:
                 raise self._fail
-        super()._publish_sync(staged, key)
+        super()._publish_many_sync(items)
 
 
 def _alice(parts) -> Identity:

@@ -80,6 +80,11 @@ class BlobStore(Protocol):
         """Atomically make the staged bytes the object under `key`, replacing any."""
         ...
 
+    async def publish_many(self, items: Sequence[tuple[object, str]]) -> None:
+        """`publish` for every (staged, key) pair, as one step where the store allows it
+        (the local store fsyncs each folder once); a failure may leave some published."""
+        ...
+
     async def discard(self, staged: object) -> None:
         """Drop what `stage` prepared (after a publish, or instead of one; idempotent)."""
         ...

@@ -75,10 +75,22 @@ class LocalBlobStore:
         await asyncio.to_thread(self._publish_sync, str(staged), key)
 
     def _publish_sync(self, staged: str, key: str) -> None:
-        final = self.path(key)
-        os.replace(staged, final)
+        self._publish_many_sync([(staged, key)])
+
+    async def publish_many(self, items: Sequence[tuple[object, str]]) -> None:
+        """Rename every staged file over its key, then fsync each folder once (on a thread):
+        a group commit's chunks of one upload share one directory fsync."""
+        await asyncio.to_thread(self._publish_many_sync, [(str(s), k) for s, k in items])
+
+    def _publish_many_sync(self, items: Sequence[tuple[str, str]]) -> None:
+        folders: dict[Path, None] = {}
+        for staged, key in items:
+            final = self.path(key)
+            os.replace(staged, final)
+            folders[final.parent] = None
         if self._fsync:
-            _fsync_dir(final.parent)
+            for folder in folders:
+                _fsync_dir(folder)
 
     async def discard(self, staged: object) -> None:
         """Remove a staged file (missing, e.g. already renamed, is fine)."""

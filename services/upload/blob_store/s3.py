@@ -227,6 +227,15 @@ class S3BlobStore:
         with _store_errors("put", key):
             await obstore.put_async(self._store, key, staged.data, use_multipart=False)
 
+    async def publish_many(self, items: Sequence[tuple[object, str]]) -> None:
+        """One PUT per staged object, all in flight at once (every one is awaited)."""
+        results = await asyncio.gather(
+            *(self.publish(staged, key) for staged, key in items), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
     async def discard(self, staged: object) -> None:
         """Nothing was written by `stage`."""
 

@@ -1,0 +1,341 @@
+"""Group commit of chunk rows: every chunk waiting to be recorded goes into one transaction.
+
+A chunk reaches the committer checked, hashed and staged (its bytes durable under a
+temporary name). Chunks queue here from PutChunk calls and UploadChunks pipelines alike;
+one flusher task per process takes everything queued (up to `MAX_BATCH`) and records it
+in ONE transaction (one SQLite WAL fsync, one PostgreSQL commit round trip): while a batch
+commits, the next one gathers. Each caller gets its answer only after that commit, so a
+chunk is acknowledged only when its bytes and its row are durable.
+
+The batch's transaction, in this order (the chunks module docstring says why the rename
+comes after the insert):
+1. one multi-row `INSERT ... ON CONFLICT DO NOTHING RETURNING (upload_id, chunk_index)`;
+   an index sent twice in one batch is inserted for its first sender only. A chunk whose
+   row exists already ("lost") is answered after the commit, as a duplicate or conflict.
+2. every inserted chunk's bytes renamed into place, each folder fsynced once.
+3. per upload (in id order: two processes' batches lock rows in the same order), one
+   `UPDATE uploads ... RETURNING` counting its chunks; the one that completes the set
+   moves it to `merging` and enqueues the merge in this transaction (invariant 3). An
+   upload that stopped accepting chunks (aborted, expired) has its rows of this batch
+   deleted again and its chunks fail UPLOAD_NOT_ACTIVE; the rest of the batch commits.
+
+A batch whose transaction fails fails exactly its own chunks, with that error, and
+removes their staged bytes; nothing was recorded for them, so a retry stores them. The
+flusher is not any caller's task: a caller cancelled while its chunk is in a batch does
+not roll the batch back (its chunk may be stored unacknowledged; a retry answers
+`duplicate`); one cancelled while still queued is withdrawn and its bytes removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, delete, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.logging import get_logger
+from services.upload import metrics
+from services.upload.blob_store import BlobStore
+from services.upload.errors import UploadNotActive
+from services.upload.models import MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
+from services.upload.uploads import MergeEnqueuer
+
+log = get_logger(__name__)
+
+# At most this many chunks in one transaction (one INSERT's parameters stay small).
+MAX_BATCH = 64
+_CHUNKS = ChunkRow.__table__
+_UPLOAD_COLUMNS = [c.key for c in UploadRow.__table__.columns]
+
+
+class Chain:
+    """The chunks of one UploadChunks stream: once one of them fails (or the stream ends
+    with an error), its later chunks still queued are withdrawn, never recorded."""
+
+    __slots__ = ("failed",)
+
+    def __init__(self) -> None:
+        self.failed = False
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A chunk this batch inserted: the upload as a sequential sender would see it after
+    this chunk (its count up to this chunk of the batch, `merging` only for the last)."""
+
+    upload: UploadRow
+    started_merge: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """The index had a row already (an earlier commit, or an earlier chunk of this batch):
+    answered as a duplicate or conflict by the caller. `upload`: the upload as seen at
+    this chunk's place in the batch, when the batch counted that upload (else None)."""
+
+    upload: UploadRow | None
+
+
+@dataclass(eq=False)
+class _Item:
+    upload: UploadRow
+    index: int
+    size: int
+    checksum: str
+    key: str
+    staged: object
+    chain: Chain | None
+    done: asyncio.Future[Recorded | Lost] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.done = asyncio.get_running_loop().create_future()
+
+
+Hook = Callable[[str, int], Awaitable[None]] | None
+
+
+class ChunkCommitter:
+    """Records staged chunks in group commits (module docstring)."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        blobs: BlobStore,
+        enqueue_merge: MergeEnqueuer,
+        *,
+        upload_ttl_seconds: float,
+        after_write: Callable[[], Hook],
+    ) -> None:
+        self._sessions = sessions
+        self._blobs = blobs
+        self._enqueue_merge = enqueue_merge
+        self._ttl = upload_ttl_seconds
+        # The test-only hook, read at each batch (the chunks module owns the switch).
+        self._after_write = after_write
+        self._queue: deque[_Item] = deque()
+        self._flusher: asyncio.Task[None] | None = None
+
+    @property
+    def queued(self) -> int:
+        """Chunks waiting for the next batch (the batch in flight not included)."""
+        return len(self._queue)
+
+    async def record(
+        self,
+        upload: UploadRow,
+        index: int,
+        size: int,
+        checksum: str,
+        key: str,
+        staged: object,
+        chain: Chain | None = None,
+    ) -> Recorded | Lost:
+        """Queue a staged chunk for the next group commit; its result once committed.
+
+        Raises the batch's error (the staged bytes are removed then), or UPLOAD_NOT_ACTIVE.
+        """
+        item = _Item(upload, index, size, checksum, key, staged, chain)
+        self._queue.append(item)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="chunk-group-commit")
+        try:
+            return await asyncio.shield(item.done)
+        except asyncio.CancelledError:
+            if item in self._queue:
+                # Never reached a batch: withdraw it and remove its bytes.
+                self._queue.remove(item)
+                await asyncio.shield(self._blobs.discard(staged))
+            elif not item.done.done():
+                # In a batch: it commits or fails (its bytes removed) without us; return
+                # only after that, so no staged file outlives the call.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(item.done)
+            raise
+
+    async def close(self) -> None:
+        """Stop the flusher (service shutdown): queued chunks fail CANCELLED."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        while self._queue:
+            item = self._queue.popleft()
+            item.done.cancel()
+            await self._blobs.discard(item.staged)
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch: list[_Item] = []
+            withdrawn: list[_Item] = []
+            while self._queue and len(batch) < MAX_BATCH:
+                item = self._queue.popleft()
+                (withdrawn if item.chain is not None and item.chain.failed else batch).append(item)
+            if withdrawn:
+                await asyncio.shield(self._discard(withdrawn))
+            for item in withdrawn:
+                item.done.cancel()
+            if batch:
+                await self._commit(batch)
+
+    async def _commit(self, batch: list[_Item]) -> None:
+        """One batch's transaction, then every caller's answer. Staged bytes that were not
+        published are removed *before* anyone is answered (a caller then sees no temp file)."""
+        try:
+            results = await self._transaction(batch)
+        except BaseException as error:
+            await asyncio.shield(self._discard(batch))
+            for item in batch:
+                if item.chain is not None:
+                    item.chain.failed = True
+                if isinstance(error, asyncio.CancelledError):
+                    item.done.cancel()
+                else:
+                    item.done.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+            log.warning("chunk_batch_failed", chunks=len(batch), error=repr(error))
+            return
+        metrics.CHUNK_COMMIT_BATCH.observe(len(batch))
+        lost = [i for i in batch if isinstance(results[id(i)], Lost)]
+        if lost:
+            # Their index was stored by another send: their bytes go.
+            await asyncio.shield(self._discard(lost))
+        for item in batch:
+            result = results[id(item)]
+            if isinstance(result, Exception):
+                if item.chain is not None:
+                    item.chain.failed = True
+                item.done.set_exception(result)
+            else:
+                item.done.set_result(result)
+
+    async def _discard(self, items: list[_Item]) -> None:
+        for item in items:
+            try:
+                await self._blobs.discard(item.staged)
+            except Exception as error:  # a leftover temp file is the orphan sweep's
+                log.warning("chunk_discard_failed", key=item.key, error=repr(error))
+
+    async def _transaction(self, batch: list[_Item]) -> dict[int, Recorded | Lost | Exception]:
+        now = utcnow()
+        # First sender of each index in this batch; a later one is lost to it.
+        first: dict[tuple[str, int], _Item] = {}
+        for item in batch:
+            first.setdefault((item.upload.id, item.index), item)
+        async with self._sessions() as session:
+            async with session.begin():
+                connection = await session.connection()
+                dialect = connection.dialect.name
+                insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+                rows = await connection.execute(
+                    insert(_CHUNKS)
+                    .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
+                    # RETURNING, not rowcount: psycopg reports -1 for ON CONFLICT inserts.
+                    .returning(_CHUNKS.c.upload_id, _CHUNKS.c.chunk_index),
+                    [
+                        {
+                            "upload_id": i.upload.id,
+                            "chunk_index": i.index,
+                            "size": i.size,
+                            "checksum": i.checksum,
+                            "blob_key": i.key,
+                            "created_at": now,
+                            "attempts": 1,
+                        }
+                        # Key order: two processes' batches take the index locks alike.
+                        for _, i in sorted(first.items(), key=lambda kv: kv[0])
+                    ],
+                )
+                inserted_keys = {(r[0], r[1]) for r in rows}
+                inserted = [i for k, i in first.items() if k in inserted_keys]
+                # Our rows: we are the only writer of these keys (chunks module docstring).
+                if inserted:
+                    await self._blobs.publish_many([(i.staged, i.key) for i in inserted])
+                hook = self._after_write()
+                if hook is not None:
+                    for item in inserted:
+                        await hook(item.upload.id, item.index)
+                results = await self._count(session, batch, inserted, now)
+        return results
+
+    async def _count(
+        self, session: AsyncSession, batch: list[_Item], inserted: list[_Item], now: datetime
+    ) -> dict[int, Recorded | Lost | Exception]:
+        """Count each upload's inserted chunks; every item's result."""
+        mine = {id(i) for i in inserted}
+        per_upload: dict[str, list[_Item]] = {}
+        for item in inserted:
+            per_upload.setdefault(item.upload.id, []).append(item)
+        fresh: dict[str, UploadRow | None] = {}
+        for upload_id in sorted(per_upload):
+            n = len(per_upload[upload_id])
+            completes = UploadRow.received_chunk_count + n == UploadRow.total_chunks
+            # SET expressions all read the row as it was before (invariants 2 and 3).
+            row = (
+                await session.execute(
+                    update(UploadRow)
+                    .where(UploadRow.id == upload_id, UploadRow.status == UPLOADING)
+                    .values(
+                        received_chunk_count=UploadRow.received_chunk_count + n,
+                        updated_at=now,
+                        expires_at=now + timedelta(seconds=self._ttl),
+                        status=case((completes, MERGING), else_=UploadRow.status),
+                        merge_started_at=case((completes, now), else_=UploadRow.merge_started_at),
+                    )
+                    .returning(UploadRow)
+                    .execution_options(synchronize_session=False, populate_existing=True)
+                )
+            ).scalar_one_or_none()
+            fresh[upload_id] = row
+            if row is None:
+                # Aborted or expired meanwhile: its rows go again (the bytes are orphans).
+                indexes = [i.index for i in per_upload[upload_id]]
+                await session.execute(
+                    delete(ChunkRow).where(
+                        tuple_(ChunkRow.upload_id, ChunkRow.chunk_index).in_(
+                            [(upload_id, x) for x in indexes]
+                        )
+                    )
+                )
+            elif row.status == MERGING:
+                await self._enqueue_merge(session, row)
+        results: dict[int, Recorded | Lost | Exception] = {}
+        # Walk each upload's chunks in queue order: what a sequential sender would see.
+        seen: dict[str, int] = {}
+        for item in batch:
+            upload_id = item.upload.id
+            row = fresh.get(upload_id)
+            if upload_id in fresh and row is None:
+                results[id(item)] = UploadNotActive(
+                    "the upload stopped accepting chunks", upload_id=upload_id
+                )
+                continue
+            if row is None:
+                results[id(item)] = Lost(None)
+                continue
+            count = len(per_upload[upload_id])
+            if id(item) in mine:
+                seen[upload_id] = seen.get(upload_id, 0) + 1
+            before = row.received_chunk_count - count + seen.get(upload_id, 0)
+            last = seen.get(upload_id, 0) == count
+            view = row if last else _as_of(row, before, UPLOADING)
+            if id(item) in mine:
+                results[id(item)] = Recorded(view, started_merge=last and row.status == MERGING)
+            else:
+                results[id(item)] = Lost(view)
+        return results
+
+
+def _as_of(row: UploadRow, received: int, status: str) -> UploadRow:
+    """A detached copy of `row` with another count and status (an earlier point in the
+    batch); never added to a session."""
+    values: dict[str, Any] = {key: getattr(row, key) for key in _UPLOAD_COLUMNS}
+    values.update(received_chunk_count=received, status=status)
+    return UploadRow(**values)
