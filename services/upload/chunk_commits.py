@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,8 +39,9 @@ from typing import Any
 
 from sqlalchemy import case, delete, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
+from services.common.correlation import bound_correlation_id, current_correlation_id
 from services.common.logging import get_logger
 from services.upload import metrics
 from services.upload.blob_store import BlobStore
@@ -93,9 +95,12 @@ class _Item:
     staged: object
     chain: Chain | None
     done: asyncio.Future[Recorded | Lost] = field(init=False)
+    # The sending call's id: the merge a chunk starts runs under it.
+    correlation_id: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.done = asyncio.get_running_loop().create_future()
+        self.correlation_id = current_correlation_id()
 
 
 Hook = Callable[[str, int], Awaitable[None]] | None
@@ -113,7 +118,7 @@ class ChunkCommitter:
         upload_ttl_seconds: float,
         after_write: Callable[[], Hook],
     ) -> None:
-        self._sessions = sessions
+        self._engine = sessions.kw["bind"]
         self._blobs = blobs
         self._enqueue_merge = enqueue_merge
         self._ttl = upload_ttl_seconds
@@ -144,7 +149,10 @@ class ChunkCommitter:
         item = _Item(upload, index, size, checksum, key, staged, chain)
         self._queue.append(item)
         if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="chunk-group-commit")
+            # A context of its own: not the first caller's correlation id.
+            self._flusher = asyncio.create_task(
+                self._flush(), name="chunk-group-commit", context=contextvars.Context()
+            )
         try:
             return await asyncio.shield(item.done)
         except asyncio.CancelledError:
@@ -171,24 +179,54 @@ class ChunkCommitter:
             await self._blobs.discard(item.staged)
 
     async def _flush(self) -> None:
+        # `record` starts a flusher only when none is running: a chunk queued while this
+        # one returns its connection is taken by another round (no await after the check).
         while self._queue:
-            batch: list[_Item] = []
-            withdrawn: list[_Item] = []
-            while self._queue and len(batch) < MAX_BATCH:
-                item = self._queue.popleft()
-                (withdrawn if item.chain is not None and item.chain.failed else batch).append(item)
-            if withdrawn:
-                await asyncio.shield(self._discard(withdrawn))
-            for item in withdrawn:
-                item.done.cancel()
-            if batch:
-                await self._commit(batch)
+            await self._drain()
 
-    async def _commit(self, batch: list[_Item]) -> None:
-        """One batch's transaction, then every caller's answer. Staged bytes that were not
-        published are removed *before* anyone is answered (a caller then sees no temp file)."""
+    async def _drain(self) -> None:
+        # One connection for a run of back-to-back batches: a batch pays no pool checkout
+        # (on PostgreSQL a pre-ping round trip) and no reset; it goes back once the queue
+        # is empty, or after a failed batch (which may have broken it).
+        connection: AsyncConnection | None = None
+        session: AsyncSession | None = None
         try:
-            results = await self._transaction(batch)
+            while self._queue:
+                batch: list[_Item] = []
+                withdrawn: list[_Item] = []
+                while self._queue and len(batch) < MAX_BATCH:
+                    item = self._queue.popleft()
+                    failed = item.chain is not None and item.chain.failed
+                    (withdrawn if failed else batch).append(item)
+                if withdrawn:
+                    await asyncio.shield(self._discard(withdrawn))
+                for item in withdrawn:
+                    item.done.cancel()
+                if not batch:
+                    continue
+                if connection is None or session is None:
+                    connection = await self._engine.connect()
+                    # Joins the connection's transaction (the batch's) for the ORM parts.
+                    session = AsyncSession(bind=connection, expire_on_commit=False)
+                ok = await self._commit(connection, session, batch)
+                await session.close()  # forget the batch's rows; the connection stays
+                if not ok:
+                    await connection.close()
+                    connection = session = None
+        finally:
+            if session is not None:
+                await asyncio.shield(session.close())
+            if connection is not None:
+                await asyncio.shield(connection.close())
+
+    async def _commit(
+        self, connection: AsyncConnection, session: AsyncSession, batch: list[_Item]
+    ) -> bool:
+        """One batch's transaction, then every caller's answer (False: it failed). Staged
+        bytes that were not published are removed *before* anyone is answered (a caller
+        then sees no temp file)."""
+        try:
+            results = await self._transaction(connection, session, batch)
         except BaseException as error:
             await asyncio.shield(self._discard(batch))
             for item in batch:
@@ -201,7 +239,7 @@ class ChunkCommitter:
             if not isinstance(error, Exception):
                 raise
             log.warning("chunk_batch_failed", chunks=len(batch), error=repr(error))
-            return
+            return False
         metrics.CHUNK_COMMIT_BATCH.observe(len(batch))
         lost = [i for i in batch if isinstance(results[id(i)], Lost)]
         if lost:
@@ -215,6 +253,7 @@ class ChunkCommitter:
                 item.done.set_exception(result)
             else:
                 item.done.set_result(result)
+        return True
 
     async def _discard(self, items: list[_Item]) -> None:
         for item in items:
@@ -223,46 +262,47 @@ class ChunkCommitter:
             except Exception as error:  # a leftover temp file is the orphan sweep's
                 log.warning("chunk_discard_failed", key=item.key, error=repr(error))
 
-    async def _transaction(self, batch: list[_Item]) -> dict[int, Recorded | Lost | Exception]:
+    async def _transaction(
+        self, connection: AsyncConnection, session: AsyncSession, batch: list[_Item]
+    ) -> dict[int, Recorded | Lost | Exception]:
         now = utcnow()
         # First sender of each index in this batch; a later one is lost to it.
         first: dict[tuple[str, int], _Item] = {}
         for item in batch:
             first.setdefault((item.upload.id, item.index), item)
-        async with self._sessions() as session:
-            async with session.begin():
-                connection = await session.connection()
-                dialect = connection.dialect.name
-                insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-                rows = await connection.execute(
-                    insert(_CHUNKS)
-                    .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
-                    # RETURNING, not rowcount: psycopg reports -1 for ON CONFLICT inserts.
-                    .returning(_CHUNKS.c.upload_id, _CHUNKS.c.chunk_index),
-                    [
-                        {
-                            "upload_id": i.upload.id,
-                            "chunk_index": i.index,
-                            "size": i.size,
-                            "checksum": i.checksum,
-                            "blob_key": i.key,
-                            "created_at": now,
-                            "attempts": 1,
-                        }
-                        # Key order: two processes' batches take the index locks alike.
-                        for _, i in sorted(first.items(), key=lambda kv: kv[0])
-                    ],
-                )
-                inserted_keys = {(r[0], r[1]) for r in rows}
-                inserted = [i for k, i in first.items() if k in inserted_keys]
-                # Our rows: we are the only writer of these keys (chunks module docstring).
-                if inserted:
-                    await self._blobs.publish_many([(i.staged, i.key) for i in inserted])
-                hook = self._after_write()
-                if hook is not None:
-                    for item in inserted:
-                        await hook(item.upload.id, item.index)
-                results = await self._count(session, batch, inserted, now)
+        async with connection.begin():
+            dialect = connection.dialect.name
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            rows = await connection.execute(
+                insert(_CHUNKS)
+                .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
+                # RETURNING, not rowcount: psycopg reports -1 for ON CONFLICT inserts.
+                .returning(_CHUNKS.c.upload_id, _CHUNKS.c.chunk_index),
+                [
+                    {
+                        "upload_id": i.upload.id,
+                        "chunk_index": i.index,
+                        "size": i.size,
+                        "checksum": i.checksum,
+                        "blob_key": i.key,
+                        "created_at": now,
+                        "attempts": 1,
+                    }
+                    # Key order: two processes' batches take the index locks alike.
+                    for _, i in sorted(first.items(), key=lambda kv: kv[0])
+                ],
+            )
+            inserted_keys = {(r[0], r[1]) for r in rows}
+            inserted = [i for k, i in first.items() if k in inserted_keys]
+            # Our rows: we are the only writer of these keys (chunks module docstring).
+            if inserted:
+                await self._blobs.publish_many([(i.staged, i.key) for i in inserted])
+            hook = self._after_write()
+            if hook is not None:
+                for item in inserted:
+                    await hook(item.upload.id, item.index)
+            results = await self._count(session, batch, inserted, now)
+            await session.flush()
         return results
 
     async def _count(
@@ -305,7 +345,9 @@ class ChunkCommitter:
                     )
                 )
             elif row.status == MERGING:
-                await self._enqueue_merge(session, row)
+                # Under the id of the call whose chunk completed the set.
+                with bound_correlation_id(per_upload[upload_id][-1].correlation_id):
+                    await self._enqueue_merge(session, row)
         results: dict[int, Recorded | Lost | Exception] = {}
         # Walk each upload's chunks in queue order: what a sequential sender would see.
         seen: dict[str, int] = {}
