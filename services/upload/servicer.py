@@ -19,7 +19,7 @@ from services.common.rate_limit import RateLimiter
 from services.upload import convert
 from services.upload.audit import UploadAudit
 from services.upload.chunk_commits import Chain
-from services.upload.chunks import ChunkOutcome, ChunkStore
+from services.upload.chunks import ChunkOutcome, ChunkStore, PreparedChunk
 from services.upload.files import Files
 from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT
 from services.upload.uploads import Uploads
@@ -100,13 +100,13 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         receiving: asyncio.Future[upload_pb2.PutChunkRequest] = asyncio.ensure_future(
             anext(messages)
         )
-        committing: deque[asyncio.Task[ChunkOutcome]] = deque()
+        committing: deque[tuple[asyncio.Task[ChunkOutcome], PreparedChunk]] = deque()
         chain = Chain()
 
         async def answer_oldest() -> None:
             # The oldest commit's answer; its failure comes before any later chunk's.
             nonlocal last_upload_id
-            outcome = self._stored(await committing.popleft())
+            outcome = self._stored(await committing.popleft()[0])
             response.chunks.append(
                 convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
             )
@@ -122,7 +122,7 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
                 data = request.data
                 BYTES_RECEIVED.inc(len(data))
                 while committing and (
-                    committing[0].done() or len(committing) >= STREAM_COMMIT_DEPTH
+                    committing[0][0].done() or len(committing) >= STREAM_COMMIT_DEPTH
                 ):
                     await answer_oldest()
                 try:
@@ -133,7 +133,8 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
                     while committing:  # an earlier chunk's failure is the first one
                         await answer_oldest()
                     raise
-                committing.append(asyncio.ensure_future(self._chunks.commit(prepared, chain)))
+                task = asyncio.ensure_future(self._chunks.commit(prepared, chain))
+                committing.append((task, prepared))
             while committing:
                 await answer_oldest()
         finally:
@@ -143,11 +144,14 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
             chain.failed = True
             if not receiving.cancel() and not receiving.cancelled():
                 receiving.exception()
-            for task in committing:
+            for task, _ in committing:
                 task.cancel()
-            for task in committing:
+            for task, prepared in committing:
                 with contextlib.suppress(BaseException):
                     await task
+                # A task cancelled before it ran never saw its staged bytes (removing
+                # them is idempotent: nothing happens to published or removed ones).
+                await asyncio.shield(self._chunks.abandon(prepared))
         if not last_upload_id:
             raise InvalidArgument("chunks", "the stream carried no chunk")
         upload, missing = await self._uploads.get(identity, last_upload_id)
