@@ -249,11 +249,16 @@ class Inbox:
             .returning(InboxEvent.event_id)
         )
         rows: list[Any] | None = None
+        behind = False
         if status == InboxStatus.APPLIED and session.get_bind().dialect.name == "postgresql":
-            # One round trip: the insert, and the aggregate's inbox rows that accepting
+            # One round trip: the insert, and the aggregate's parked rows that accepting
             # it needs (read in the same snapshot, which cannot hold the new row; the
-            # aggregate is locked, so nothing else changes them meanwhile).
-            stored, rows = await insert_and_read(session, insert, event)
+            # aggregate is locked, so nothing else changes them meanwhile). The first
+            # event the transaction accepts for the aggregate also asks whether other
+            # transactions' accepted events still wait for their job (later ones would
+            # see this transaction's own).
+            first = event.aggregate_id not in session.info.get(_ACCEPTED, {})
+            stored, rows, behind = await insert_and_read(session, insert, event, check_behind=first)
         else:
             stored = await session.scalar(insert)
         if stored is None:
@@ -262,7 +267,7 @@ class Inbox:
         if status == InboxStatus.SKIPPED_OLD:
             result.skipped_old = 1
         elif status == InboxStatus.APPLIED:
-            await self._accept_in_order(session, event, result, rows)
+            await self._accept_in_order(session, event, result, rows, behind=behind)
         return result
 
     async def _lock_aggregate(self, session: AsyncSession, aggregate_id: str) -> int:
@@ -286,15 +291,16 @@ class Inbox:
         first: events_pb2.Event,
         result: IngestResult,
         rows: list[Any] | None = None,
+        *,
+        behind: bool = False,
     ) -> None:
         """Accept `first` (already stored as applied) and the parked successors that
         follow it without a hole, in version order, for the fan-out at the end of the
         transaction (`_fan_out`)."""
         aggregate_id = first.aggregate_id
         accepted: dict[str, list[events_pb2.Event]] = session.info.setdefault(_ACCEPTED, {})
-        ours = {ev.event_id for ev in accepted.get(aggregate_id, ())} | {first.event_id}
-        successors, stale, behind = await self._parked_successors(
-            session, aggregate_id, first.version, ours, rows
+        successors, stale = await self._parked_successors(
+            session, aggregate_id, first.version, rows
         )
         if behind:
             session.info.setdefault(_BEHIND, set()).add(aggregate_id)
@@ -322,14 +328,12 @@ class Inbox:
         session: AsyncSession,
         aggregate_id: str,
         version: int,
-        ours: set[str],
         rows: list[Any] | None = None,
-    ) -> tuple[list[events_pb2.Event], list[str], bool]:
+    ) -> tuple[list[events_pb2.Event], list[str]]:
         """Parked events of the aggregate at `version + 1`, `version + 2`, ... up to the
-        first hole (one per version: the earliest received wins), the ids of parked
+        first hole (one per version: the earliest received wins), and the ids of parked
         events that this chain makes old (a second event for `version` or a chain
-        version), and whether accepted events other than `ours` still wait for their
-        fan-out job; from `rows` (`inbox_rows.pending_rows`, in this order) when already read."""
+        version); from `rows` (`inbox_rows.pending_rows`, in this order) when read."""
         if rows is None:
             rows = list(
                 await session.execute(
@@ -340,13 +344,9 @@ class Inbox:
             )
         chain: list[events_pb2.Event] = []
         stale: list[str] = []
-        behind = False
         expected = version + 1
         for row in rows:
-            event_id, row_version, status, payload = row[0], row[1], row[2], row[3]
-            if status == InboxStatus.APPLIED:
-                behind = behind or event_id not in ours
-                continue
+            event_id, row_version, payload = row[0], row[1], row[2]
             if row_version < expected:
                 stale.append(event_id)  # a second event for a version already accepted
                 continue
@@ -356,7 +356,7 @@ class Inbox:
             event.ParseFromString(payload)
             chain.append(event)
             expected += 1
-        return chain, stale, behind
+        return chain, stale
 
     async def _finish(self, session: AsyncSession, event_ids: list[str], status: str) -> None:
         await session.execute(
