@@ -43,7 +43,7 @@ fn main() {
         ("mmap write 256Kx32", MergeOptions { block_size: 256 << 10, blocks: 32, ..base.clone() }),
         ("mmap write 1M pieces", MergeOptions { write_size: 1 << 20, ..base.clone() }),
         ("mmap no drop-behind", MergeOptions { drop_behind: 0, ..base.clone() }),
-        ("mmap drop-behind always", MergeOptions { drop_behind_from: 0, ..base.clone() }),
+        ("mmap drop-behind wait", MergeOptions { drop_behind_from: 0, drop_waits: true, ..base.clone() }),
         ("mmap drop-behind nowait", MergeOptions { drop_behind_from: 0, drop_waits: false, ..base.clone() }),
         ("mmap drop-behind never", MergeOptions { drop_behind_from: u64::MAX, ..base.clone() }),
         ("chunks fused on caller", MergeOptions { chunk_hashing: ChunkHashing::Caller, ..base.clone() }),
