@@ -182,7 +182,10 @@ class ChunkCommitter:
         # `record` starts a flusher only when none is running: a chunk queued while this
         # one returns its connection is taken by another round (no await after the check).
         while self._queue:
-            await self._drain()
+            try:
+                await self._drain()
+            except Exception as error:  # closing a broken connection: the next round opens one
+                log.warning("chunk_committer_connection_error", error=repr(error))
 
     async def _drain(self) -> None:
         # One connection for a run of back-to-back batches: a batch pays no pool checkout
@@ -205,14 +208,21 @@ class ChunkCommitter:
                 if not batch:
                     continue
                 if connection is None or session is None:
-                    connection = await self._engine.connect()
+                    try:
+                        connection = await self._engine.connect()
+                    except Exception as error:  # the database is unreachable: this batch fails
+                        await self._fail(batch, error)
+                        continue
                     # Joins the connection's transaction (the batch's) for the ORM parts.
                     session = AsyncSession(bind=connection, expire_on_commit=False)
                 ok = await self._commit(connection, session, batch)
-                await session.close()  # forget the batch's rows; the connection stays
                 if not ok:
-                    await connection.close()
-                    connection = session = None
+                    session = None  # its transaction is over; the connection may be broken
+                    with contextlib.suppress(Exception):
+                        await connection.close()
+                    connection = None
+                else:
+                    await session.close()  # forget the batch's rows; the connection stays
         finally:
             if session is not None:
                 await asyncio.shield(session.close())
@@ -228,14 +238,7 @@ class ChunkCommitter:
         try:
             results = await self._transaction(connection, session, batch)
         except BaseException as error:
-            await asyncio.shield(self._discard(batch))
-            for item in batch:
-                if item.chain is not None:
-                    item.chain.failed = True
-                if isinstance(error, asyncio.CancelledError):
-                    item.done.cancel()
-                else:
-                    item.done.set_exception(error)
+            await self._fail(batch, error)
             if not isinstance(error, Exception):
                 raise
             log.warning("chunk_batch_failed", chunks=len(batch), error=repr(error))
@@ -254,6 +257,17 @@ class ChunkCommitter:
             else:
                 item.done.set_result(result)
         return True
+
+    async def _fail(self, batch: list[_Item], error: BaseException) -> None:
+        """Every chunk of `batch` fails with `error`, its staged bytes removed first."""
+        await asyncio.shield(self._discard(batch))
+        for item in batch:
+            if item.chain is not None:
+                item.chain.failed = True
+            if isinstance(error, asyncio.CancelledError):
+                item.done.cancel()
+            else:
+                item.done.set_exception(error)
 
     async def _discard(self, items: list[_Item]) -> None:
         for item in items:
