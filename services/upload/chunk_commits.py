@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, delete, tuple_, update
+from sqlalchemy import Table, case, delete, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
@@ -53,7 +53,7 @@ log = get_logger(__name__)
 
 # At most this many chunks in one transaction (one INSERT's parameters stay small).
 MAX_BATCH = 64
-_CHUNKS = ChunkRow.__table__
+_CHUNKS: Table = ChunkRow.__table__  # type: ignore[assignment]
 _UPLOAD_COLUMNS = [c.key for c in UploadRow.__table__.columns]
 
 

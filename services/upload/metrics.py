@@ -103,6 +103,8 @@ def index_bucket(index: int) -> str:
         if index < bound:
             return label
     return "1000+"
+
+
 CHUNK_COMMIT_BATCH = Histogram(
     "serentak_upload_chunk_commit_batch_chunks",
     "Chunks recorded by one group commit (one transaction).",
