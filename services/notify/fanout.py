@@ -30,7 +30,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.notify import digest
+from services.notify import cursors, digest
 from services.notify.messages import row_message
 from services.notify.models import Notification, UserStream
 from services.notify.sql import batches, insert_ignore, upsert
@@ -74,21 +74,51 @@ _FOLD = (
 )
 
 
+class EventTemplate:
+    """The part of an event's notification every recipient shares, built once (on first
+    use) and copied into each recipient's message: a fan-out's rows differ only in
+    `notification_id`, `user_id` and the cursor."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self) -> None:
+        self._message: notify_pb2.Notification | None = None
+
+    def response(self, row: dict[str, Any]) -> notify_pb2.SubscribeResponse:
+        """The stream item for `row` (one recipient's row of this event)."""
+        if self._message is None:
+            self._message = row_message(row)
+        response = notify_pb2.SubscribeResponse()
+        message = response.notification
+        message.CopyFrom(self._message)
+        cursor = cursors.encode(row["seq"])
+        message.notification_id = row["notification_id"]
+        message.user_id = row["user_id"]
+        message.cursor = cursor
+        response.cursor = cursor
+        return response
+
+
 class Written:
     """A notification created or updated by a fan-out, ready to publish after commit.
 
-    Its protobuf message is built on first use only: most users of a large audience have
-    no open stream, and building 1,000 messages per event nobody reads was a hot spot.
+    Its stream item is built on first use only: most users of a large audience have no
+    open stream, and building 1,000 messages per event nobody reads was a hot spot. Rows
+    of one event written by the one-statement path share an `EventTemplate`, so the
+    event's common fields are encoded once, not once per recipient.
     """
 
-    __slots__ = ("_message", "merged", "row", "seq", "tenant_id", "user_id")
+    __slots__ = ("_message", "_template", "merged", "row", "seq", "tenant_id", "user_id")
 
-    def __init__(self, row: dict[str, Any], *, merged: bool) -> None:
+    def __init__(
+        self, row: dict[str, Any], *, merged: bool, template: EventTemplate | None = None
+    ) -> None:
         self.row = row
         self.tenant_id: str = row["tenant_id"]
         self.user_id: str = row["user_id"]
         self.seq: int = row["seq"]
         self.merged = merged
+        self._template = template
         self._message: notify_pb2.Notification | None = None
 
     @property
@@ -97,6 +127,12 @@ class Written:
         if self._message is None:
             self._message = row_message(self.row)
         return self._message
+
+    def response(self) -> notify_pb2.SubscribeResponse:
+        """The Subscribe stream item (build it once per user: its streams share it)."""
+        if self._template is not None:
+            return self._template.response(self.row)
+        return notify_pb2.SubscribeResponse(notification=self.message, cursor=self.message.cursor)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.notify.fanout import Written, audience
+from services.notify.fanout import EventTemplate, Written, audience
 from services.notify.models import InboxStatus
 from services.notify.summaries import Description
 
@@ -204,7 +204,10 @@ async def fan_out_chain(
         written.append(row)
     # RETURNING order is unspecified; publish in stream order.
     written.sort(key=lambda r: (r["tenant_id"], r["user_id"], r["seq"]))
-    return [Written(r, merged=False) for r in written], len(rows) - len(written)
+    templates = {ev.event_id: EventTemplate() for ev in chain}
+    return [Written(r, merged=False, template=templates[str(r["event_id"])]) for r in written], len(
+        rows
+    ) - len(written)
 
 
 _EVENT_COLUMNS = {

@@ -62,7 +62,8 @@ class Delivery:
     """One notification on its way to a stream; `committed_at` is a perf_counter() value."""
 
     seq: int
-    message: notify_pb2.Notification
+    # The stream item itself: built once per user, shared (never changed) by its streams.
+    response: notify_pb2.SubscribeResponse
     committed_at: float
 
 
@@ -161,7 +162,7 @@ class Broker:
                 continue
             if w.seq > self._published.get(key, 0):
                 self._published[key] = w.seq
-            delivery = Delivery(w.seq, w.message, now)  # one per user, shared by its streams
+            delivery = Delivery(w.seq, w.response(), now)  # one per user, shared by its streams
             for sub in list(streams):
                 if not sub.offer(delivery):
                     self._drop(sub)
@@ -281,9 +282,7 @@ class StreamReader:
                 if delivery is not None and seq == last + 1:
                     last = seq
                     metrics.DELIVERY_LATENCY.observe(time.perf_counter() - delivery.committed_at)
-                    yield notify_pb2.SubscribeResponse(
-                        notification=delivery.message, cursor=delivery.message.cursor
-                    )
+                    yield delivery.response
                     continue
                 async for message in self._replay(tenant_id, user_id, last):
                     last = int(message.cursor)

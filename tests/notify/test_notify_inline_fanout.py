@@ -90,6 +90,10 @@ async def test_inline_and_job_fan_outs_race_in_order_and_exactly_once(notify_fac
             live = await task
             assert [int(n.cursor) for n in live] == list(range(1, len(expected[user]) + 1))
             assert len({n.notification_id for n in live}) == len(live)
+            # Live items (an event's shared fields encoded once, copied per recipient)
+            # say exactly what the stored notifications say.
+            stored = {n.notification_id: n for n in await notify.all_notifications(user)}
+            assert all(n == stored[n.notification_id] for n in live)
 
 
 @pytest.mark.postgres

@@ -4,6 +4,8 @@ transaction's outcome (published on commit, released as a wake-up on rollback)."
 
 from __future__ import annotations
 
+from serentak.notify.v1 import notify_pb2
+
 from services.notify.fanout import Written
 from services.notify.stream_listener import parse_position
 from services.notify.streams import ANY_SEQ, Broker, Delivery
@@ -76,7 +78,7 @@ async def test_wakeup_for_a_seq_published_here_is_dropped():
     broker = Broker(buffer_size=8)
     sub = broker.open("acme", "alice", "d")
     own = written("alice", 3)
-    own._message = object()  # type: ignore[assignment]  # what the stream would send
+    own._message = notify_pb2.Notification(cursor="3")  # what the stream would send
     broker.committing([own])(True)
     delivered = await sub.next()
     assert isinstance(delivered, Delivery) and delivered.seq == 3
