@@ -359,8 +359,17 @@ class ChunkCommitter:
                     )
                 )
             elif row.status == MERGING:
-                # Under the id of the call whose chunk completed the set.
+                # Under the id of the call whose chunk completed the set; logged in the
+                # transaction (like uploads.transition), so it precedes the merge job's start.
                 with bound_correlation_id(per_upload[upload_id][-1].correlation_id):
+                    log.info(
+                        "upload_status_changed",
+                        upload_id=upload_id,
+                        from_status=UPLOADING,
+                        to_status=MERGING,
+                        transition=f"{UPLOADING} → {MERGING}",
+                    )
+                    log.info("upload_merge_started", upload_id=upload_id, file_id=row.file_id)
                     await self._enqueue_merge(session, row)
         results: dict[int, Recorded | Lost | Exception] = {}
         # Walk each upload's chunks in queue order: what a sequential sender would see.

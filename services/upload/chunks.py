@@ -46,7 +46,7 @@ from services.upload.blob_store import BlobStore, chunk_key
 from services.upload.chunk_commits import Chain, ChunkCommitter, Lost, Recorded
 from services.upload.conflict_repeats import REPEATS
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
-from services.upload.models import EXPIRED, MERGING, UPLOADING, ChunkRow, UploadRow
+from services.upload.models import EXPIRED, UPLOADING, ChunkRow, UploadRow
 from services.upload.uploads import (
     MergeEnqueuer,
     Uploads,
@@ -308,12 +308,4 @@ class ChunkStore:
                 if fresh.merge_started_at is not None
                 else 0.0
             )
-            log.info(
-                "upload_status_changed",
-                upload_id=p.upload.id,
-                from_status=UPLOADING,
-                to_status=MERGING,
-                transition=f"{UPLOADING} → {MERGING}",
-            )
-            log.info("upload_merge_started", upload_id=p.upload.id, file_id=p.upload.file_id)
         return ChunkOutcome(fresh, p.index, duplicate=False, started_merge=started)
