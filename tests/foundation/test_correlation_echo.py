@@ -8,11 +8,11 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
-from support.services import running_app
+from support.services import lock_service_app, running_app
 
 from services.common import correlation, errors
 from services.common.channels import channel_options
-from services.common.grpc_server import ServiceApp, Servicer
+from services.common.grpc_server import ServiceApp
 
 KEY = correlation.METADATA_KEY
 
@@ -44,15 +44,7 @@ class EchoLocks(locks_pb2_grpc.LockServiceServicer):
 
 
 def _app(servicer: EchoLocks | None = None) -> ServiceApp:
-    name = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
-    servicer = servicer or EchoLocks()
-    return ServiceApp(
-        name="t",
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        servicers=[Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, servicer, name)],
-    )
+    return lock_service_app(servicer or EchoLocks())
 
 
 async def test_unary_response_echoes_the_sent_id_in_trailing_metadata() -> None:

@@ -8,10 +8,10 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
-from support.services import running_app
+from support.services import lock_service_app, running_app
 
 from services.common import errors
-from services.common.grpc_server import ServiceApp, Servicer
+from services.common.grpc_server import ServiceApp
 
 CASES = [
     (
@@ -62,14 +62,7 @@ class RaisingLocks(locks_pb2_grpc.LockServiceServicer):
 
 
 def _app(servicer: RaisingLocks) -> ServiceApp:
-    name = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
-    return ServiceApp(
-        name="t",
-        host="127.0.0.1",
-        port=0,
-        metrics_port=0,
-        servicers=[Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, servicer, name)],
-    )
+    return lock_service_app(servicer)
 
 
 def _error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
-from services.common.grpc_server import RunningService, ServiceApp, start
+from services.common.grpc_server import RunningService, ServiceApp, Servicer, start
 from support.ports import free_port
 from support.process import stop_process
 
@@ -30,6 +31,19 @@ async def running_app(app: ServiceApp) -> AsyncIterator[RunningService]:
         yield service
     finally:
         await service.stop()
+
+
+def lock_service_app(servicer: object) -> ServiceApp:
+    """`servicer` served as the LockService with the shared interceptors and nothing else:
+    for tests of the common gRPC plumbing (errors, correlation ids, metrics)."""
+    name = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
+    return ServiceApp(
+        name="t",
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        servicers=[Servicer(locks_pb2_grpc.add_LockServiceServicer_to_server, servicer, name)],
+    )
 
 
 @dataclass
