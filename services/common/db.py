@@ -8,12 +8,14 @@ out with `read_only(session)`.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+from aiosqlite.core import _STOP_RUNNING_SENTINEL
 from sqlalchemy import MetaData, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -107,9 +109,29 @@ class _SqliteConnection(aiosqlite.Connection):
         finally:
             self._connection = None
             if self._running:  # nobody stopped the thread meanwhile: it will answer
-                stopped = self.stop()
-                if stopped is not None:
-                    await stopped
+                stopped: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+                self._queue_stop(stopped)
+                await stopped
+
+    def stop(self) -> None:
+        """Stop the worker thread once what is queued has run, sending no answer.
+
+        SQLAlchemy's terminate and aiosqlite's `__del__` call this and never await it;
+        aiosqlite's own sent an answer to the current event loop, and when that loop had
+        closed meanwhile (shutdown, a leaked connection collected later) the thread died
+        on RuntimeError."""
+        self._queue_stop(None)
+
+    def _queue_stop(self, answer: asyncio.Future[object] | None) -> None:
+        self._running = False
+
+        def close_and_stop() -> object:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+            return _STOP_RUNNING_SENTINEL
+
+        self._tx.put_nowait((answer, close_and_stop))
 
 
 async def connect_sqlite(path: str) -> aiosqlite.Connection:

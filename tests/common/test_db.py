@@ -9,8 +9,11 @@ from the loop's own shutdown, must return instead of awaiting a thread that has 
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 
 from services.common.db import connect_sqlite, create_engine, session_factory
@@ -61,3 +64,36 @@ async def test_a_statement_cancelled_behind_the_write_lock_lets_the_engine_close
         await asyncio.gather(task, return_exceptions=True)
         await engine.dispose()
     assert task.cancelled() or task.exception() is not None
+
+
+@pytest.mark.parametrize("ending", ["terminated", "dropped unclosed"])
+def test_a_connection_ended_without_awaiting_stops_its_thread_cleanly_after_its_loop_closed(
+    tmp_path: Path, ending: str
+) -> None:
+    # SQLAlchemy's terminate (stop(), never awaited) at shutdown, or a leaked connection
+    # collected in a later test: aiosqlite's stop answered the closed loop, and its worker
+    # thread died on RuntimeError.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # as pytest-asyncio leaves a finished test's loop
+    died: list[threading.ExceptHookArgs] = []
+    previous, threading.excepthook = threading.excepthook, died.append
+    try:
+        connection = loop.run_until_complete(connect_sqlite(str(tmp_path / "t.db")))
+        thread = connection._thread
+        if ending == "terminated":
+            busy = threading.Event()
+            connection._tx.put_nowait((None, busy.wait))  # the thread is mid-statement
+            connection.stop()
+            loop.close()
+            busy.set()
+        else:
+            loop.close()
+            with pytest.warns(ResourceWarning):
+                del connection
+                gc.collect()
+        thread.join(10)
+    finally:
+        threading.excepthook = previous
+        asyncio.set_event_loop(None)
+    assert not thread.is_alive()
+    assert died == []
