@@ -47,7 +47,7 @@ from services.upload import metrics
 from services.upload.blob_store import BlobStore
 from services.upload.errors import UploadNotActive
 from services.upload.models import MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
-from services.upload.uploads import MergeEnqueuer
+from services.upload.uploads import MergeEnqueuer, log_transition
 
 log = get_logger(__name__)
 
@@ -359,16 +359,9 @@ class ChunkCommitter:
                     )
                 )
             elif row.status == MERGING:
-                # Under the id of the call whose chunk completed the set; logged in the
-                # transaction (like uploads.transition), so it precedes the merge job's start.
+                # Under the id of the call whose chunk completed the set.
                 with bound_correlation_id(per_upload[upload_id][-1].correlation_id):
-                    log.info(
-                        "upload_status_changed",
-                        upload_id=upload_id,
-                        from_status=UPLOADING,
-                        to_status=MERGING,
-                        transition=f"{UPLOADING} → {MERGING}",
-                    )
+                    log_transition(upload_id, UPLOADING, MERGING)
                     log.info("upload_merge_started", upload_id=upload_id, file_id=row.file_id)
                     await self._enqueue_merge(session, row)
         results: dict[int, Recorded | Lost | Exception] = {}

@@ -87,15 +87,21 @@ async def transition(
     )
     moved = bool(result.rowcount)  # type: ignore[attr-defined]
     if moved:
-        # In the caller's transaction: a rollback after this line undoes the move.
-        log.info(
-            "upload_status_changed",
-            upload_id=upload_id,
-            from_status=from_status,
-            to_status=to_status,
-            transition=f"{from_status} → {to_status}",
-        )
+        log_transition(upload_id, from_status, to_status)
     return moved
+
+
+def log_transition(upload_id: str, from_status: str, to_status: str) -> None:
+    """The lifecycle log line of an upload's status move. Written in the moving
+    transaction (a rollback after it undoes the move), so it precedes whatever the
+    commit sets off, e.g. the merge job's start."""
+    log.info(
+        "upload_status_changed",
+        upload_id=upload_id,
+        from_status=from_status,
+        to_status=to_status,
+        transition=f"{from_status} → {to_status}",
+    )
 
 
 def validate_shape(
