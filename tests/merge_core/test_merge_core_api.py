@@ -179,6 +179,9 @@ def test_bad_arguments_are_value_errors(tmp_path: Path, make_chunks: MakeChunks)
         merge([Chunk(0, chunks[0].path, 10, "xyz")], tmp_path / "out.bin")
     with pytest.raises(ValueError):
         merge(chunks, tmp_path / "out.bin", expected_checksum="abc")
+    with pytest.raises(TypeError, match="bool"):
+        merge(chunks, tmp_path / "out.bin", drop_behind="yes")  # type: ignore[arg-type]
+    assert not (tmp_path / "out.bin").exists()
 
 
 def test_temp_file_lives_beside_output_and_goes_on_success(
