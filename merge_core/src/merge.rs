@@ -32,25 +32,27 @@
 //! written is exactly what was hashed whatever happens to the files.
 //! The output is a temporary file beside `output_path`, renamed into place
 //! only after every check passed.
+//!
+//! This file holds the options, the hasher loop and the failure ordering;
+//! the feeder is `merge_feeder.rs`, the fused checksum pair `pair_hasher.rs`,
+//! the output writes `writer.rs`.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::aligned::PAGE;
-use crate::checksum::{Algorithm, Hasher};
+use crate::checksum::Algorithm;
 use crate::chunk::{order_chunks, Chunk};
 use crate::errors::MergeError;
 pub use crate::handover::{ChunkHashing, MergeStats};
 use crate::handover::{Planner, Split};
+use crate::merge_feeder::{window_size, Bytes, Feeder};
 use crate::output::TempOutput;
-use crate::pool::{Block, Pool};
-use crate::sha256x2::{self, Sha256Stream};
+use crate::pair_hasher::PairHasher;
+use crate::pool::Pool;
 use crate::writer::Writer;
 
 /// How a merge runs. `Default` is what the Python API uses.
@@ -146,7 +148,7 @@ pub struct MergeOutcome {
     pub chunk_count: u64,
 }
 
-enum Msg {
+pub(crate) enum Msg {
     /// Bytes of the current chunk, already written to the output, and
     /// whether the feeder already hashed them into the chunk's checksum.
     Data(Bytes, bool),
@@ -160,13 +162,13 @@ enum Msg {
 
 /// The first failure by chunk position, so the error reported does not
 /// depend on thread timing: the lowest failing chunk wins.
-struct Failure {
+pub(crate) struct Failure {
     abort: AtomicBool,
     first: Mutex<Option<(usize, MergeError)>>,
 }
 
 impl Failure {
-    fn record(&self, position: usize, err: MergeError) {
+    pub(crate) fn record(&self, position: usize, err: MergeError) {
         self.abort.store(true, Ordering::Release);
         let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
         if first.as_ref().is_none_or(|(p, _)| position < *p) {
@@ -174,7 +176,7 @@ impl Failure {
         }
     }
 
-    fn aborted(&self) -> bool {
+    pub(crate) fn aborted(&self) -> bool {
         self.abort.load(Ordering::Acquire)
     }
 
@@ -262,172 +264,6 @@ pub fn merge(
     })
 }
 
-/// The feeder (a spawned thread): opens each chunk in order, checks its size,
-/// maps (or reads) it a window at a time, writes each window to the temporary
-/// file and then hands it to the hasher. Chunk errors and write errors travel
-/// in order with the data (`Msg::Fail`), so the hasher reports the lowest
-/// failing chunk even though the feeder runs ahead of it.
-struct Feeder<'a> {
-    tx: SyncSender<Msg>,
-    pool: Option<&'a Pool>,
-    out: Writer<'a>,
-    options: &'a MergeOptions,
-    failure: &'a Failure,
-    planner: Planner<'a>,
-    stats: Option<&'a MergeStats>,
-}
-
-impl Feeder<'_> {
-    fn run(mut self, chunks: &[Chunk]) {
-        for (position, chunk) in chunks.iter().enumerate() {
-            if self.failure.aborted() {
-                return;
-            }
-            let takes = self.planner.feeder_takes(chunk.size, self.stats);
-            if let Some(stats) = self.stats {
-                stats.chunks.fetch_add(1, Ordering::Relaxed);
-                stats.chunks_by_feeder.fetch_add(takes as u64, Ordering::Relaxed);
-            }
-            let mut hasher = takes.then(|| Hasher::new(self.options.algorithm));
-            match self.feed_chunk(chunk, hasher.as_mut()) {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(err) => {
-                    let _ = self.tx.send(Msg::Fail(position, err));
-                    return;
-                }
-            }
-            if !self.send(Msg::ChunkEnd(position, hasher.map(Hasher::finalize_hex))) {
-                return;
-            }
-        }
-        self.out.finish();
-    }
-
-    /// Queues `msg` for the hasher, timing any wait for room (the feeder's
-    /// idle time, which `Planner` spends on chunk checksums); `false` if the
-    /// hasher stopped.
-    fn send(&mut self, msg: Msg) -> bool {
-        match self.tx.try_send(msg) {
-            Ok(()) => true,
-            Err(TrySendError::Disconnected(_)) => false,
-            Err(TrySendError::Full(msg)) => {
-                let started = Instant::now();
-                let sent = self.tx.send(msg).is_ok();
-                let waited = started.elapsed();
-                self.planner.idled(waited);
-                if let Some(stats) = self.stats {
-                    MergeStats::add(&stats.feeder_idle_ns, waited);
-                }
-                sent
-            }
-        }
-    }
-
-    /// One chunk through the feeder (hashed into `hasher` too, if given);
-    /// `Ok(false)`: stop quietly (the hasher stopped, or a failure was
-    /// recorded elsewhere).
-    fn feed_chunk(&mut self, chunk: &Chunk, mut hasher: Option<&mut Hasher>) -> Result<bool, MergeError> {
-        let (options, failure, pool) = (self.options, self.failure, self.pool);
-        let io_err = |op, e| MergeError::io(Some(chunk.index), &chunk.path, op, e);
-        let size_err = |actual| MergeError::ChunkSizeMismatch {
-            index: chunk.index,
-            path: chunk.path.clone(),
-            expected: chunk.size,
-            actual,
-        };
-        let mut file = File::open(&chunk.path).map_err(|e| io_err("open", e))?;
-        let actual = file.metadata().map_err(|e| io_err("stat", e))?.len();
-        if actual != chunk.size {
-            return Err(size_err(actual));
-        }
-        let fd = file.as_raw_fd();
-        // SAFETY: advisory syscall on an fd we own.
-        unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
-        let window = window_size(options);
-        let mut use_map = pool.is_none();
-        let mut own_pool: Option<Pool> = None;
-        let mut offset = 0u64;
-        while offset < chunk.size {
-            if failure.aborted() {
-                return Ok(false);
-            }
-            let want = (window as u64).min(chunk.size - offset) as usize;
-            let mut bytes = None;
-            if use_map {
-                match Mapping::new(fd, offset, want) {
-                    Ok(map) => bytes = Some(Bytes::Mapped(map)),
-                    // Not mappable (some filesystems, special files): read() it.
-                    Err(_) => use_map = false,
-                }
-            }
-            let bytes = match bytes {
-                Some(b) => b,
-                None => {
-                    // A chunk that cannot be mapped is read through a small
-                    // pool of its own (the mmap path has no buffers).
-                    let pool = match pool {
-                        Some(p) => p,
-                        None => own_pool.get_or_insert_with(|| Pool::new(2, window)),
-                    };
-                    let mut buf = pool.take();
-                    let got = read_full(&mut file, offset, &mut buf.as_mut_slice()[..want])
-                        .map_err(|e| io_err("read", e))?;
-                    if got < want {
-                        // The file shrank after we looked at its size.
-                        return Err(size_err(offset + got as u64));
-                    }
-                    Bytes::Buffer(pool.share(buf, got))
-                }
-            };
-            let started = Instant::now();
-            self.out.write(bytes.data())?;
-            let wrote = Instant::now();
-            if let Some(h) = hasher.as_deref_mut() {
-                h.update(bytes.data());
-                let hashed = wrote.elapsed();
-                self.planner.hashed(want as u64, hashed);
-                if let Some(stats) = self.stats {
-                    MergeStats::add(&stats.feeder_hash_ns, hashed);
-                }
-            }
-            if let Some(stats) = self.stats {
-                MergeStats::add(&stats.feeder_write_ns, wrote - started);
-            }
-            offset += want as u64;
-            self.planner.split().sent();
-            if !self.send(Msg::Data(bytes, hasher.is_some())) {
-                return Ok(false);
-            }
-        }
-        // The file grew (or shrank) after we looked at its size.
-        let now = file.metadata().map_err(|e| io_err("stat", e))?.len();
-        if now != chunk.size {
-            return Err(size_err(now));
-        }
-        Ok(true)
-    }
-}
-
-/// The window (mapping or buffer) size: `block_size` rounded up to a page.
-fn window_size(options: &MergeOptions) -> usize {
-    options.block_size.max(PAGE).div_ceil(PAGE) * PAGE
-}
-
-/// `pread` until `buf` is full or end of file.
-fn read_full(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
 /// The hasher (the calling thread): hashes every window into the chunk's and
 /// the whole file's checksum (fused, one core, for sha256), checks each
 /// chunk's checksum at its end, records the first failure in chunk order and
@@ -507,121 +343,4 @@ fn hash(
         }
     }
     hasher.finish_file()
-}
-
-/// The chunk's and the whole file's checksum over the same bytes.
-pub(crate) enum PairHasher {
-    /// Both sha256 streams on one core, interleaved (see `sha256x2`).
-    Sha256 {
-        chunk: Sha256Stream,
-        file: Sha256Stream,
-    },
-    Other {
-        chunk: Hasher,
-        file: Hasher,
-    },
-}
-
-impl PairHasher {
-    pub(crate) fn new(algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::Sha256 => PairHasher::Sha256 { chunk: Sha256Stream::new(), file: Sha256Stream::new() },
-            other => PairHasher::Other { chunk: Hasher::new(other), file: Hasher::new(other) },
-        }
-    }
-
-    pub(crate) fn update(&mut self, data: &[u8]) {
-        match self {
-            PairHasher::Sha256 { chunk, file } => sha256x2::update_both(chunk, file, data),
-            PairHasher::Other { chunk, file } => {
-                chunk.update(data);
-                file.update(data);
-            }
-        }
-    }
-
-    /// The whole file's checksum only (the chunk's is computed elsewhere).
-    pub(crate) fn update_file(&mut self, data: &[u8]) {
-        match self {
-            PairHasher::Sha256 { file, .. } => file.update(data),
-            PairHasher::Other { file, .. } => file.update(data),
-        }
-    }
-
-    /// The finished chunk's hex; starts the next chunk.
-    pub(crate) fn finish_chunk(&mut self) -> String {
-        match self {
-            PairHasher::Sha256 { chunk, .. } => std::mem::take(chunk).hex(),
-            PairHasher::Other { chunk, .. } => {
-                let algorithm = chunk.algorithm();
-                std::mem::replace(chunk, Hasher::new(algorithm)).finalize_hex()
-            }
-        }
-    }
-
-    pub(crate) fn finish_file(self) -> String {
-        match self {
-            PairHasher::Sha256 { file, .. } => file.hex(),
-            PairHasher::Other { file, .. } => file.finalize_hex(),
-        }
-    }
-}
-
-/// Bytes on their way from the feeder to the hasher.
-enum Bytes {
-    Mapped(Mapping),
-    Buffer(Arc<Block>),
-}
-
-impl Bytes {
-    fn data(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m.data(),
-            Bytes::Buffer(b) => b.data(),
-        }
-    }
-}
-
-/// A read-only shared mapping of part of a chunk file, unmapped on drop (so
-/// its pages stop counting toward RSS). Only sound while nobody truncates
-/// the file: Serentak chunk files are immutable once written (temp + rename).
-struct Mapping {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only and owned by this value alone.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    fn new(fd: libc::c_int, offset: u64, len: usize) -> std::io::Result<Self> {
-        // SAFETY: a fresh read-only mapping; offset is page-aligned (windows
-        // are whole pages) and len > 0.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                offset as libc::off_t,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr, len })
-    }
-
-    fn data(&self) -> &[u8] {
-        // SAFETY: ptr maps len readable bytes until drop.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping what `new` mapped.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
 }

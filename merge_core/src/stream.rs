@@ -15,7 +15,7 @@
 use crate::checksum::Algorithm;
 use crate::chunk::{order_chunks, Chunk};
 use crate::errors::MergeError;
-use crate::merge::PairHasher;
+use crate::pair_hasher::PairHasher;
 
 /// What a verified streaming merge produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
