@@ -1,4 +1,4 @@
-"""The file tree's use cases: folders, metadata changes, sharing, listing, download.
+"""The file tree's use cases: folders, metadata changes, sharing (`sharing.py`), listing, download.
 
 Every change bumps the file's version (`versions.bump`) and records its outbox event in
 the same transaction (invariant 6); the parent folder's listing version moves with it and
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -20,9 +20,9 @@ from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import InvalidArgument
 from services.common.page_tokens import PageTokens
-from services.upload import convert
+from services.upload import sharing
 from services.upload.blob_store import BlobStore
-from services.upload.errors import ContentReplaced, FileDeleted, FileNotFound, WrongKind
+from services.upload.errors import ContentReplaced, FileDeleted, WrongKind
 from services.upload.events import record_file_event
 from services.upload.listing import list_page
 from services.upload.listing_cache import ListingCache
@@ -31,7 +31,6 @@ from services.upload.permissions import (
     MAX_DEPTH,
     chain,
     check_move,
-    owned,
     reaches_root,
     readable,
     role_of,
@@ -289,41 +288,7 @@ class Files:
         self, identity: Identity, request: upload_pb2.ShareFileRequest
     ) -> tuple[FileRow, str]:
         """Grant `user_id` viewer or editor (owner only)."""
-        role_name = convert.ROLE_NAME.get(request.role)
-        if role_name is None:
-            raise InvalidArgument("role", "must be ROLE_VIEWER or ROLE_EDITOR")
-        validation.principal_id(request.user_id, "user_id")
-        _required(request.file_id, "file_id")
-        if request.user_id == identity.user_id:
-            raise InvalidArgument("user_id", "the owner cannot share with themselves")
-        async with self._sessions.begin() as session:
-            file = await owned(session, identity, request.file_id)
-            share = await session.get(ShareRow, (file.id, request.user_id))
-            if share is None:
-                session.add(
-                    ShareRow(
-                        file_id=file.id,
-                        user_id=request.user_id,
-                        role=role_name,
-                        granted_by=identity.user_id,
-                        granted_at=utcnow(),
-                    )
-                )
-            else:
-                share.role = role_name
-            await session.flush()
-            file = await bump(session, file, request.expected_version)
-            await touch_folder(session, file.parent_id)
-            await record_file_event(
-                session,
-                "file.shared",
-                file,
-                identity.user_id,
-                file_id=file.id,
-                name=file.name,
-                user_id=request.user_id,
-                role=role_name,
-            )
+        file = await sharing.share(self._sessions, identity, request)
         self._cache.invalidate_folder(file.parent_id)
         return file, "owner"
 
@@ -331,34 +296,7 @@ class Files:
         self, identity: Identity, request: upload_pb2.UnshareFileRequest
     ) -> tuple[FileRow, str]:
         """Revoke a collaborator (owner only); the revoked user is still told (audience)."""
-        validation.principal_id(request.user_id, "user_id")
-        _required(request.file_id, "file_id")
-        async with self._sessions.begin() as session:
-            file = await owned(session, identity, request.file_id)
-            result = await session.execute(
-                delete(ShareRow).where(
-                    ShareRow.file_id == file.id, ShareRow.user_id == request.user_id
-                )
-            )
-            if not result.rowcount:  # type: ignore[attr-defined]
-                raise FileNotFound(
-                    "no such collaborator",
-                    reason="COLLABORATOR_NOT_FOUND",
-                    file_id=file.id,
-                    user_id=request.user_id,
-                )
-            file = await bump(session, file, request.expected_version)
-            await touch_folder(session, file.parent_id)
-            event = await record_file_event(
-                session,
-                "file.unshared",
-                file,
-                identity.user_id,
-                file_id=file.id,
-                name=file.name,
-                user_id=request.user_id,
-            )
-            _ = event
+        file = await sharing.unshare(self._sessions, identity, request)
         self._cache.invalidate_folder(file.parent_id)
         return file, "owner"
 
@@ -370,18 +308,7 @@ class Files:
 
     async def collaborators(self, identity: Identity, file_id: str) -> list[ShareRow]:
         """Direct shares of a file the caller can read."""
-        async with self._sessions() as session:
-            await read_only(session)
-            file, _ = await readable(session, identity, _required(file_id, "file_id"))
-            return list(
-                (
-                    await session.execute(
-                        select(ShareRow)
-                        .where(ShareRow.file_id == file.id)
-                        .order_by(ShareRow.user_id)
-                    )
-                ).scalars()
-            )
+        return await sharing.collaborators(self._sessions, identity, file_id)
 
     async def open_download(
         self, identity: Identity, request: upload_pb2.DownloadRequest
