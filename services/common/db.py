@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
-from aiosqlite.core import _STOP_RUNNING_SENTINEL
+from aiosqlite.core import _STOP_RUNNING_SENTINEL, set_exception, set_result
 from sqlalchemy import MetaData, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -26,7 +27,10 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from services.common.logging import get_logger
 from services.common.private_files import private_sqlite
+
+log = get_logger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _READ_ONLY_OPTION = "serentak_read_only"
@@ -100,6 +104,10 @@ class _SqliteConnection(aiosqlite.Connection):
     await never returns, and the event loop's shutdown hangs on it forever.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._thread = threading.Thread(target=_worker, args=(self._tx,), daemon=True)
+
     async def close(self) -> None:
         """Close the SQLite connection and stop the thread, unless already stopped."""
         if self._connection is None or not self._running:
@@ -134,13 +142,41 @@ class _SqliteConnection(aiosqlite.Connection):
         self._tx.put_nowait((answer, close_and_stop))
 
 
+def _worker(queue: Any) -> None:
+    """aiosqlite's worker loop, except that an answer nobody can receive is dropped.
+
+    A statement still running when its event loop closed (a task abandoned at shutdown, or
+    one waiting out the busy timeout behind another connection's write lock) finishes
+    later; aiosqlite's own loop then raised RuntimeError in this thread and died, leaving
+    every statement queued behind it unanswered. Dropping the answer is all there is to
+    do: the awaiting task is gone with its loop. It is logged, naming the statement."""
+    while True:
+        answer, function = queue.get()
+        try:
+            result: Any = function()
+        except BaseException as exc:  # handed to the awaiting task, as aiosqlite does
+            _answer(answer, function, set_exception, exc)
+            continue
+        _answer(answer, function, set_result, result)
+        if result is _STOP_RUNNING_SENTINEL:
+            return
+
+
+def _answer(answer: Any, function: Any, setter: Any, value: Any) -> None:
+    if answer is None:
+        return
+    try:
+        answer.get_loop().call_soon_threadsafe(setter, answer, value)
+    except RuntimeError:  # the loop has closed
+        log.warning("sqlite_answer_dropped", statement=repr(function)[:500])
+
+
 async def connect_sqlite(path: str) -> aiosqlite.Connection:
     """An aiosqlite connection to `path` (what SQLAlchemy's dialect would open), whose
     close is safe after a terminate (`_SqliteConnection`)."""
     connection = _SqliteConnection(
         partial(sqlite3.connect, path, check_same_thread=False), iter_chunk_size=64
     )
-    connection._thread.daemon = True  # as SQLAlchemy's dialect does
     return await connection
 
 

@@ -97,3 +97,32 @@ def test_a_connection_ended_without_awaiting_stops_its_thread_cleanly_after_its_
         asyncio.set_event_loop(None)
     assert not thread.is_alive()
     assert died == []
+
+
+def test_a_statement_finishing_after_its_loop_closed_leaves_the_thread_serving(
+    tmp_path: Path,
+) -> None:
+    # A statement still running when its test's loop closed (say, waiting out the busy
+    # timeout): aiosqlite's worker died answering the closed loop, and every statement
+    # queued behind it was never run.
+    loop = asyncio.new_event_loop()
+    died: list[threading.ExceptHookArgs] = []
+    previous, threading.excepthook = threading.excepthook, died.append
+    try:
+        connection = loop.run_until_complete(connect_sqlite(str(tmp_path / "t.db")))
+        thread = connection._thread
+        busy = threading.Event()
+        abandoned = loop.create_future()
+        connection._tx.put_nowait((abandoned, busy.wait))  # mid-statement
+        loop.close()
+        busy.set()
+        ran = threading.Event()
+        connection._tx.put_nowait((None, ran.set))  # queued behind the abandoned one
+        assert ran.wait(10)
+        connection.stop()
+        thread.join(10)
+    finally:
+        threading.excepthook = previous
+    assert not thread.is_alive()
+    assert died == []
+    assert not abandoned.done()
