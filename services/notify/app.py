@@ -12,6 +12,7 @@ from services.common.security import server_security
 from services.common.server_limits import server_limits
 from services.notify.components import NotifyComponents, build_components
 from services.notify.database import migration_locations, prepare
+from services.notify.gc_tuning import frozen_heap
 from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
 
@@ -29,6 +30,8 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
     prepare(settings.database_url, migrate_on_start=settings.migrate_on_start)
     parts = components or build_components(settings)
     background = [*parts.runtime.background(), parts.parked.run]
+    if settings.notify_gc_freeze:
+        background.append(frozen_heap)
     if parts.stream_listener is not None:
         background.append(parts.stream_listener.run)
         log.info("notify_replicas", mode="multi", delivery="postgresql LISTEN/NOTIFY")
