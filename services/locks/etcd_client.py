@@ -58,6 +58,21 @@ class ClaimResult:
     # The keys (no values) under `counted` as of my key's creation, when asked for and
     # read in the same transaction (a re-sent claim reads them separately).
     counted_keys: list[bytes] | None = None
+    # The transaction was sent exactly once. Only then is it sure that no copy of it can
+    # still be applied later (a timed-out copy may be applied after its answer was lost),
+    # so only then may the lease be reused once my key is deleted: a late copy would
+    # re-create my key on a lease that by then belongs to someone else.
+    sent_once: bool = False
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """Outcome of a delete by create revision."""
+
+    released: bool  # the key with that create revision is gone (by this call or before)
+    # The deleted key as it was, set only when this very transaction deleted it (exactly
+    # one key, with that create revision): the only case that says whose lease it was.
+    prev: KeyValue | None = None
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -182,7 +197,14 @@ class Etcd:
             success=success,
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=my_key)), get_holder],
         )
-        resp = await self._txn(req)
+        attempts = 0
+
+        async def send(channel: grpc.aio.Channel, md: object, budget: float) -> rpc.TxnResponse:
+            nonlocal attempts
+            attempts += 1
+            return await _kv(channel).Txn(req, timeout=budget, metadata=md)
+
+        resp = await self.connection.with_failover(send)
         counted_keys = None
         if resp.succeeded:
             my_rev = resp.header.revision
@@ -192,7 +214,7 @@ class Etcd:
             my_rev = resp.responses[0].response_range.kvs[0].create_revision
         holder_kvs = resp.responses[1].response_range.kvs
         holder = KeyValue.from_pb(holder_kvs[0]) if holder_kvs else None
-        return ClaimResult(my_rev, holder, resp.header.revision, counted_keys)
+        return ClaimResult(my_rev, holder, resp.header.revision, counted_keys, attempts == 1)
 
     async def first_created(self, prefix: bytes) -> KeyValue | None:
         """The key under `prefix` with the lowest create revision (the lock holder)."""
@@ -267,15 +289,23 @@ class Etcd:
         return bool((await self._txn(req)).succeeded)
 
     async def delete_if_created_at(self, key: bytes, create_revision: int) -> bool:
+        """Delete `key` only if it still has `create_revision` (one transaction)."""
+        return (await self.delete_created_at(key, create_revision)).released
+
+    async def delete_created_at(self, key: bytes, create_revision: int) -> Deleted:
         """Delete `key` only if it still has `create_revision` (one transaction).
 
-        A failover can re-send the transaction after the first copy was applied (the
-        answer was lost with the member). The re-sent copy then finds the key gone; that
-        counts as deleted, since nothing can re-create a key with an old create revision.
+        `prev` is the deleted key (value, lease) when this transaction deleted it. A
+        failover can re-send the transaction after the first copy was applied (the answer
+        was lost with the member). The re-sent copy then finds the key gone; that counts
+        as released, since nothing can re-create a key with an old create revision, but
+        has no `prev`: who deleted it is not known.
         """
         req = rpc.TxnRequest(
             compare=[_create_revision_is(key, create_revision)],
-            success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))],
+            success=[
+                rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key, prev_kv=True))
+            ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=True))],
         )
         attempts = 0
@@ -287,9 +317,14 @@ class Etcd:
 
         resp = await self.connection.with_failover(send)
         if resp.succeeded:
-            return True
+            gone = resp.responses[0].response_delete_range
+            prev = None
+            if gone.deleted == 1 and len(gone.prev_kvs) == 1:
+                kv = KeyValue.from_pb(gone.prev_kvs[0])
+                prev = kv if kv.create_revision == create_revision else None
+            return Deleted(True, prev)
         key_gone = not resp.responses[0].response_range.kvs
-        return attempts > 1 and key_gone
+        return Deleted(attempts > 1 and key_gone)
 
     async def wait_deleted(
         self, keys: Sequence[bytes], start_revision: int

@@ -5,7 +5,9 @@ fail, it declares the lock lost once a full TTL has passed since the *sending* o
 last renewal etcd answered (etcd counts the TTL from when it received that renewal, so
 this is never later than etcd's own expiry) and hands the lease to the reaper so it is
 revoked when etcd is back. The watcher waits for the holder's key to be deleted (a
-release, a revoke, or the lease expiring) and reports it at once.
+release, a revoke, or the lease expiring) and reports it at once. Before its first
+renewal a hold marks the holder's key `renewed` (`Mutex.mark_renewed`), which keeps the
+lease out of reuse: renewals and revokes by lease id never reach a later lock.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class Holding:
         """Check the token, renew once, then keep renewing and watching in the background."""
         try:
             kv = await self.mutex.holder(self.key, self.token)
+            # Before renewing by lease id: a lease whose key is marked is never reused, so
+            # every renewal and revoke of this hold only ever touches this lock's lease.
+            await self.mutex.mark_renewed(self.key, kv)
         except LockLost as exc:
             self._report(Lost(LostReason.NOT_HOLDER, exc.message))
             return

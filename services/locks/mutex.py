@@ -19,11 +19,39 @@ fencing token (revisions grow across the whole cluster, across restarts).
 Keys are deleted, not their leases revoked, when a contender lets go; an idle lease
 without keys expires by itself within its TTL. That keeps "the predecessor's lease no
 longer exists" meaning "it expired", which is how stale-lock recoveries are counted.
+
+Lease reuse. Each lock's own lease grant is an etcd write beside the claim, so a released
+lock's lease goes back to the `LeasePool` (with its original grant time: the pool hands
+it out only within `max_age` of that grant, so a lock still starts with ≥ 90% of its TTL
+and `expires_at` stays a true lower bound). A lease is given back only when all of these
+hold, each closing one way it could break a lock:
+- this replica granted it, for an uncontended acquire or a try-lock/capped contender that
+  never waited (a waiter's lease was renewed by its own keepalives, whose late copies
+  could extend whoever used the lease next);
+- the claim transaction was sent once (a copy re-sent on failover could be applied late,
+  re-creating `{name}/{lease:x}` on a lease by then someone else's: a ghost holder);
+- the release's (or abandon's) own delete transaction removed that one key, with the
+  token's create revision and this lease (`Etcd.delete_created_at`): a release that found
+  nothing (lost lock, expired lease, released elsewhere) gives nothing back, and the
+  pool's leases have exactly one key each, so the lease then has none;
+- the key was never marked `renewed`. Refresh and Hold mark the holder's key (a
+  transaction on its create revision) before they renew its lease by id, so a renewal
+  is either ordered before the release (the release sees the mark and keeps the lease
+  out of reuse) or finds the key gone and reports LOCK_LOST: a stale holder's renewal
+  never extends, and a stale Hold never revokes, the next lock on the same lease.
+A reused lease may create the same key name again (same lock, same lease); its create
+revision, the new fencing token, is newer than every earlier one, so a stale Release,
+Refresh or Hold with the old token matches nothing. A given-back lease is never revoked
+by the pool (only dropped, to expire), so stale-recovery counting is unchanged, except
+that an acquire whose claim fails or is cancelled before its outcome is known revokes its
+lease (no ghost holder); a waiter of that lease's previous lock checking in that very
+moment would count a stale recovery it was not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections import OrderedDict
@@ -33,9 +61,9 @@ from typing import Any
 
 from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockHeld, LockLost
-from services.locks.etcd_client import Etcd, KeyValue, RevisionCompacted, prefix_end
+from services.locks.etcd_client import Deleted, Etcd, KeyValue, RevisionCompacted, prefix_end
 from services.locks.keys import KeySpace, LockKey
-from services.locks.lease_pool import LeasePool
+from services.locks.lease_pool import Lease, LeasePool
 from services.locks.metrics import LOCK_CONTENTION, LOCK_WAIT_SECONDS, STALE_LOCK_RECOVERIES
 from services.locks.reaper import LeaseReaper
 
@@ -51,9 +79,14 @@ class Record:
     ttl: int
     waiting_since: float
     acquired_at: float | None = None
+    # Set (once) before Refresh or Hold renews the lease: the lease is then never reused.
+    renewed: bool = False
 
     def encode(self) -> bytes:
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+        data = dict(self.__dict__)
+        if not self.renewed:
+            del data["renewed"]  # the common case stays as it was
+        return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Record:
@@ -66,6 +99,7 @@ class Record:
                 ttl=int(data.get("ttl", 0)),
                 waiting_since=float(data.get("waiting_since", 0.0)),
                 acquired_at=data.get("acquired_at"),
+                renewed=data.get("renewed") is True,
             )
         except (ValueError, TypeError, AttributeError):
             return cls(owner="", correlation_id="", ttl=0, waiting_since=0.0)
@@ -114,14 +148,26 @@ class Mutex:
         self.keys = keys
         self.reaper = reaper
         self.leases = leases or LeasePool(etcd)
-        # (lock folder, token) -> the holder's contender key, for tokens this replica
-        # handed out. Only a name to try: the delete still checks the create revision.
-        self._holder_keys: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
+        # (lock folder, token) -> the holder's contender key, and its lease when that may
+        # be reused after the release, for tokens this replica handed out. Only a name
+        # to try: the delete still checks the create revision.
+        self._holder_keys: OrderedDict[tuple[bytes, int], tuple[bytes, Lease | None]] = (
+            OrderedDict()
+        )
 
-    def _remember(self, key: LockKey, token: int, my_key: bytes) -> None:
-        self._holder_keys[(key.etcd_prefix, token)] = my_key
+    def _remember(self, key: LockKey, token: int, my_key: bytes, reusable: Lease | None) -> None:
+        self._holder_keys[(key.etcd_prefix, token)] = (my_key, reusable)
         if len(self._holder_keys) > HOLDER_KEYS_REMEMBERED:
             self._holder_keys.popitem(last=False)
+
+    def _give_back(self, lease: Lease | None, deleted: Deleted) -> None:
+        """Reuse `lease` iff this very delete removed its key and nobody renewed it."""
+        prev = deleted.prev
+        if lease is None or prev is None or prev.lease != lease.id:
+            return
+        if Record.decode(prev.value).renewed:
+            return
+        self.leases.give_back(lease)
 
     # -- acquire --------------------------------------------------------------
 
@@ -148,6 +194,7 @@ class Mutex:
         my_key = key.contender_key(lease)
         record = Record(owner, correlation_id, ttl, waiting_since=requested_at)
         my_rev = 0
+        reusable: Lease | None = None  # the lease, while nothing but my claim touched it
         try:
             claim = await self.etcd.claim(
                 my_key,
@@ -157,33 +204,35 @@ class Mutex:
                 counted=admit.counted if admit is not None else None,
             )
             my_rev = claim.my_revision
+            reusable = granted if claim.sent_once else None
             is_holder = claim.holder is not None and claim.holder.create_revision == my_rev
             if admit is not None:
                 await admit.check(my_rev, is_holder, claim.counted_keys)
             if is_holder:
                 _acquired_histogram(pattern).observe(time.monotonic() - started)
-                self._remember(key, my_rev, my_key)
+                self._remember(key, my_rev, my_key, reusable)
                 # The lease's TTL runs from its grant (a spare may be a moment older).
                 expires_at = granted.granted_at + ttl
                 return _view(key.name, my_rev, lease, record, requested_at, expires_at)
             if wait_timeout_ms == 0:
                 raise _Timeout
+            reusable = None  # a waiter renews its lease: late renewals could outlive it
             async with asyncio.timeout(wait_timeout_ms / 1000):
                 view = await self._wait_turn(key, my_key, my_rev, lease, record)
         except (_Timeout, TimeoutError):
-            await self._abandon(my_key, my_rev, lease)
+            await self._abandon(my_key, my_rev, lease, reusable)
             LOCK_CONTENTION.labels("failed", pattern).inc()
             LOCK_WAIT_SECONDS.labels("timed_out", pattern).observe(time.monotonic() - started)
             raise await self._held_error(key) from None
         except BaseException:
             # Lost, cancelled by the caller, or etcd trouble: leave no waiter behind.
-            await asyncio.shield(self._abandon(my_key, my_rev, lease))
+            await asyncio.shield(self._abandon(my_key, my_rev, lease, reusable))
             LOCK_CONTENTION.labels("failed", pattern).inc()
             LOCK_WAIT_SECONDS.labels("failed", pattern).observe(time.monotonic() - started)
             raise
         LOCK_CONTENTION.labels("waited", pattern).inc()
         LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
-        self._remember(key, my_rev, my_key)
+        self._remember(key, my_rev, my_key, None)
         return view
 
     async def _wait_turn(
@@ -243,11 +292,17 @@ class Mutex:
     async def _expired(self, kv: KeyValue) -> bool:
         return kv.lease != 0 and await self.etcd.lease_remaining(kv.lease) <= 0
 
-    async def _abandon(self, my_key: bytes, my_rev: int, lease: int) -> None:
-        """Remove my contender key; if etcd is away, revoke the lease when it is back."""
+    async def _abandon(
+        self, my_key: bytes, my_rev: int, lease: int, reusable: Lease | None = None
+    ) -> None:
+        """Remove my contender key; if etcd is away, revoke the lease when it is back.
+
+        Without my revision (the claim failed or was cancelled: it may still be applied)
+        the lease is revoked, so no key of mine can outlive this.
+        """
         try:
             if my_rev:
-                await self.etcd.delete_if_created_at(my_key, my_rev)
+                self._give_back(reusable, await self.etcd.delete_created_at(my_key, my_rev))
             else:
                 await self.etcd.revoke_lease(lease)
         except EtcdUnavailable:
@@ -280,9 +335,24 @@ class Mutex:
             )
         return kv
 
+    async def mark_renewed(self, key: LockKey, kv: KeyValue) -> None:
+        """Mark the holder's key `renewed` (once) before its lease is renewed by id.
+
+        The mark is a transaction on the key's create revision, so it is ordered against
+        the release's delete: if it lands first, the release keeps the lease out of reuse;
+        if the key is gone, LockLost, and the caller must not renew that lease.
+        """
+        record = Record.decode(kv.value)
+        if record.renewed:
+            return
+        marked = dataclasses.replace(record, renewed=True).encode()
+        if not await self.etcd.put_if_created_at(kv.key, kv.create_revision, marked, kv.lease):
+            raise LockLost("the lock was released", key=key.name, token=kv.create_revision)
+
     async def refresh(self, key: LockKey, token: int) -> LockView:
         """Renew the holder's lease; LockLost when `token` is not the holder's any more."""
         kv = await self.holder(key, token)
+        await self.mark_renewed(key, kv)
         refreshed_at = time.time()
         ttl = await self.etcd.keep_alive(kv.lease)
         if ttl <= 0:
@@ -299,11 +369,14 @@ class Mutex:
 
     async def release(self, key: LockKey, token: int) -> bool:
         """Delete the holder's key iff it still has `token`; False when nothing changed."""
-        my_key = self._holder_keys.pop((key.etcd_prefix, token), None)
-        if my_key is not None:
+        remembered = self._holder_keys.pop((key.etcd_prefix, token), None)
+        if remembered is not None:
             # A token this replica handed out to a holder: while its key exists with that
             # create revision no older key can appear, so it is still the holder's.
-            return await self.etcd.delete_if_created_at(my_key, token)
+            my_key, reusable = remembered
+            deleted = await self.etcd.delete_created_at(my_key, token)
+            self._give_back(reusable, deleted)
+            return deleted.released
         kv = await self.etcd.first_created(key.etcd_prefix)
         if kv is None or kv.create_revision != token:
             return False

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.etcd
 async def _wait_spare(pool: LeasePool, ttl: int) -> int:
     """The spare's id once the background grant has landed (bounded poll)."""
     for _ in range(500):
-        spare = pool._spares.get(ttl)
-        if spare is not None:
-            return spare.id
+        spares = [s for s in pool._shelves.get(ttl, ()) if not s.used]
+        if spares:
+            return spares[-1].id
         await asyncio.sleep(0.002)
     raise AssertionError("no spare was granted")
 
@@ -27,7 +27,7 @@ async def test_back_to_back_takes_use_a_spare_and_an_idle_pool_grants_none(etcd)
     pool = LeasePool(client, max_age=0.3)
     try:
         first = await pool.take(10)
-        assert pool._spares == {} and not pool._tasks  # one acquire: nothing granted ahead
+        assert not pool._shelves.get(10) and not pool._tasks  # one acquire: nothing granted ahead
         await pool.take(10)  # a second within max_age: the pool starts granting ahead
         spare_id = await _wait_spare(pool, 10)
         third = await pool.take(10)
