@@ -61,6 +61,7 @@ class LeasePool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._refilling: set[int] = set()
         # Observable for tests and tools.
+        self.taken = 0
         self.spares_used = 0  # takes served from a shelf
         self.reused = 0  # of those, leases given back after a release
         self.granted = 0  # grants sent (on a request's path or ahead)
@@ -71,6 +72,7 @@ class LeasePool:
     async def take(self, ttl: int) -> Lease:
         """A lease with `ttl` seconds: a fresh spare or given-back one, else granted now."""
         now = time.monotonic()
+        self.taken += 1
         last = self._last_take.pop(ttl, None)
         self._last_take[ttl] = now  # most recently used last
         limit = self._age_limit(ttl)

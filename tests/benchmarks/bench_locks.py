@@ -3,14 +3,17 @@
     .venv/bin/python tests/benchmarks/bench_locks.py [--quick]
 
 Starts a private etcd (its own process) and the service in this process. Measures, in one
-run, arms 1-3 interleaved in rounds (so load swings on the shared machine hit all alike):
+run, arms 1-3 (and 2b) interleaved in rounds (so load swings on the shared machine hit all alike):
 1. the service's Acquire+Release round trip (gRPC -> mutex -> etcd),
 2. the etcd requests any correct lock needs (lease grant, put-if-absent transaction
    reading the holder, delete by create revision), sent directly with the same etcd
    client (the baseline),
+2b. the same direct client reusing its released leases the way the service does (a
+   LeasePool: granted ahead, a released lease given back with its grant time when its
+   delete removed the key; so grants are ~one per max_age, not one per lock),
 3. the floor of "one gRPC hop": a bare grpc.aio server relaying the same etcd work (a
-   lease granted ahead by the same LeasePool, the claim, the delete) with no auth,
-   interceptors, metrics or logs,
+   lease from the same LeasePool, reused the same way, the claim, the delete) with no
+   auth, interceptors, metrics or logs,
 4. 16 contenders on one key through the service vs the uncontended case,
 5. the service's Acquire+Release on a 3-member etcd cluster over TLS (client
    certificates) with etcd auth, vs 1 (one plaintext member).
@@ -41,9 +44,9 @@ from support.etcd import EtcdCluster, EtcdServer  # noqa: E402
 from services.common.grpc_server import start  # noqa: E402
 from services.common.logging import configure_logging  # noqa: E402
 from services.locks.app import build_app  # noqa: E402
-from services.locks.etcd_client import Etcd  # noqa: E402
+from services.locks.etcd_client import Deleted, Etcd  # noqa: E402
 from services.locks.keys import KeySpace  # noqa: E402
-from services.locks.lease_pool import LeasePool  # noqa: E402
+from services.locks.lease_pool import Lease, LeasePool  # noqa: E402
 from services.locks.settings import LocksSettings  # noqa: E402
 
 # The bearer credential on each call, as `LockClient` sends it (no client interceptor).
@@ -58,20 +61,27 @@ class BareRelay(locks_pb2_grpc.LockServiceServicer):
         self.etcd = etcd
         self.space = space
         self.leases = LeasePool(etcd)
-        self.held: dict[int, bytes] = {}
+        self.held: dict[int, tuple[bytes, Lease]] = {}
 
     async def Acquire(self, request, context):  # type: ignore[no-untyped-def]
         key = self.space.lock_key(request.key, "bench")
         lease = await self.leases.take(request.ttl_seconds)
         my_key = key.contender_key(lease.id)
         claim = await self.etcd.claim(my_key, b"{}", lease.id, key.etcd_prefix)
-        self.held[claim.my_revision] = my_key
+        self.held[claim.my_revision] = (my_key, lease)
         return locks_pb2.Lock(key=request.key, token=claim.my_revision, lease_id=lease.id)
 
     async def Release(self, request, context):  # type: ignore[no-untyped-def]
-        my_key = self.held.pop(request.token)
-        released = await self.etcd.delete_if_created_at(my_key, request.token)
-        return locks_pb2.ReleaseResponse(released=released)
+        my_key, lease = self.held.pop(request.token)
+        deleted = await self.etcd.delete_created_at(my_key, request.token)
+        give_back(self.leases, lease, deleted)
+        return locks_pb2.ReleaseResponse(released=deleted.released)
+
+
+def give_back(pool: LeasePool, lease: Lease, deleted: Deleted) -> None:
+    """The service's rule, minus renewals (none here): reuse iff this delete removed the key."""
+    if deleted.prev is not None and deleted.prev.lease == lease.id:
+        pool.give_back(lease)
 
 
 def summary(name: str, latencies: list[float], wall: float) -> dict[str, float]:
@@ -118,6 +128,7 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
     running = await start(app)
     etcd = Etcd(endpoint, call_timeout=5)
     space = KeySpace("/bench/direct/")
+    reuse_pool = LeasePool(etcd)
     relay_etcd = Etcd(endpoint, call_timeout=5)
     relay = BareRelay(relay_etcd, KeySpace("/bench/relay/"))
     relay_server = grpc.aio.server()
@@ -145,7 +156,27 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
                 assert claim.holder.create_revision == claim.my_revision
                 assert await etcd.delete_if_created_at(my_key, claim.my_revision)
 
-            arms = {"service": via_service, "direct": direct, "relay": via_relay}
+            reuse_space = KeySpace("/bench/direct-reuse/")
+
+            async def direct_reuse(i: int) -> None:
+                # The same requests, with a lease from a pool that reuses released ones.
+                key = reuse_space.lock_key(f"file:{i % 64}", "bench")
+                lease = await reuse_pool.take(30)
+                my_key = key.contender_key(lease.id)
+                claim = await etcd.claim(my_key, b"{}", lease.id, key.etcd_prefix)
+                assert claim.holder is not None
+                assert claim.holder.create_revision == claim.my_revision
+                deleted = await etcd.delete_created_at(my_key, claim.my_revision)
+                assert deleted.released
+                if claim.sent_once:
+                    give_back(reuse_pool, lease, deleted)
+
+            arms = {
+                "service": via_service,
+                "direct": direct,
+                "direct_reuse": direct_reuse,
+                "relay": via_relay,
+            }
             for op in arms.values():
                 await timed(min(50, n), op)  # warm-up
             runs: dict[str, list[float]] = {name: [] for name in arms}
@@ -157,14 +188,34 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
                     walls[name] += wall
             svc = summary("service Acquire+Release", runs["service"], walls["service"])
             base = summary("direct etcd (grant, claim, delete)", runs["direct"], walls["direct"])
+            reuse = summary(
+                "direct etcd, reusing leases", runs["direct_reuse"], walls["direct_reuse"]
+            )
             floor = summary("bare grpc.aio relay (floor)", runs["relay"], walls["relay"])
             print(
                 f"service / direct: p50 x{svc['p50'] / base['p50']:.2f}, "
                 f"throughput x{svc['ops'] / base['ops']:.2f}"
             )
             print(
-                f"floor: relay / direct p50 x{floor['p50'] / base['p50']:.2f}; "
+                f"service / direct reusing leases: p50 x{svc['p50'] / reuse['p50']:.2f}, "
+                f"throughput x{svc['ops'] / reuse['ops']:.2f}"
+            )
+            print(
+                f"floor: relay / direct p50 x{floor['p50'] / base['p50']:.2f}, "
+                f"relay / direct reusing x{floor['p50'] / reuse['p50']:.2f}; "
                 f"service / relay p50 x{svc['p50'] / floor['p50']:.2f}"
+            )
+            pools = {
+                "service": app.servicers[0].instance.mutex.leases,
+                "relay": relay.leases,
+                "direct reusing": reuse_pool,
+            }
+            print(
+                "lease grants per 1,000 acquires (so far): "
+                + ", ".join(
+                    f"{name} {1000 * p.granted / max(1, p.taken):.0f}" for name, p in pools.items()
+                )
+                + "; direct 1000"
             )
 
             latencies: list[float] = []
@@ -196,6 +247,7 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
     finally:
         await relay_server.stop(None)
         await relay.leases.close()
+        await reuse_pool.close()
         await relay_etcd.close()
         await etcd.close()
         await running.stop()
