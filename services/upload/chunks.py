@@ -44,15 +44,11 @@ from services.common.logging import get_logger
 from services.upload import checksums, metrics
 from services.upload.blob_store import BlobStore, chunk_key
 from services.upload.chunk_commits import Chain, ChunkCommitter, Lost, Recorded
+from services.upload.chunk_reads import Stored
 from services.upload.conflict_repeats import REPEATS
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
 from services.upload.models import EXPIRED, UPLOADING, ChunkRow, UploadRow
-from services.upload.uploads import (
-    MergeEnqueuer,
-    Uploads,
-    check_uploader,
-    expected_chunk_size,
-)
+from services.upload.uploads import MergeEnqueuer, Uploads, expected_chunk_size
 
 log = get_logger(__name__)
 
@@ -75,16 +71,6 @@ class ChunkOutcome:
 
 
 @dataclass(frozen=True, slots=True)
-class _Stored:
-    """What is recorded for an index (plain values: they outlive the session)."""
-
-    checksum: str
-    size: int
-    # Sends of this index that reached its row (1: the one that stored it).
-    attempts: int
-
-
-@dataclass(frozen=True, slots=True)
 class PreparedChunk:
     """A checked chunk whose bytes are staged, ready for `ChunkStore.commit`."""
 
@@ -96,7 +82,7 @@ class PreparedChunk:
     # The blob store's staging handle; None when the index was stored already.
     staged: object | None
     # The row found for the index when it was checked (a retry: nothing staged).
-    existing: _Stored | None
+    existing: Stored | None
 
 
 class ChunkStore:
@@ -134,16 +120,11 @@ class ChunkStore:
         """Check chunk `index` and stage its bytes (none if the index is stored already).
 
         The result must be passed to `commit` or `abandon` (which removes staged bytes)."""
-        async with self._sessions() as session:
-            await read_only(session)
-            upload, target, row = await self._uploads.load_for_chunk(
-                session, identity, upload_id, index
-            )
-            # Shares may have changed since CreateUpload (the merge checks again). A missing
-            # target is looked up again by the full check, which names the error.
-            await check_uploader(session, upload, target=target)
+        # Shares may have changed since CreateUpload (the merge checks again).
+        found = await self._uploads.read_for_chunk(identity, upload_id, index)
+        upload = found.upload
         # The row read answers a retry (fast path below) and numbers this send's attempt.
-        existing = None if row is None else _Stored(row.checksum, row.size, row.attempts)
+        existing = found.stored
         attempt = 1 if existing is None else existing.attempts + 1
         if not 0 <= index < upload.total_chunks:
             raise InvalidArgument(
@@ -223,7 +204,7 @@ class ChunkStore:
     async def _answer_existing(
         self,
         upload: UploadRow,
-        existing: _Stored | None,
+        existing: Stored | None,
         index: int,
         size: int,
         checksum: str,
@@ -273,7 +254,7 @@ class ChunkStore:
             assert fresh is not None
         return ChunkOutcome(fresh, index, duplicate=True, started_merge=False)
 
-    async def _count_attempt(self, upload_id: str, index: int) -> _Stored:
+    async def _count_attempt(self, upload_id: str, index: int) -> Stored:
         """One more send of a stored index (a retry, or other bytes): counted on its row,
         which answers with the total (and what is stored), so concurrent retries each log
         their own number."""
@@ -287,7 +268,7 @@ class ChunkStore:
                 )
             ).first()
         assert counted is not None, "a stored chunk's row is never deleted while uploading"
-        return _Stored(counted.checksum, counted.size, counted.attempts)
+        return Stored(counted.checksum, counted.size, counted.attempts)
 
     def _stored(self, p: PreparedChunk, result: Recorded) -> ChunkOutcome:
         """Log and count a chunk the group commit inserted."""

@@ -68,6 +68,7 @@ class UploadComponents:
             await subscriber.close()
         await self.locks.close()
         await self.chunks.close()
+        await self.uploads.close()
         await self.blobs.close()
         await self.engine.dispose()
 

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import ColumnElement, and_, case, or_, select, update
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -24,6 +24,7 @@ from services.common.logging import get_logger
 from services.common.page_tokens import PageTokens
 from services.upload import checksums, pagination
 from services.upload.allowance import check_allowance, check_size
+from services.upload.chunk_reads import ChunkRead, ChunkReads
 from services.upload.convert import STATUS_NAME
 from services.upload.errors import (
     FileDeleted,
@@ -171,6 +172,7 @@ class Uploads:
         self._sessions = sessions
         self._settings = settings
         self._tokens = tokens
+        self._chunk_reads = ChunkReads(sessions.kw["bind"])
 
     async def create(
         self, identity: Identity, request: upload_pb2.CreateUploadRequest
@@ -314,29 +316,32 @@ class Uploads:
             raise UploadNotFound("upload not found", upload_id=upload_id)
         return row
 
-    async def load_for_chunk(
-        self, session: AsyncSession, identity: Identity, upload_id: str, index: int
-    ) -> tuple[UploadRow, FileRow | None, ChunkRow | None]:
-        """`load`, with the upload's target file (None if gone from its tenant) and the row
-        stored for chunk `index` (None if none), in one statement: a chunk's hot path."""
-        where = _callers(identity, upload_id)
-        target = case((UploadRow.is_new_file, UploadRow.folder_id), else_=UploadRow.file_id)
-        found = (
-            await session.execute(
-                select(UploadRow, FileRow, ChunkRow)
-                .outerjoin(
-                    FileRow, and_(FileRow.id == target, FileRow.tenant_id == UploadRow.tenant_id)
-                )
-                .outerjoin(
-                    ChunkRow,
-                    and_(ChunkRow.upload_id == UploadRow.id, ChunkRow.chunk_index == index),
-                )
-                .where(*where)
-            )
-        ).first()
+    async def read_for_chunk(self, identity: Identity, upload_id: str, index: int) -> ChunkRead:
+        """The caller's upload `upload_id` (UPLOAD_NOT_FOUND otherwise), checked for its
+        uploader's rights (`check_uploader`), and the row stored for chunk `index`: a
+        chunk's hot path, one statement (`chunk_reads`).
+
+        When the uploader owns the target (the common case) the read has answered the
+        rights check already: an owner may write, so only a deleted target refuses. Any
+        other case (a shared target, or one gone from the tenant) runs the full check,
+        which names the error."""
+        _check_upload_id(upload_id)
+        found = await self._chunk_reads.read(identity, upload_id, index)
         if found is None:
             raise UploadNotFound("upload not found", upload_id=upload_id)
-        return found[0], found[1], found[2]
+        upload, target = found.upload, found.target
+        if target is not None and target.owner_user_id == upload.owner_user_id:
+            if target.deleted_at is not None:
+                raise FileDeleted("the upload's file or folder is deleted", file_id=target.id)
+            return found
+        async with self._sessions() as session:
+            await read_only(session)
+            await check_uploader(session, upload)
+        return found
+
+    async def close(self) -> None:
+        """Return the chunk reader's connection (service shutdown)."""
+        await self._chunk_reads.close()
 
     async def expire_if_due(self, upload: UploadRow) -> UploadRow:
         """Move an idle `uploading` upload past its expires_at to `expired`; the fresh row."""
@@ -429,11 +434,16 @@ class Uploads:
 def _callers(identity: Identity, upload_id: str) -> tuple[ColumnElement[bool], ...]:
     """The conditions that find `upload_id` only among the caller's own uploads in their
     tenant (after checking the id's shape)."""
-    if not upload_id:
-        raise InvalidArgument("upload_id", "must not be empty")
-    validation.resource_id(upload_id, "upload_id")
+    _check_upload_id(upload_id)
     return (
         UploadRow.id == upload_id,
         UploadRow.tenant_id == identity.tenant_id,
         UploadRow.owner_user_id == identity.user_id,
     )
+
+
+def _check_upload_id(upload_id: str) -> None:
+    """Refuse an empty or malformed upload id before any statement."""
+    if not upload_id:
+        raise InvalidArgument("upload_id", "must not be empty")
+    validation.resource_id(upload_id, "upload_id")
