@@ -54,7 +54,8 @@ log = get_logger(__name__)
 # At most this many chunks in one transaction (one INSERT's parameters stay small).
 MAX_BATCH = 64
 _CHUNKS: Table = ChunkRow.__table__  # type: ignore[assignment]
-_UPLOAD_COLUMNS = [c.key for c in UploadRow.__table__.columns]
+_UPLOADS: Table = UploadRow.__table__  # type: ignore[assignment]
+_UPLOAD_COLUMNS = [c.key for c in _UPLOADS.columns]
 
 
 class Chain:
@@ -315,14 +316,20 @@ class ChunkCommitter:
             if hook is not None:
                 for item in inserted:
                     await hook(item.upload.id, item.index)
-            results = await self._count(session, batch, inserted, now)
+            results = await self._count(connection, session, batch, inserted, now)
             await session.flush()
         return results
 
     async def _count(
-        self, session: AsyncSession, batch: list[_Item], inserted: list[_Item], now: datetime
+        self,
+        connection: AsyncConnection,
+        session: AsyncSession,
+        batch: list[_Item],
+        inserted: list[_Item],
+        now: datetime,
     ) -> dict[int, Recorded | Lost | Exception]:
-        """Count each upload's inserted chunks; every item's result."""
+        """Count each upload's inserted chunks; every item's result. `session` (on the
+        same connection and transaction) only enqueues a merge."""
         mine = {id(i) for i in inserted}
         per_upload: dict[str, list[_Item]] = {}
         for item in inserted:
@@ -330,30 +337,32 @@ class ChunkCommitter:
         fresh: dict[str, UploadRow | None] = {}
         for upload_id in sorted(per_upload):
             n = len(per_upload[upload_id])
-            completes = UploadRow.received_chunk_count + n == UploadRow.total_chunks
-            # SET expressions all read the row as it was before (invariants 2 and 3).
-            row = (
-                await session.execute(
-                    update(UploadRow)
-                    .where(UploadRow.id == upload_id, UploadRow.status == UPLOADING)
+            u = _UPLOADS.c
+            completes = u.received_chunk_count + n == u.total_chunks
+            # SET expressions all read the row as it was before (invariants 2 and 3). Core,
+            # not the ORM: the row comes back as plain values (no identity-map work).
+            returned = (
+                await connection.execute(
+                    update(_UPLOADS)
+                    .where(u.id == upload_id, u.status == UPLOADING)
                     .values(
-                        received_chunk_count=UploadRow.received_chunk_count + n,
+                        received_chunk_count=u.received_chunk_count + n,
                         updated_at=now,
                         expires_at=now + timedelta(seconds=self._ttl),
-                        status=case((completes, MERGING), else_=UploadRow.status),
-                        merge_started_at=case((completes, now), else_=UploadRow.merge_started_at),
+                        status=case((completes, MERGING), else_=u.status),
+                        merge_started_at=case((completes, now), else_=u.merge_started_at),
                     )
-                    .returning(UploadRow)
-                    .execution_options(synchronize_session=False, populate_existing=True)
+                    .returning(*_UPLOADS.columns)
                 )
-            ).scalar_one_or_none()
+            ).first()
+            row = None if returned is None else UploadRow(**returned._asdict())
             fresh[upload_id] = row
             if row is None:
                 # Aborted or expired meanwhile: its rows go again (the bytes are orphans).
                 indexes = [i.index for i in per_upload[upload_id]]
-                await session.execute(
-                    delete(ChunkRow).where(
-                        tuple_(ChunkRow.upload_id, ChunkRow.chunk_index).in_(
+                await connection.execute(
+                    delete(_CHUNKS).where(
+                        tuple_(_CHUNKS.c.upload_id, _CHUNKS.c.chunk_index).in_(
                             [(upload_id, x) for x in indexes]
                         )
                     )
