@@ -2,7 +2,7 @@
 stay short.
 
 Measured (tests/benchmarks/bench_notify.py, stage timestamps per delivery): the commit →
-delivery p99 was one full (generation 2) collection per few seconds of traffic, 45–86 ms
+delivery p99 was one full (generation 2) collection per few seconds of traffic, 45-86 ms
 with the event loop stopped, because it walks every object alive, ~130,000 of them made
 at start-up (modules, SQLAlchemy, protobuf descriptors, gRPC) that never die. Every
 delivery in flight waited for it. `gc.freeze()` moves them to the collector's permanent
