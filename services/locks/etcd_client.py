@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -80,10 +81,14 @@ def prefix_end(prefix: bytes) -> bytes:
     return prefix_range_end(prefix)
 
 
+# A stub builds a callable per etcd method (~10 µs); the lock hot path sends two calls per
+# pair, so stubs are built once per channel (a handful live at once; closed ones age out).
+@functools.lru_cache(maxsize=32)
 def _kv(channel: grpc.aio.Channel) -> rpc_pb2_grpc.KVStub:
     return rpc_pb2_grpc.KVStub(channel)
 
 
+@functools.lru_cache(maxsize=32)
 def _lease(channel: grpc.aio.Channel) -> rpc_pb2_grpc.LeaseStub:
     return rpc_pb2_grpc.LeaseStub(channel)
 
