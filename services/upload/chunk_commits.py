@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, case, delete, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Table, delete, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from services.common.correlation import bound_correlation_id, current_correlation_id
 from services.common.logging import get_logger
 from services.upload import metrics
+from services.upload.batch_statements import BatchStatements
 from services.upload.blob_store import BlobStore
 from services.upload.errors import UploadNotActive
 from services.upload.models import MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
@@ -120,6 +120,7 @@ class ChunkCommitter:
         after_write: Callable[[], Hook],
     ) -> None:
         self._engine = sessions.kw["bind"]
+        self._statements = BatchStatements(self._engine.dialect)
         self._blobs = blobs
         self._enqueue_merge = enqueue_merge
         self._ttl = upload_ttl_seconds
@@ -220,6 +221,10 @@ class ChunkCommitter:
                 if not ok:
                     session = None  # its transaction is over; the connection may be broken
                     with contextlib.suppress(Exception):
+                        # Not back to the pool: a statement run on the driver may have
+                        # broken it without SQLAlchemy seeing the error.
+                        await connection.invalidate()
+                    with contextlib.suppress(Exception):
                         await connection.close()
                     connection = None
                 else:
@@ -286,13 +291,9 @@ class ChunkCommitter:
         for item in batch:
             first.setdefault((item.upload.id, item.index), item)
         async with connection.begin():
-            dialect = connection.dialect.name
-            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-            rows = await connection.execute(
-                insert(_CHUNKS)
-                .on_conflict_do_nothing(index_elements=["upload_id", "chunk_index"])
-                # RETURNING, not rowcount: psycopg reports -1 for ON CONFLICT inserts.
-                .returning(_CHUNKS.c.upload_id, _CHUNKS.c.chunk_index),
+            driver = await self._statements.driver(connection)
+            rows = await self._statements.insert_chunks(
+                driver,
                 [
                     {
                         "upload_id": i.upload.id,
@@ -307,7 +308,7 @@ class ChunkCommitter:
                     for _, i in sorted(first.items(), key=lambda kv: kv[0])
                 ],
             )
-            inserted_keys = {(r[0], r[1]) for r in rows}
+            inserted_keys = set(rows)
             inserted = [i for k, i in first.items() if k in inserted_keys]
             # Our rows: we are the only writer of these keys (chunks module docstring).
             if inserted:
@@ -316,13 +317,14 @@ class ChunkCommitter:
             if hook is not None:
                 for item in inserted:
                     await hook(item.upload.id, item.index)
-            results = await self._count(connection, session, batch, inserted, now)
+            results = await self._count(connection, driver, session, batch, inserted, now)
             await session.flush()
         return results
 
     async def _count(
         self,
         connection: AsyncConnection,
+        driver: Any,
         session: AsyncSession,
         batch: list[_Item],
         inserted: list[_Item],
@@ -337,25 +339,9 @@ class ChunkCommitter:
         fresh: dict[str, UploadRow | None] = {}
         for upload_id in sorted(per_upload):
             n = len(per_upload[upload_id])
-            u = _UPLOADS.c
-            completes = u.received_chunk_count + n == u.total_chunks
-            # SET expressions all read the row as it was before (invariants 2 and 3). Core,
-            # not the ORM: the row comes back as plain values (no identity-map work).
-            returned = (
-                await connection.execute(
-                    update(_UPLOADS)
-                    .where(u.id == upload_id, u.status == UPLOADING)
-                    .values(
-                        received_chunk_count=u.received_chunk_count + n,
-                        updated_at=now,
-                        expires_at=now + timedelta(seconds=self._ttl),
-                        status=case((completes, MERGING), else_=u.status),
-                        merge_started_at=case((completes, now), else_=u.merge_started_at),
-                    )
-                    .returning(*_UPLOADS.columns)
-                )
-            ).first()
-            row = None if returned is None else UploadRow(**returned._asdict())
+            row = await self._statements.count(
+                driver, upload_id, n, now, now + timedelta(seconds=self._ttl)
+            )
             fresh[upload_id] = row
             if row is None:
                 # Aborted or expired meanwhile: its rows go again (the bytes are orphans).

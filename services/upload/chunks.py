@@ -19,14 +19,18 @@ Blob writes (write + fsync of up to 32 MiB, rename + directory fsync) and hashin
 worker threads (`asyncio.to_thread`; hashing releases the GIL): on the event loop they
 would stall every other RPC and the job runtime's heartbeats for the length of an fsync.
 
-Per chunk, the database sees one read-only snapshot (the upload, the uploader's rights, an
-existing row; on SQLite it takes no write lock, so parallel senders' reads never queue
-behind a commit); the write is a group commit (`chunk_commits`): every chunk waiting in
-the process goes into one transaction of one multi-row INSERT and one UPDATE per upload
-that counts its chunks and, for the one that completes the set, moves the upload to
-`merging` (RETURNING the row). A store is two steps, `prepare` (checks, hash, stage) and
-`commit` (record, publish), so a stream can prepare the next chunks while earlier ones
-commit.
+Per chunk, the database sees one read: one statement outside any explicit transaction (its
+own snapshot) on a connection the reader keeps, run straight on the driver (`chunk_reads`:
+one aiosqlite hand-off or one PostgreSQL round trip, no pool checkout or pre-ping) that
+returns the upload, its target's owner and deleted mark (the uploader's rights re-check;
+only a target the uploader does not own needs the full check) and an existing row; on
+SQLite it takes no write lock, so parallel senders' reads never queue behind a commit. The
+write is a group commit (`chunk_commits`): every chunk waiting in the process goes into
+one transaction of one multi-row INSERT and one UPDATE per upload that counts its chunks
+and, for the one that completes the set, moves the upload to `merging` (RETURNING the
+row); both statements go to the driver directly (`batch_statements`). A store is two
+steps, `prepare` (checks, hash, stage) and `commit` (record, publish), so a stream can
+prepare the next chunks while earlier ones commit.
 """
 
 from __future__ import annotations
