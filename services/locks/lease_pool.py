@@ -31,6 +31,10 @@ import time
 from dataclasses import dataclass
 
 from services.locks.etcd_client import Etcd
+from services.locks.metrics import LEASE_GRANTS, LEASES_REUSED
+
+_GRANTED_ON_PATH = LEASE_GRANTS.labels("request")
+_GRANTED_AHEAD = LEASE_GRANTS.labels("ahead")
 
 MAX_AGE_SECONDS = 0.5  # how old a lease may be when it is handed out
 MAX_TTLS = 16  # distinct TTLs kept warm at once (the least recently used is dropped)
@@ -92,8 +96,11 @@ class LeasePool:
                 self._refill(ttl)
         if lease is not None:
             self.spares_used += 1
-            self.reused += lease.used
+            if lease.used:
+                self.reused += 1
+                LEASES_REUSED.inc()
             return lease
+        _GRANTED_ON_PATH.inc()
         return await self._grant(ttl)
 
     def give_back(self, lease: Lease) -> None:
@@ -149,6 +156,7 @@ class LeasePool:
 
     async def _make_spare(self, ttl: int) -> None:
         try:
+            _GRANTED_AHEAD.inc()
             lease = await self._grant(ttl)
         except Exception:
             return  # etcd is away: the next acquire grants (and reports) on its own path

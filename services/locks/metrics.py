@@ -43,3 +43,12 @@ HOLDS_CAPPED = Counter(
     "serentak_lock_max_hold_exceeded_total",
     "Holds ended because the lock was held past SERENTAK_LOCK_MAX_HOLD_SECONDS.",
 )
+LEASE_GRANTS = Counter(
+    "serentak_lock_lease_grants_total",
+    "Leases granted for locks: where=request (on an Acquire's path) or ahead (a spare).",
+    ["where"],
+)
+LEASES_REUSED = Counter(
+    "serentak_lock_leases_reused_total",
+    "Acquires that got a released lock's lease back instead of a new grant.",
+)

@@ -9,6 +9,7 @@ the pool's age-out, and many contenders racing over a few names.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,12 +20,14 @@ from serentak.locks.v1 import locks_pb2
 
 from services.locks.errors import LockHeld, LockLost
 from services.locks.etcd_client import Etcd
+from services.locks.etcd_connection import options_from_settings
 from services.locks.hold import Holding, Lost, LostReason
 from services.locks.keys import KeySpace
 from services.locks.lease_pool import LeasePool
-from services.locks.metrics import STALE_LOCK_RECOVERIES
+from services.locks.metrics import LEASES_REUSED, STALE_LOCK_RECOVERIES
 from services.locks.mutex import LockView, Mutex
 from services.locks.reaper import LeaseReaper
+from services.locks.settings import LocksSettings
 
 pytestmark = pytest.mark.etcd
 
@@ -82,8 +85,10 @@ async def test_a_released_lease_is_reused_with_its_grant_time_and_a_newer_token(
     assert await m.release(key(m, "file:a"), a.token)
     assert shelved(m, a.lease_id)
     # Same lock, same lease: the same contender key name, re-created with a newer revision.
+    reused_before = LEASES_REUSED._value.get()
     b = await acquire(m, "file:a")
     assert b.lease_id == a.lease_id and m.leases.reused == 1
+    assert LEASES_REUSED._value.get() == reused_before + 1
     assert b.token > a.token
     assert b.expires_at == a.expires_at  # the TTL runs from the original grant
     remaining = await m.etcd.lease_remaining(b.lease_id)
@@ -355,3 +360,39 @@ async def test_through_the_service_a_stale_token_bounces_off_a_reused_lease(lock
             break
     else:
         pytest.fail("no lease was reused in 20 acquire/release pairs")
+
+
+@pytest.mark.slow
+async def test_a_claim_resent_on_failover_never_gives_its_lease_back(etcd_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A claim re-sent to another member may also be applied by the first one later (it
+    was stopped, not refused): that copy would re-create the key on the lease, so such a
+    lease is not reused, even though the release deleted its key."""
+    leader = etcd_cluster.leader()
+    follower = (leader + 1) % 3
+    endpoints = etcd_cluster.endpoints
+    ordered = (endpoints[follower], *(e for i, e in enumerate(endpoints) if i != follower))
+    base = options_from_settings(LocksSettings(**etcd_cluster.settings()), call_timeout=5)
+    client = Etcd(dataclasses.replace(base, endpoints=ordered, prefer_first=True))
+    # Age limit min(60 s, 600 s / 10): nothing here is too old to be reused.
+    m = Mutex(
+        client,
+        KeySpace(f"/t/{uuid.uuid4().hex}/"),
+        LeaseReaper(client),
+        LeasePool(client, max_age=60),
+    )
+    try:
+        a = await acquire(m, "file:f", ttl=600)
+        assert await m.release(key(m, "file:f"), a.token)
+        assert shelved(m, a.lease_id)  # sent once: reused
+        etcd_cluster.pause(follower)  # SIGSTOP: the claim sent there times out, unanswered
+        try:
+            b = await acquire(m, "file:g", ttl=600)
+            assert b.lease_id == a.lease_id  # the shelved lease, claimed through a failover
+            assert client.connection.current_endpoint != endpoints[follower]
+            assert await m.release(key(m, "file:g"), b.token)
+            assert not shelved(m, b.lease_id)
+        finally:
+            etcd_cluster.resume(follower)
+    finally:
+        await m.leases.close()
+        await client.close()
