@@ -18,7 +18,8 @@ Per audience, two runs on a fresh database:
   stream delivery p50/p99 (the send time is taken before the Ingest call, so it bounds
   commit -> delivery from above).
 Baseline, measured in the same run: the job runtime's bare lag (enqueue commit -> handler
-start, `bench_jobs.lag`).
+start, as `bench_jobs.lag` measures it), 100 jobs/s right before and right after each
+latency run, pooled (100 + 100 samples with --quick, 500 + 500 without).
 """
 
 from __future__ import annotations
@@ -190,15 +191,39 @@ async def notify_run(
         return await run_client(service.app.bound_port, audience, streams, events, rate)
 
 
-async def job_lag(url: str, n: int) -> tuple[float, float]:
+async def job_lag(url: str, n: int) -> list[float]:
+    """`n` samples of the job runtime's bare lag (enqueue commit -> handler start) at
+    100 jobs/s, as `bench_jobs.lag` takes them."""
     import bench_jobs
 
     upgrade(url, [migration_location()])
     engine = create_engine(url)
+    sessions = session_factory(engine)
+    lags: list[float] = []
+    worker, listener = bench_jobs.listening_worker(sessions, bench_jobs.registry(lags), "lag")
+    tasks = [asyncio.create_task(listener.run()), asyncio.create_task(worker.run())]
     try:
-        return await bench_jobs.lag(session_factory(engine), n, rate=100)
+        await listener.listening.wait()
+        for i in range(n):
+            async with sessions() as session, session.begin():
+                await bench_jobs.enqueue(
+                    session, bench_jobs.NewJob("noop", {"i": i}, f"k{i % 50}", uuid.uuid4().hex)
+                )
+            await asyncio.sleep(0.01)  # a steady producer rate (100/s), not synchronisation
+        # The handler only appends to `lags` (bench_jobs.registry): poll for the last ones.
+        while len(lags) < n:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        return lags
     finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await engine.dispose()
+
+
+def p50_p99(samples: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(samples, n=100)
+    return q[49], q[98]
 
 
 def fresh_pg(dsn: str) -> tuple[str, str]:
@@ -226,12 +251,8 @@ async def main() -> None:
     try:
         name, jobs_url = fresh_pg(args.dsn)
         names.append(name)
-        base50, base99 = await job_lag(jobs_url, 100 if args.quick else 500)
+        lag_n = 100 if args.quick else 500
         print(f"notify: content updates of one file, {db}, clients in a separate process")
-        print(
-            f"baseline job runtime lag (commit -> handler): "
-            f"p50 {base50 * 1000:.1f} ms, p99 {base99 * 1000:.1f} ms"
-        )
         for audience in audiences:
             streams = min(args.streams, audience)
             runs = []
@@ -247,7 +268,12 @@ async def main() -> None:
                     else:
                         name, url = fresh_pg(args.dsn)
                         names.append(name)
+                    # The baseline brackets each latency run (taken right before and right
+                    # after it, pooled): on a shared machine a load swing between a single
+                    # baseline and the run would land in one side of the ratio only.
+                    before = await job_lag(jobs_url, lag_n) if kind == "latency" else []
                     r = await notify_run(url, Path(tmp), audience, streams, events, rate)
+                    after = await job_lag(jobs_url, lag_n) if kind == "latency" else []
                 head = f"audience {audience:>5}, {streams} streams, {events} events"
                 if kind == "throughput":
                     print(
@@ -256,6 +282,13 @@ async def main() -> None:
                         f"IngestBatch {r['sent_per_s']:.0f} events/s)"
                     )
                 else:
+                    base50, base99 = p50_p99(before + after)
+                    print(
+                        f"baseline job runtime lag (commit -> handler) before + after: "
+                        f"p50 {base50 * 1000:.1f} ms, p99 {base99 * 1000:.1f} ms "
+                        f"(before alone p99 {p50_p99(before)[1] * 1000:.1f}, "
+                        f"after {p50_p99(after)[1] * 1000:.1f})"
+                    )
                     print(
                         f"{head} at {rate * audience:.0f} notifications/s: send -> delivery "
                         f"p50 {r['p50'] * 1000:.1f} ms ({r['p50'] / base50:.2f}x baseline), "
