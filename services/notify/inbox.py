@@ -24,7 +24,9 @@ transaction, in one statement (`fanout_batch.py`), and published to open streams
 after its commit, when
 - none of them can fold into a digest (folds take the per-event path of the job),
 - the transaction writes at most `inline_fanout_max` notifications in all (a big
-  audience goes to a job: the aggregate stays locked while Ingest writes), and
+  audience goes to a job: the aggregate stays locked while Ingest writes; of a file's
+  chain that does not fit, the longest prefix that fits is written inline and the rest
+  by one job, which writes the file's remaining accepted events after this commit), and
 - no earlier accepted event of the file still waits for its job (status `applied` in the
   inbox, committed by another transaction). Only an Ingest transaction holding the
   file's aggregate row lock makes events `applied`, and this one holds it, so none can
@@ -197,18 +199,29 @@ class Inbox:
         applied = {aggregate_id: locked[aggregate_id] for aggregate_id in accepted}
         inline_applied: dict[str, int] = {}
         for aggregate_id, chain in accepted.items():
-            size = sum(len(audience(ev)) for ev in chain)
+            take = 0
             if (
                 aggregate_id not in behind
-                and size <= budget
                 and self._writer is not None
                 and self._writer.batchable(session, chain)
             ):
-                budget -= size
-                inline.extend(chain)
+                # The longest prefix of the chain that fits the budget is written here;
+                # a relay batch that grew while Ingest was slow (a stall, a loaded
+                # machine) then does not move its whole chain onto the slower job path.
+                size = 0
+                for ev in chain:
+                    size += len(audience(ev))
+                    if size > budget:
+                        break
+                    take += 1
+                budget -= sum(len(audience(ev)) for ev in chain[:take])
+            if take:
+                inline.extend(chain[:take])
                 inline_applied[aggregate_id] = applied.pop(aggregate_id)
-            else:
-                await enqueue(session, fanout_job(chain[0]))
+            if take < len(chain):
+                # The rest stays `applied`: this job writes it after the commit, oldest
+                # first, behind the prefix (later transactions see it waiting: `behind`).
+                await enqueue(session, fanout_job(chain[take]))
                 queued = True
         await bump_applied(session, applied)
         if inline and self._writer is not None:

@@ -10,7 +10,7 @@ import random
 
 import grpc
 import pytest
-from notify.harness import event, user_md
+from notify.harness import SERVICE, event, user_md
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy import text
 
@@ -164,3 +164,35 @@ async def test_a_failed_inline_transaction_writes_and_publishes_nothing(
         got = await notify.all_notifications("alice")
         assert [(n.notification_id, n.version) for n in got] == [(live.notification_id, 1)]
         assert len(await notify.all_notifications("bob")) == 1
+
+
+async def test_a_chain_over_the_budget_goes_inline_up_to_it_and_the_rest_by_one_job(
+    notify_factory, database_url
+):
+    # 2 users an event, at most 5 notifications inline: of one batch of 6 versions, 2
+    # are written by Ingest itself and the other 4 by the job it queues, behind them;
+    # a second batch racing it for the next versions waits for that job (`behind`).
+    async with notify_factory(inline_fanout_max=5) as notify:
+        first = [event("f-over", v, audience=SMALL) for v in range(1, 7)]
+        second = [event("f-over", v, audience=SMALL) for v in range(7, 10)]
+        stream = await _live(notify, "alice", 9)
+        inline0, all0 = _inline_events(), _all_events()
+        resp = await notify.stub.IngestBatch(
+            notify_pb2.IngestBatchRequest(events=first), metadata=SERVICE
+        )
+        assert [r.outcome for r in resp.results] == [notify_pb2.INGEST_OUTCOME_APPLIED] * 6
+        if database_url.startswith("postgresql"):
+            assert _inline_events() - inline0 == 2
+        else:
+            assert _inline_events() == inline0  # SQLite: always the job
+        await asyncio.gather(
+            notify.stub.IngestBatch(notify_pb2.IngestBatchRequest(events=second), metadata=SERVICE),
+            notify.stub.IngestBatch(notify_pb2.IngestBatchRequest(events=first), metadata=SERVICE),
+        )
+        await notify.settled()
+        assert _all_events() - all0 == 9  # every version written once, by one path
+        live = await stream
+        assert [(n.version, int(n.cursor)) for n in live] == [(v, v) for v in range(1, 10)]
+        for user in ("alice", "bob"):
+            got = sorted(await notify.all_notifications(user), key=lambda n: int(n.cursor))
+            assert [(n.version, int(n.cursor)) for n in got] == [(v, v) for v in range(1, 10)]
