@@ -45,7 +45,9 @@ Refresh or Hold with the old token matches nothing. A given-back lease is never 
 by the pool (only dropped, to expire), so stale-recovery counting is unchanged, except
 that an acquire whose claim fails or is cancelled before its outcome is known revokes its
 lease (no ghost holder); a waiter of that lease's previous lock checking in that very
-moment would count a stale recovery it was not.
+moment would count a stale recovery it was not. During a rolling upgrade, replicas from
+before lease reuse renew without the mark: until all run this code, a stale renewal racing
+a release there could still reach the next lock on that lease (extend it by up to a TTL).
 """
 
 from __future__ import annotations
