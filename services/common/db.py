@@ -26,7 +26,6 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
-from sqlalchemy.util import await_
 
 from services.common.logging import get_logger
 from services.common.private_files import private_sqlite
@@ -90,11 +89,10 @@ def _configure_sqlite(engine: Any, synchronous: str) -> None:
     def _on_begin(conn: Any) -> None:
         # A read-only transaction (READ_ONLY) reads a WAL snapshot without the write lock,
         # so a slow reader never holds up writers; anything that may write goes IMMEDIATE.
-        read_only = conn.get_execution_options().get(_READ_ONLY_OPTION)
-        begin = "BEGIN" if read_only else "BEGIN IMMEDIATE"
-        # Straight to aiosqlite: one hand-off to its thread, where a statement through
-        # SQLAlchemy's cursor takes three (open a cursor, execute, close it).
-        await_(conn.connection.driver_connection.execute_fetchall(begin))
+        if conn.get_execution_options().get(_READ_ONLY_OPTION):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 class _SqliteConnection(aiosqlite.Connection):
