@@ -147,7 +147,8 @@ class ChunkReads:
 
     async def close(self) -> None:
         """Return the kept connection to the pool (service shutdown)."""
-        connection, self._connection, self._driver = self._connection, None, None
+        async with self._opening:  # one being opened is returned too
+            connection, self._connection, self._driver = self._connection, None, None
         if connection is not None:
             await connection.close()
 

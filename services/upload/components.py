@@ -63,12 +63,14 @@ class UploadComponents:
 
     async def close(self) -> None:
         """Release connections (provider, notify and lock service channels, database pool)."""
+        # First: the chunk reader's kept connection must be back before anything below
+        # can fail (a pooled connection never returned is terminated by the collector).
+        await self.uploads.close()
         await self.sync.close()
         for subscriber in self.subscribers:
             await subscriber.close()
         await self.locks.close()
         await self.chunks.close()
-        await self.uploads.close()
         await self.blobs.close()
         await self.engine.dispose()
 
