@@ -21,8 +21,9 @@ from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockLost
 from services.locks.etcd_client import KeyValue, RevisionCompacted
 from services.locks.keys import LockKey
+from services.locks.lock_views import LockView, Record
 from services.locks.metrics import HOLDS_CAPPED, LOCK_RENEWALS
-from services.locks.mutex import LockView, Mutex, Record
+from services.locks.mutex import Mutex
 
 log = get_logger(__name__)
 

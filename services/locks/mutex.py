@@ -54,11 +54,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from services.common.logging import get_logger
@@ -66,78 +65,11 @@ from services.locks.errors import EtcdUnavailable, LockHeld, LockLost
 from services.locks.etcd_client import Deleted, Etcd, KeyValue, RevisionCompacted, prefix_end
 from services.locks.keys import KeySpace, LockKey
 from services.locks.lease_pool import Lease, LeasePool
+from services.locks.lock_views import LockState, LockView, Record, WaiterView, lock_view
 from services.locks.metrics import LOCK_CONTENTION, LOCK_WAIT_SECONDS, STALE_LOCK_RECOVERIES
 from services.locks.reaper import LeaseReaper
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Record:
-    """What a contender key stores (JSON): who, since when, under which request."""
-
-    owner: str
-    correlation_id: str
-    ttl: int
-    waiting_since: float
-    acquired_at: float | None = None
-    # Set (once) before Refresh or Hold renews the lease: the lease is then never reused.
-    renewed: bool = False
-
-    def encode(self) -> bytes:
-        data = dict(self.__dict__)
-        if not self.renewed:
-            del data["renewed"]  # the common case stays as it was
-        return json.dumps(data, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Record:
-        """Tolerant: a foreign or damaged value still shows up, with blanks."""
-        try:
-            data = json.loads(raw)
-            return cls(
-                owner=str(data.get("owner", "")),
-                correlation_id=str(data.get("correlation_id", "")),
-                ttl=int(data.get("ttl", 0)),
-                waiting_since=float(data.get("waiting_since", 0.0)),
-                acquired_at=data.get("acquired_at"),
-                renewed=data.get("renewed") is True,
-            )
-        except (ValueError, TypeError, AttributeError):
-            return cls(owner="", correlation_id="", ttl=0, waiting_since=0.0)
-
-
-@dataclass(frozen=True)
-class LockView:
-    """A lock's holder as callers see it (mirrors the `Lock` message)."""
-
-    key: str
-    token: int
-    owner: str
-    lease_id: int
-    acquired_at: float
-    expires_at: float
-    correlation_id: str
-    ttl_seconds: int
-
-
-@dataclass(frozen=True)
-class WaiterView:
-    """A queued contender (mirrors the `Waiter` message)."""
-
-    owner: str
-    create_revision: int
-    lease_id: int
-    waiting_since: float
-    correlation_id: str
-
-
-@dataclass(frozen=True)
-class LockState:
-    """Holder and waiters of one lock, oldest first."""
-
-    holder: LockView | None
-    waiters: list[WaiterView] = field(default_factory=list)
 
 
 class Mutex:
@@ -215,7 +147,7 @@ class Mutex:
                 self._remember(key, my_rev, my_key, reusable)
                 # The lease's TTL runs from its grant (a spare may be a moment older).
                 expires_at = granted.granted_at + ttl
-                return _view(key.name, my_rev, lease, record, requested_at, expires_at)
+                return lock_view(key.name, my_rev, lease, record, requested_at, expires_at)
             if wait_timeout_ms == 0:
                 raise _Timeout
             reusable = None  # a waiter renews its lease: late renewals could outlive it
@@ -265,7 +197,7 @@ class Mutex:
         if last_predecessor is not None and await self._expired(last_predecessor):
             STALE_LOCK_RECOVERIES.inc()
             log.info("stale_lock_recovered", lock_key=key.name, lock_token=my_rev)
-        return _view(key.name, my_rev, lease, acquired, refreshed_at, refreshed_at + record.ttl)
+        return lock_view(key.name, my_rev, lease, acquired, refreshed_at, refreshed_at + record.ttl)
 
     async def _wait_predecessors(self, key: LockKey, my_key: bytes, my_rev: int) -> KeyValue | None:
         """mutex.go waitDeletes: until no key older than mine is left; returns the last one."""
@@ -360,7 +292,7 @@ class Mutex:
         if ttl <= 0:
             raise LockLost("lease expired", key=key.name, token=token)
         record = Record.decode(kv.value)
-        return _view(
+        return lock_view(
             key.name,
             token,
             kv.lease,
@@ -426,7 +358,7 @@ class Mutex:
         first, rest = kvs[0], kvs[1:]
         record = Record.decode(first.value)
         remaining = await self.etcd.lease_remaining(first.lease) if first.lease else -1
-        holder = _view(
+        holder = lock_view(
             name,
             first.create_revision,
             first.lease,
@@ -468,21 +400,6 @@ HOLDER_KEYS_REMEMBERED = 10_000  # bounded: a holder that never releases here is
 
 class _Timeout(Exception):
     """Internal: a try-lock found the lock held."""
-
-
-def _view(
-    name: str, token: int, lease: int, record: Record, acquired_at: float, expires_at: float
-) -> LockView:
-    return LockView(
-        key=name,
-        token=token,
-        owner=record.owner,
-        lease_id=lease,
-        acquired_at=acquired_at,
-        expires_at=expires_at,
-        correlation_id=record.correlation_id,
-        ttl_seconds=record.ttl,
-    )
 
 
 def _iso(ts: float) -> str:

@@ -24,8 +24,9 @@ from services.locks.keys import (
     check_ttl,
     check_wait_timeout,
 )
+from services.locks.lock_views import LockState, LockView
 from services.locks.metrics import LOCKS_HELD
-from services.locks.mutex import Admission, LockState, LockView, Mutex
+from services.locks.mutex import Admission, Mutex
 from services.locks.paging import decode_token, encode_token, page_size
 from services.locks.tenancy import Scope, scope_for, service_list_prefix
 

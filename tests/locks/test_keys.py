@@ -12,7 +12,7 @@ from services.locks.keys import (
     check_ttl,
     check_wait_timeout,
 )
-from services.locks.mutex import Record
+from services.locks.lock_views import Record
 
 SPACE = KeySpace("/serentak/locks/")
 

@@ -24,8 +24,9 @@ from services.locks.etcd_connection import options_from_settings
 from services.locks.hold import Holding, Lost, LostReason
 from services.locks.keys import KeySpace
 from services.locks.lease_pool import LeasePool
+from services.locks.lock_views import LockView
 from services.locks.metrics import LEASES_REUSED, STALE_LOCK_RECOVERIES
-from services.locks.mutex import LockView, Mutex
+from services.locks.mutex import Mutex
 from services.locks.reaper import LeaseReaper
 from services.locks.settings import LocksSettings
 
