@@ -32,6 +32,7 @@ from services.locks.etcd_connection import (
     retryable,
     token_invalid,
 )
+from services.locks.etcd_watch import DeletionWatch
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ class Etcd:
         failing_since: float | None = None
         while True:
             index, channel = conn.pick()
-            watch = _Watch(channel, (), keys, start_revision)
+            watch = DeletionWatch(channel, (), keys, start_revision)
             try:
                 md = await conn.metadata()
                 watch.metadata = (*md, REQUIRE_LEADER)
@@ -369,7 +370,8 @@ class Etcd:
                     raise
                 found = None
             if found is not None:
-                return found
+                prev, revision = found
+                return KeyValue.from_pb(prev), revision
             # The stream broke without an answer: try the next member.
             conn.failed(index)
             now = loop.time()
@@ -379,64 +381,6 @@ class Etcd:
             if now - failing_since > self._timeout:
                 raise EtcdUnavailable("etcd: no member kept a watch stream open")
             await asyncio.sleep(0.1)  # retry timer between members, not a sync point
-
-
-class _Watch:
-    """One watch stream for the deletion of any of `keys` from `start_revision` on."""
-
-    def __init__(
-        self,
-        channel: grpc.aio.Channel,
-        metadata: tuple[tuple[str, str], ...],
-        keys: Sequence[bytes],
-        start_revision: int,
-    ) -> None:
-        self.channel = channel
-        self.metadata = metadata
-        self.keys = keys
-        self.start_revision = start_revision
-        self.established = False  # etcd confirmed the watch (the stream worked)
-
-    async def run(self) -> tuple[KeyValue, int] | None:
-        """The first delete event, or None when the stream ends early."""
-        requests: asyncio.Queue[rpc.WatchRequest | None] = asyncio.Queue()
-        for key in self.keys:
-            create = rpc.WatchCreateRequest(
-                key=key,
-                start_revision=self.start_revision,
-                filters=[rpc.WatchCreateRequest.FilterType.NOPUT],
-                prev_kv=True,
-            )
-            requests.put_nowait(rpc.WatchRequest(create_request=create))
-
-        async def request_stream():  # type: ignore[no-untyped-def]
-            while (item := await requests.get()) is not None:
-                yield item
-
-        stub = rpc_pb2_grpc.WatchStub(self.channel)
-        call = stub.Watch(request_stream(), metadata=self.metadata)
-        try:
-            async for resp in call:
-                if resp.compact_revision:
-                    raise RevisionCompacted(int(resp.compact_revision))
-                if resp.canceled:
-                    if "permission denied" in resp.cancel_reason:
-                        raise EtcdPermissionDenied(f"etcd refused the watch: {resp.cancel_reason}")
-                    return None  # e.g. the member lost its leader: watch elsewhere
-                if resp.created:
-                    self.established = True
-                for event in resp.events:
-                    if event.type == kv_pb2.Event.DELETE:
-                        prev = event.prev_kv if event.HasField("prev_kv") else event.kv
-                        return KeyValue.from_pb(prev), int(event.kv.mod_revision)
-        finally:
-            requests.put_nowait(None)
-            call.cancel()
-        return None
-
-
-class RevisionCompacted(Exception):
-    """The watch start revision was compacted away: read again and watch anew."""
 
 
 def _first_created(prefix: bytes) -> rpc.RangeRequest:

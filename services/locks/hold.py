@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockLost
-from services.locks.etcd_client import KeyValue, RevisionCompacted
+from services.locks.etcd_client import KeyValue
+from services.locks.etcd_watch import RevisionCompacted
 from services.locks.keys import LockKey
 from services.locks.lock_views import LockView, Record
 from services.locks.metrics import HOLDS_CAPPED, LOCK_RENEWALS

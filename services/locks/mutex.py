@@ -62,7 +62,8 @@ from typing import Any
 
 from services.common.logging import get_logger
 from services.locks.errors import EtcdUnavailable, LockHeld, LockLost
-from services.locks.etcd_client import Deleted, Etcd, KeyValue, RevisionCompacted, prefix_end
+from services.locks.etcd_client import Deleted, Etcd, KeyValue, prefix_end
+from services.locks.etcd_watch import RevisionCompacted
 from services.locks.keys import KeySpace, LockKey
 from services.locks.lease_pool import Lease, LeasePool
 from services.locks.lock_views import LockState, LockView, Record, WaiterView, lock_view
