@@ -8,24 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-import psycopg
 import pytest
 from notify.harness import event, user_md
 from serentak.notify.v1 import notify_pb2
-from sqlalchemy.engine import make_url
+from support.postgres import terminate_other_sessions
 
 DEADLINE_S = 30.0
-
-
-def _kill_connections(database_url: str) -> int:
-    """Terminate every other session on the test database; how many there were."""
-    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchall()
-    return sum(1 for (ok,) in rows if ok)
 
 
 async def _pooled(notify) -> int:
@@ -39,7 +27,7 @@ async def test_calls_after_the_server_dropped_every_connection_succeed_once(noti
     # Warm the pool with several connections (concurrent calls), all then idle.
     await notify.ingest_all([event(f"f-drop-{f}", 1) for f in range(8)], parallel=8)
     assert await _pooled(notify) >= 2
-    assert _kill_connections(database_url) >= 2
+    assert terminate_other_sessions(database_url) >= 2
 
     # Ingest racing Ingest, each on a dead pooled connection: every one applies, once.
     results = await notify.ingest_all([event(f"f-drop-{f}", 2) for f in range(8)], parallel=8)
@@ -51,23 +39,23 @@ async def test_calls_after_the_server_dropped_every_connection_succeed_once(noti
     )
 
     # Reads, a new stream (its position read) and MarkRead, each right after a kill.
-    _kill_connections(database_url)
+    terminate_other_sessions(database_url)
     assert await notify.unread("bob") == 16
-    _kill_connections(database_url)
+    terminate_other_sessions(database_url)
     call = notify.stub.Subscribe(
         notify_pb2.SubscribeRequest(cursor="14", device_id="d"), metadata=user_md("alice")
     )
     async with asyncio.timeout(DEADLINE_S):
         replayed = [(await call.read()).notification for _ in range(2)]
     assert [int(n.cursor) for n in replayed] == [15, 16]
-    _kill_connections(database_url)
+    terminate_other_sessions(database_url)
     # A live delivery after the kill reaches the open stream.
     await notify.ingest(event("f-drop-live", 1))
     async with asyncio.timeout(DEADLINE_S):
         live = (await call.read()).notification
     assert (live.file_id, int(live.cursor)) == ("f-drop-live", 17)
     call.cancel()
-    _kill_connections(database_url)
+    terminate_other_sessions(database_url)
     marked = await notify.stub.MarkRead(
         notify_pb2.MarkReadRequest(up_to_cursor="17"), metadata=user_md("alice")
     )

@@ -35,3 +35,15 @@ class PostgresDatabases:
             for name in self.created:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self.created.clear()
+
+
+def terminate_other_sessions(database_url: str) -> int:
+    """Terminate every other session on `database_url`'s database, as a server restart
+    would; how many were terminated."""
+    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return sum(1 for (ok,) in rows if ok)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-import psycopg
 import pytest
-from sqlalchemy.engine import make_url
+from support.postgres import terminate_other_sessions
 from upload.upload_helpers import chunk_row_count, create_request, sha256, split
 
 from services.common.auth import Identity
@@ -30,26 +29,13 @@ async def _upload(parts, chunks: int = 3):
     return upload, split(data, CHUNK)
 
 
-def _terminate_other_backends(database_url: str) -> int:
-    """Drop every other connection to the test database, as a server restart would."""
-    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchall()
-    return len(rows)
-
-
-async def test_a_dropped_connection_is_replaced_and_the_chunk_stored(
-    parts, database_url
-) -> None:
+async def test_a_dropped_connection_is_replaced_and_the_chunk_stored(parts, database_url) -> None:
     if database_url.startswith("sqlite"):
         pytest.skip("a SQLite file has no server that could drop the connection")
     upload, chunks = await _upload(parts)
     store = parts.chunks
     await store.put(ALICE, upload.id, 0, chunks[0], sha256(chunks[0]))
-    assert _terminate_other_backends(database_url) >= 1  # the reader's kept connection
+    assert terminate_other_sessions(database_url) >= 1  # the reader's kept connection
     stored = await store.put(ALICE, upload.id, 1, chunks[1], sha256(chunks[1]))
     assert not stored.duplicate and stored.upload.received_chunk_count == 2
     again = await store.put(ALICE, upload.id, 0, chunks[0], sha256(chunks[0]))
