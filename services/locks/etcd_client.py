@@ -117,6 +117,18 @@ class Etcd:
     async def _txn(self, request: rpc.TxnRequest) -> rpc.TxnResponse:
         return await self.connection.unary(lambda ch: _kv(ch).Txn, request)
 
+    async def _txn_counting_sends(self, request: rpc.TxnRequest) -> tuple[rpc.TxnResponse, int]:
+        """`_txn`, and how many times the transaction was sent: after a failover a copy
+        sent earlier may have been applied too (its answer lost with the member)."""
+        sends = 0
+
+        async def send(channel: grpc.aio.Channel, md: object, budget: float) -> rpc.TxnResponse:
+            nonlocal sends
+            sends += 1
+            return await _kv(channel).Txn(request, timeout=budget, metadata=md)
+
+        return await self.connection.with_failover(send), sends
+
     async def _range(self, request: rpc.RangeRequest) -> rpc.RangeResponse:
         return await self.connection.unary(lambda ch: _kv(ch).Range, request)
 
@@ -203,14 +215,7 @@ class Etcd:
             success=success,
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=my_key)), get_holder],
         )
-        attempts = 0
-
-        async def send(channel: grpc.aio.Channel, md: object, budget: float) -> rpc.TxnResponse:
-            nonlocal attempts
-            attempts += 1
-            return await _kv(channel).Txn(req, timeout=budget, metadata=md)
-
-        resp = await self.connection.with_failover(send)
+        resp, attempts = await self._txn_counting_sends(req)
         counted_keys = None
         if resp.succeeded:
             my_rev = resp.header.revision
@@ -314,14 +319,7 @@ class Etcd:
             ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=True))],
         )
-        attempts = 0
-
-        async def send(channel: grpc.aio.Channel, md: object, budget: float) -> rpc.TxnResponse:
-            nonlocal attempts
-            attempts += 1
-            return await _kv(channel).Txn(req, timeout=budget, metadata=md)
-
-        resp = await self.connection.with_failover(send)
+        resp, attempts = await self._txn_counting_sends(req)
         if resp.succeeded:
             gone = resp.responses[0].response_delete_range
             prev = None
