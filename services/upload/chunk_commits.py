@@ -128,6 +128,8 @@ class ChunkCommitter:
         self._after_write = after_write
         self._queue: deque[_Item] = deque()
         self._flusher: asyncio.Task[None] | None = None
+        # Connections on their way back to the pool, which `close` waits for.
+        self._hand_backs: set[asyncio.Task[None]] = set()
 
     @property
     def queued(self) -> int:
@@ -175,6 +177,11 @@ class ChunkCommitter:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
+        # A flusher cancelled while handing its connection back ends before the hand-back
+        # does: wait for it, or the pool could be disposed with the connection still out.
+        for hand_back in list(self._hand_backs):
+            with contextlib.suppress(Exception):
+                await hand_back
         while self._queue:
             item = self._queue.popleft()
             item.done.cancel()
@@ -230,10 +237,13 @@ class ChunkCommitter:
                 else:
                     await session.close()  # forget the batch's rows; the connection stays
         finally:
-            if session is not None:
-                await asyncio.shield(session.close())
-            if connection is not None:
-                await asyncio.shield(connection.close())
+            # One shielded step for both: a shutdown cancelling the flusher while it waits
+            # for the session's close must not skip the connection's (a pooled connection
+            # never returned is only reclaimed by the garbage collector).
+            hand_back = asyncio.ensure_future(_hand_back(session, connection))
+            self._hand_backs.add(hand_back)
+            hand_back.add_done_callback(self._hand_backs.discard)
+            await asyncio.shield(hand_back)
 
     async def _commit(
         self, connection: AsyncConnection, session: AsyncSession, batch: list[_Item]
@@ -392,3 +402,13 @@ def _as_of(row: UploadRow, received: int, status: str) -> UploadRow:
     values: dict[str, Any] = {key: getattr(row, key) for key in _UPLOAD_COLUMNS}
     values.update(received_chunk_count=received, status=status)
     return UploadRow(**values)
+
+
+async def _hand_back(session: AsyncSession | None, connection: AsyncConnection | None) -> None:
+    """Close the batch session, then return the connection to the pool (both if given)."""
+    try:
+        if session is not None:
+            await session.close()
+    finally:
+        if connection is not None:
+            await connection.close()

@@ -249,3 +249,24 @@ async def test_an_upload_stopped_meanwhile_fails_only_its_chunks_of_the_batch(pa
     assert await _row(parts.settings.database_url, b.id, 0) is None
     assert await _received(parts, b.id) == 0
     assert await _row(parts.settings.database_url, c.id, 0) == (sha256(c_chunks[0]), CHUNK)
+
+
+async def test_a_shutdown_at_any_moment_of_a_drain_returns_its_connection(parts) -> None:
+    # The service's shutdown cancels the flusher wherever it is, also while it hands its
+    # connection back after the last batch; when `close` returns the connection is back in
+    # the pool (the service disposes of the pool next: one still out was only reclaimed,
+    # with a warning, by the garbage collector).
+    pool = parts.engine.pool
+    (upload, chunks), *_ = await _uploads(parts, 1)
+    warm = chunk_store_over(parts, parts.blobs)
+    await _put(warm, upload, chunks, 0)
+    await warm.close()
+    before = pool.checkedout()  # the chunk reader's own connection, kept open
+    for turns in range(16):
+        (upload, chunks), *_ = await _uploads(parts, 1)
+        store = chunk_store_over(parts, parts.blobs)
+        await _put(store, upload, chunks, 0)
+        for _ in range(turns):  # the flusher's remaining steps, one loop turn each
+            await asyncio.sleep(0)
+        await store.close()
+        assert pool.checkedout() == before, f"a connection left checked out ({turns} turns)"
