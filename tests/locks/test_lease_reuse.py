@@ -224,11 +224,28 @@ async def test_stale_recoveries_are_counted_only_for_expired_leases(mutex) -> No
     async def waiter_after(predecessor_gone) -> float:  # type: ignore[no-untyped-def]
         before = STALE_LOCK_RECOVERIES._value.get()
         a = await acquire(m, "file:s")
-        waiting = asyncio.ensure_future(acquire(m, "file:s", wait_ms=20_000))
-        await one_waiter(m, "file:s")
-        await predecessor_gone(a)
-        async with asyncio.timeout(20):
-            w = await waiting
+        # The predecessor goes only once the waiter has read it (then its watch, from that
+        # read's revision, sees the deletion); gone before that read, there is nothing the
+        # waiter could have recovered from, and nothing is counted.
+        read_predecessor = asyncio.Event()
+        read = m.etcd.last_created_before
+
+        async def observed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            found = await read(*args, **kwargs)
+            if found[0] is not None:
+                read_predecessor.set()
+            return found
+
+        m.etcd.last_created_before = observed  # this client only; etcd itself is real
+        try:
+            waiting = asyncio.ensure_future(acquire(m, "file:s", wait_ms=20_000))
+            async with asyncio.timeout(20):
+                await read_predecessor.wait()
+            await predecessor_gone(a)
+            async with asyncio.timeout(20):
+                w = await waiting
+        finally:
+            del m.etcd.last_created_before
         assert await m.release(key(m, "file:s"), w.token)
         return STALE_LOCK_RECOVERIES._value.get() - before
 
