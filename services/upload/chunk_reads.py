@@ -5,8 +5,8 @@ re-check) and the row stored for its index, if any. Through a session that was ~
 hand-offs on aiosqlite (BEGIN, cursor, execute, fetch, close, ROLLBACK) or a pool checkout
 with its pre-ping round trip on PostgreSQL, plus the ORM's identity-map work, all on the
 event loop. Here it is one Core statement compiled once, run straight on the driver of a
-connection this reader keeps checked out: one hand-off (SQLite) or one round trip
-(PostgreSQL) per chunk.
+connection this reader keeps checked out (`driver_statements`): one hand-off (SQLite) or
+one round trip (PostgreSQL) per chunk.
 
 Consistency: the statement runs outside any explicit transaction (SQLite autocommit,
 PostgreSQL AUTOCOMMIT), so it reads one snapshot, like the read-only session it replaces;
@@ -27,6 +27,7 @@ from sqlalchemy import Table, and_, bindparam, case, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.common.auth import Identity
+from services.upload.driver_statements import DriverStatement
 from services.upload.models import ChunkRow, FileRow, UploadRow
 
 _UPLOADS: Table = UploadRow.__table__  # type: ignore[assignment]
@@ -100,14 +101,17 @@ class ChunkReads:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
         dialect = engine.dialect
-        compiled = _STATEMENT.compile(dialect=dialect)
-        self._sql = str(compiled)
-        self._names: list[str] | None = (
-            list(compiled.positiontup or []) if compiled.positional else None
+        self._statement = DriverStatement(
+            _STATEMENT,
+            dialect,
+            {
+                "upload_id": _UPLOADS.c.id,
+                "tenant_id": _UPLOADS.c.tenant_id,
+                "user_id": _UPLOADS.c.owner_user_id,
+                "chunk_index": _CHUNKS.c.chunk_index,
+            },
+            _COLUMNS,
         )
-        self._processors = [
-            c.type.dialect_impl(dialect).result_processor(dialect, None) for c in _COLUMNS
-        ]
         self._sqlite = dialect.name == "sqlite"
         self._connection: AsyncConnection | None = None
         self._driver: Any = None
@@ -122,21 +126,18 @@ class ChunkReads:
             "user_id": identity.user_id,
             "chunk_index": index,
         }
-        params: Any = values if self._names is None else [values[n] for n in self._names]
         driver = await self._driver_connection()
         try:
-            rows = await self._run(driver, params)
+            rows = await self._statement.run(driver, values)
         except Exception as error:
             if not self._lost(driver, error):
                 raise
             # The server dropped the connection: once more on a fresh one.
             await self._drop(driver)
-            rows = await self._run(await self._driver_connection(), params)
+            rows = await self._statement.run(await self._driver_connection(), values)
         if not rows:
             return None
-        row: list[Any] = [
-            v if p is None else p(v) for v, p in zip(rows[0], self._processors, strict=True)
-        ]
+        row = rows[0]
         upload = UploadRow(
             **{c.key: v for c, v in zip(_UPLOAD_COLUMNS, row[:_N_UPLOAD], strict=True)}
         )
@@ -151,13 +152,6 @@ class ChunkReads:
             connection, self._connection, self._driver = self._connection, None, None
         if connection is not None:
             await connection.close()
-
-    async def _run(self, driver: Any, params: Any) -> list[Any]:
-        if self._sqlite:
-            # aiosqlite: execute and fetch in one hand-off to its thread.
-            return list(await driver.execute_fetchall(self._sql, params))
-        cursor = await driver.execute(self._sql, params)
-        return await cursor.fetchall()
 
     async def _driver_connection(self) -> Any:
         if self._driver is not None:
