@@ -156,8 +156,13 @@ async def check_uploader(
         raise UploaderNotAllowed(
             "the uploader may no longer write to this file", upload_id=upload.id
         ) from None
-    if row.deleted_at is not None:
-        raise FileDeleted("the upload's file or folder is deleted", file_id=row.id)
+    _refuse_deleted_target(row.id, row.deleted_at)
+
+
+def _refuse_deleted_target(file_id: str, deleted_at: datetime | None) -> None:
+    """FILE_DELETED when the upload's target is deleted (trash): no chunk, no merge."""
+    if deleted_at is not None:
+        raise FileDeleted("the upload's file or folder is deleted", file_id=file_id)
 
 
 class Uploads:
@@ -331,8 +336,7 @@ class Uploads:
             raise UploadNotFound("upload not found", upload_id=upload_id)
         upload, target = found.upload, found.target
         if target is not None and target.owner_user_id == upload.owner_user_id:
-            if target.deleted_at is not None:
-                raise FileDeleted("the upload's file or folder is deleted", file_id=target.id)
+            _refuse_deleted_target(target.id, target.deleted_at)
             return found
         async with self._sessions() as session:
             await read_only(session)
