@@ -113,10 +113,14 @@ class LeasePool:
         ttl = lease.ttl
         if ttl not in self._last_take or now - lease.granted_mono > self._age_limit(ttl):
             return
-        shelf = self._shelves.setdefault(ttl, [])
-        back = dataclasses.replace(lease, used=True)  # a new object: no age-out task knows it
-        bisect.insort(shelf, back, key=lambda s: s.granted_mono)
+        # A new object: no age-out task knows it.
+        self._shelve(dataclasses.replace(lease, used=True))
         self._given_back.add(ttl)
+
+    def _shelve(self, lease: Lease) -> None:
+        """Put `lease` on its TTL's shelf in grant order; past MAX_SPARES the oldest go."""
+        shelf = self._shelves.setdefault(lease.ttl, [])
+        bisect.insort(shelf, lease, key=lambda s: s.granted_mono)
         while len(shelf) > MAX_SPARES:
             self._discard(shelf.pop(0))
 
@@ -165,10 +169,7 @@ class LeasePool:
         if ttl not in self._last_take:
             await self._revoke_now(lease.id)  # its TTL was dropped meanwhile
             return
-        shelf = self._shelves.setdefault(ttl, [])
-        shelf.append(lease)  # the newest grant: the shelf stays in grant order
-        while len(shelf) > MAX_SPARES:
-            self._discard(shelf.pop(0))
+        self._shelve(lease)
         # Not taken in time: revoke it rather than leave a keyless lease for a whole TTL.
         await asyncio.sleep(self._age_limit(ttl))  # the spare's shelf life, not a sync point
         shelf = self._shelves.get(ttl, [])
