@@ -1,7 +1,8 @@
 """Build, run and gracefully stop one service's grpc.aio server.
 
-Every server has the standard health service, server reflection, the correlation-id and
-error-mapping interceptors, and a Prometheus endpoint. Shutdown: health goes NOT_SERVING,
+Every server has the standard health service, server reflection, each method wrapped at
+registration with correlation id, auth prepare and error mapping (rpc_wrapper.py; the
+server has no interceptors), and a Prometheus endpoint. Shutdown: health goes NOT_SERVING,
 background tasks are cancelled, in-flight calls get `shutdown_grace_seconds` to finish.
 """
 
@@ -21,15 +22,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from services.common.auth import check_bind, require_mode
 from services.common.config import ConfigError
 from services.common.health_port import start_health_server
-from services.common.interceptors import (
-    AuthPrepareInterceptor,
-    CorrelationIdInterceptor,
-    ErrorMappingInterceptor,
-)
 from services.common.logging import get_logger
 from services.common.metrics import start_metrics_endpoint
 from services.common.readiness import LIVENESS, Probe, Readiness
 from services.common.reflection import enable_reflection
+from services.common.rpc_registry import Registrar, WrappingRegistry
 from services.common.security import ServerSecurity
 from services.common.server_limits import ServerLimits
 from services.common.tls import server_credentials
@@ -41,7 +38,7 @@ log = get_logger(__name__)
 class Servicer:
     """One gRPC service to register: its `add_*_to_server` function, instance and full name."""
 
-    add_to_server: Callable[[Any, grpc.aio.Server], None]
+    add_to_server: Callable[[Any, Registrar], None]
     instance: Any
     full_name: str
 
@@ -152,22 +149,22 @@ async def start(app: ServiceApp) -> RunningService:
             service=app.name,
             message="SERENTAK_AUTH_MODE=dev: fixed dev tokens accepted (loopback only)",
         )
-    interceptors: list[grpc.aio.ServerInterceptor] = [CorrelationIdInterceptor()]
-    if security is not None and security.authenticator is not None:
-        interceptors.append(AuthPrepareInterceptor(security.authenticator))
-    interceptors.append(ErrorMappingInterceptor())
+    # No interceptors: grpc.aio would await their chain on every call. Every handler is
+    # wrapped once, as it is registered, with what they did (rpc_wrapper.py).
     server = grpc.aio.server(
-        interceptors=interceptors,
         options=[*app.limits.options(app.max_message_bytes), ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=app.limits.max_concurrent_rpcs,
     )
+    registry = WrappingRegistry(server, security.authenticator if security is not None else None)
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registry)
     names = [s.full_name for s in app.servicers]
     for s in app.servicers:
-        s.add_to_server(s.instance, server)
+        s.add_to_server(s.instance, registry)
     # Reflection (v1 and v1alpha) describes the services with their protos' comments.
-    enable_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server)
+    enable_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], registry
+    )
     address = f"{app.host}:{app.port}"
     if security is not None and security.tls is not None:
         app.bound_port = server.add_secure_port(address, server_credentials(security.tls))

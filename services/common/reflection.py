@@ -19,6 +19,7 @@ from google.protobuf.descriptor import FileDescriptor
 from grpc_reflection.v1alpha import reflection_pb2 as pb
 
 from services.common.logging import get_logger
+from services.common.rpc_registry import Registrar
 
 log = get_logger(__name__)
 
@@ -135,7 +136,7 @@ def _error(
     )
 
 
-def enable_reflection(service_names: Iterable[str], server: grpc.aio.Server) -> None:
+def enable_reflection(service_names: Iterable[str], server: Registrar) -> None:
     """Serves reflection for `service_names` on `server` as v1 and as v1alpha."""
     servicer = ReflectionServicer(service_names)
     handler = grpc.stream_stream_rpc_method_handler(
@@ -149,3 +150,7 @@ def enable_reflection(service_names: Iterable[str], server: grpc.aio.Server) -> 
             for name in (V1, V1ALPHA)
         ]
     )
+    # Registered too, as generated code does: grpc looks these up first, and a registry
+    # (rpc_registry.py) wraps them at registration rather than on first lookup.
+    for name in (V1, V1ALPHA):
+        server.add_registered_method_handlers(name, {"ServerReflectionInfo": handler})

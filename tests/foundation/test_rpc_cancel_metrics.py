@@ -1,6 +1,6 @@
 """A server stream the client cancels is counted grpc_code=CANCELLED, exactly once, by the
-real ErrorMappingInterceptor on a real server (a stream that never ends on its own, so the
-server cannot have finished first)."""
+real per-method wrapper (rpc_wrapper.py, registered through a WrappingRegistry) on a real
+server (a stream that never ends on its own, so the server cannot have finished first)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 from prometheus_client import REGISTRY
 
-from services.common.interceptors import ErrorMappingInterceptor
+from services.common.rpc_registry import WrappingRegistry
 
 LABELS = {"grpc_service": "test.Forever", "grpc_method": "Stream", "grpc_type": "server_stream"}
 
@@ -26,11 +26,11 @@ async def _forever(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIt
 
 
 async def test_a_cancelled_server_stream_is_counted_cancelled() -> None:
-    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()])
+    server = grpc.aio.server()
     handler = grpc.unary_stream_rpc_method_handler(
         _forever, request_deserializer=bytes, response_serializer=bytes
     )
-    server.add_generic_rpc_handlers(
+    WrappingRegistry(server, None).add_generic_rpc_handlers(
         [grpc.method_handlers_generic_handler("test.Forever", {"Stream": handler})]
     )
     port = server.add_insecure_port("127.0.0.1:0")
