@@ -2,7 +2,7 @@
 ("database or disk is full") or PostgreSQL (SQLSTATE 53100 disk_full).
 
 A full disk is not a bug: the caller gets RESOURCE_EXHAUSTED / STORAGE_FULL (and may retry
-later), not INTERNAL. The error interceptor asks `as_storage_full` about every exception
+later), not INTERNAL. The error mapping (rpc_status.py) asks `as_storage_full` about every exception
 that is not already a domain error, so every service and every write path is covered.
 """
 

@@ -1,7 +1,7 @@
 """The root of every typed domain error, and the gRPC status each class maps to.
 
 A service raises one of these (or its own subclass, declared in its `errors.py`); the
-error interceptor turns it into the status code and a `google.rpc.ErrorInfo` reason.
+error mapping (rpc_status.py) turns it into the status code and a `google.rpc.ErrorInfo` reason.
 Anything else escaping a handler is a bug and becomes INTERNAL.
 """
 

@@ -12,7 +12,7 @@ from services.common.tls import ServerTls, server_tls
 @dataclass(frozen=True)
 class ServerSecurity:
     """`auth_mode` dev|jwt; `tls` None = plaintext; `authenticator` gets its keys fetched
-    before each RPC by the auth interceptor."""
+    before each RPC (rpc_wrapper.py)."""
 
     auth_mode: str
     tls: ServerTls | None = None

@@ -1,4 +1,4 @@
-"""Typed errors of the lock service; the shared interceptor maps each to its gRPC status."""
+"""Typed errors of the lock service; the shared error mapping maps each to its gRPC status."""
 
 from __future__ import annotations
 

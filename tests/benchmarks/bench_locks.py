@@ -13,7 +13,7 @@ run, arms 1-3 (and 2b) interleaved in rounds (so load swings on the shared machi
    delete removed the key; so grants are ~one per max_age, not one per lock),
 3. the floor of "one gRPC hop": a bare grpc.aio server relaying the same etcd work (a
    lease from the same LeasePool, reused the same way, the claim, the delete) with no
-   auth, interceptors, metrics or logs,
+   auth, per-call wrapper, metrics or logs,
 4. 16 contenders on one key through the service vs the uncontended case,
 5. the service's Acquire+Release on a 3-member etcd cluster over TLS (client
    certificates) with etcd auth, vs 1 (one plaintext member).

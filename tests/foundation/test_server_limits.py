@@ -64,7 +64,7 @@ async def test_an_oversized_lock_request_is_refused_before_it_is_parsed(etcd) ->
                 )
             elapsed = time.monotonic() - started
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            # The handler (and the interceptors around it) never saw the message.
+            # The handler (and the wrapper around it) never saw the message.
             assert _acquires() == before, "the oversized request reached the servicer"
             print(f"60 MiB Acquire refused in {elapsed:.3f} s")
             # Still serving ordinary requests.

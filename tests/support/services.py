@@ -34,7 +34,7 @@ async def running_app(app: ServiceApp) -> AsyncIterator[RunningService]:
 
 
 def lock_service_app(servicer: object) -> ServiceApp:
-    """`servicer` served as the LockService with the shared interceptors and nothing else:
+    """`servicer` served as the LockService with the shared per-method wrapping and nothing else:
     for tests of the common gRPC plumbing (errors, correlation ids, metrics)."""
     name = locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name
     return ServiceApp(

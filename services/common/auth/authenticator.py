@@ -62,7 +62,7 @@ class Authenticator:
         )
 
     async def prepare(self, context: grpc.aio.ServicerContext) -> None:
-        """Before the RPC runs (auth interceptor): fetch keys its token needs, off the loop."""
+        """Before the RPC runs (rpc_wrapper.py): fetch keys its token needs, off the loop."""
         token = bearer_token(context)
         if token is not None:
             await self._tokens.refresh_keys(token)

@@ -4,8 +4,8 @@ Keys are fetched with PyJWT's `PyJWKClient` and kept by `kid`. A token signed wi
 we do not know triggers one re-fetch (at most every `min_refresh_seconds`, so random kids
 cannot turn us into a JWKS hammer); the whole set is also re-fetched after
 `cache_seconds`. A re-fetch replaces the set: a key the provider removed stops working.
-Fetches are blocking HTTP, so they run in a worker thread, driven by the server's auth
-interceptor (`refresh_keys`) before the RPC runs; `verify` itself never does I/O.
+Fetches are blocking HTTP, so they run in a worker thread, driven by the server's per-call
+wrapper (`refresh_keys`, rpc_wrapper.py) before the RPC runs; `verify` itself never does I/O.
 
 Every way a token can be wrong has its own ErrorInfo reason (all UNAUTHENTICATED), so a
 client's operator can tell an expired token from a mis-configured audience.
