@@ -165,6 +165,12 @@ class CommonSettings(BaseSettings):
     tls_ca_file: Path | None = Field(None, description="Clients: CA that signed the servers.")
     tls_client_cert_file: Path | None = Field(None, description="Clients: certificate (mTLS).")
     tls_client_key_file: Path | None = Field(None, description="Clients: private key (mTLS).")
+    malloc_retain_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        le=2**31 - 1,
+        description="Freed memory a process keeps for reuse (glibc; 0: glibc's defaults).",
+    )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )

@@ -23,6 +23,7 @@ from services.common.auth import check_bind, require_mode
 from services.common.config import ConfigError
 from services.common.health_port import start_health_server
 from services.common.logging import get_logger
+from services.common.malloc_tuning import retain_freed_memory
 from services.common.metrics import start_metrics_endpoint
 from services.common.readiness import LIVENESS, Probe, Readiness
 from services.common.reflection import enable_reflection
@@ -240,6 +241,12 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
     # Databases, blobs and temp files: readable by this user only (0600 / 0700).
     os.umask(0o077)
     configure_logging(name, settings.log_format, settings.log_level)
+    # Before any request: chunk-sized buffers are then reused, not faulted in again.
+    log.info(
+        "malloc_tuned",
+        retain_bytes=settings.malloc_retain_bytes,
+        applied=retain_freed_memory(settings.malloc_retain_bytes),
+    )
     try:
         require_mode(settings)  # before build_app touches a database
         app = build_app(settings)

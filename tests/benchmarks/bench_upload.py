@@ -48,6 +48,8 @@ from support.etcd import EtcdServer
 from support.ports import free_port
 from support.services import service_process
 
+from services.common.config import CommonSettings
+from services.common.malloc_tuning import retain_freed_memory
 from services.upload.blob_store import content_key
 
 MIB = 1024 * 1024
@@ -116,6 +118,9 @@ async def serve_bare(port: int, out_dir: Path) -> None:
             put, request_deserializer=upload_pb2.PutChunkRequest.FromString
         ),
     }
+    # The allocator setting every Serentak process starts with (SERENTAK_MALLOC_RETAIN_BYTES's
+    # default): a property of the process, not work per chunk, so the baseline gets it too.
+    retain_freed_memory(CommonSettings().malloc_retain_bytes)
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(BARE_SERVICE, handlers)])
     server.add_insecure_port(f"127.0.0.1:{port}")

@@ -1,5 +1,6 @@
 """Each service starts on its own (`python -m services.<name>`), answers health SERVING,
-lists its services through reflection, and a real grpcurl can list and describe them."""
+lists its services through reflection, and a real grpcurl can list and describe them; its
+allocator keeps freed memory for reuse from the start."""
 
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ def test_service_starts_serves_health_and_reflection(name: str, tmp_path: Path, 
             described = run_grpcurl(svc.address, "describe", service)
             assert f"service {service.rsplit('.', 1)[1]} {{" in described
             assert "rpc " in described
+        # Every process starts keeping freed memory for reuse (malloc_tuning.py).
+        lines = [json.loads(line) for line in svc.log_text().splitlines() if line.startswith("{")]
+        tuned = [r for r in lines if r.get("event") == "malloc_tuned"]
+        assert [(r["retain_bytes"], r["applied"]) for r in tuned] == [(256 * 1024 * 1024, True)]
 
 
 def test_correlation_id_sent_by_client_appears_in_the_call_log(tmp_path: Path, etcd) -> None:
