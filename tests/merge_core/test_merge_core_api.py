@@ -307,4 +307,3 @@ def test_a_late_bad_chunk_with_drop_behind_leaves_nothing(
     assert caught.value.index == 19
     assert listing(tmp_path) == ["out.bin"]
     assert (tmp_path / "out.bin").read_bytes() == b"previous version"
-
