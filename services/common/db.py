@@ -231,3 +231,42 @@ async def read_only(session: AsyncSession) -> AsyncSession:
         options["isolation_level"] = "AUTOCOMMIT"
     await session.connection(execution_options=options)
     return session
+
+
+async def dispose_when_returned(engine: AsyncEngine, grace_seconds: float = 5.0) -> None:
+    """Dispose of `engine`'s pool once every connection checked out of it is back.
+
+    Why wait: a call cancelled at shutdown closes its session in a task of its own
+    (SQLAlchemy shields the close), which may still be running when the server has
+    stopped. Disposing then and ending the event loop right after leaves that close
+    unfinished: the connection is never checked in, and the garbage collector terminates
+    it later with a "non-checked-in connection" warning. After `grace_seconds` it
+    disposes anyway and logs how many connections were still out."""
+    pool = engine.sync_engine.pool
+    checked_out = getattr(pool, "checkedout", None)
+    if checked_out is None:  # a pool that does not count (NullPool): nothing to wait for
+        await engine.dispose()
+        return
+    returned = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def count() -> None:
+        if checked_out() == 0:
+            returned.set()
+
+    def on_checkin(*_: object) -> None:
+        # Counted on the loop, after the pool has taken the connection back (the event
+        # fires just before), whichever thread checks it in (a finalizer too).
+        loop.call_soon_threadsafe(count)
+
+    event.listen(pool, "checkin", on_checkin)
+    try:
+        if checked_out() > 0:
+            try:
+                async with asyncio.timeout(grace_seconds):
+                    await returned.wait()
+            except TimeoutError:
+                log.warning("db_connections_not_returned", checked_out=checked_out())
+    finally:
+        event.remove(pool, "checkin", on_checkin)
+    await engine.dispose()

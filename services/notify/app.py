@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
 from services.common.admin import admin_servicer
+from services.common.db import dispose_when_returned
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.logging import get_logger
 from services.common.readiness import database_probe
@@ -53,7 +56,7 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
             admin_servicer(parts.sessions, parts.auth),
         ],
         background=background,
-        on_shutdown=[parts.engine.dispose],
+        on_shutdown=[partial(dispose_when_returned, parts.engine)],
         probes=[database_probe("notify", parts.engine, migration_locations())],
         readiness_interval=settings.readiness_interval_seconds,
         readiness_timeout=settings.readiness_timeout_seconds,

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from services.common.auth import UPLOAD, Authenticator, build_authenticator, require_mode
 from services.common.channels import service_client_security
 from services.common.config import load
-from services.common.db import create_engine, session_factory
+from services.common.db import create_engine, dispose_when_returned, session_factory
 from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
@@ -72,7 +72,7 @@ class UploadComponents:
         await self.locks.close()
         await self.chunks.close()
         await self.blobs.close()
-        await self.engine.dispose()
+        await dispose_when_returned(self.engine)
 
 
 def reclaim_policy(settings: UploadSettings) -> ReclaimPolicy:
