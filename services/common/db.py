@@ -244,7 +244,7 @@ async def dispose_when_returned(engine: AsyncEngine, grace_seconds: float = 5.0)
     disposes anyway and logs how many connections were still out."""
     pool = engine.sync_engine.pool
     checked_out = getattr(pool, "checkedout", None)
-    if checked_out is None:  # a pool that does not count (NullPool): nothing to wait for
+    if checked_out is None:  # StaticPool (in-memory SQLite), NullPool: they keep no count
         await engine.dispose()
         return
     returned = asyncio.Event()
