@@ -79,15 +79,17 @@ class EventTemplate:
     use) and copied into each recipient's message: a fan-out's rows differ only in
     `notification_id`, `user_id` and the cursor."""
 
-    __slots__ = ("_message",)
+    __slots__ = ("_message", "state")
 
-    def __init__(self) -> None:
+    def __init__(self, state: dict[str, Any]) -> None:
+        # The event's column values, shared by every recipient's row.
+        self.state = state
         self._message: notify_pb2.Notification | None = None
 
     def response(self, row: dict[str, Any]) -> notify_pb2.SubscribeResponse:
-        """The stream item for `row` (one recipient's row of this event)."""
+        """The stream item for `row` (one recipient's own columns: id, user, seq)."""
         if self._message is None:
-            self._message = row_message(row)
+            self._message = row_message({**self.state, **row})
         response = notify_pb2.SubscribeResponse()
         message = response.notification
         message.CopyFrom(self._message)
@@ -105,7 +107,8 @@ class Written:
     Its stream item is built on first use only: most users of a large audience have no
     open stream, and building 1,000 messages per event nobody reads was a hot spot. Rows
     of one event written by the one-statement path share an `EventTemplate`, so the
-    event's common fields are encoded once, not once per recipient.
+    event's common fields are encoded once, not once per recipient; their `row` then holds
+    only the recipient's own columns (id, tenant, user, seq).
     """
 
     __slots__ = ("_message", "_template", "merged", "row", "seq", "tenant_id", "user_id")
@@ -121,18 +124,13 @@ class Written:
         self._template = template
         self._message: notify_pb2.Notification | None = None
 
-    @property
-    def message(self) -> notify_pb2.Notification:
-        """The notification as sent on a Subscribe stream (built once)."""
-        if self._message is None:
-            self._message = row_message(self.row)
-        return self._message
-
     def response(self) -> notify_pb2.SubscribeResponse:
         """The Subscribe stream item (build it once per user: its streams share it)."""
         if self._template is not None:
             return self._template.response(self.row)
-        return notify_pb2.SubscribeResponse(notification=self.message, cursor=self.message.cursor)
+        if self._message is None:
+            self._message = row_message(self.row)
+        return notify_pb2.SubscribeResponse(notification=self._message, cursor=self._message.cursor)
 
 
 @dataclass

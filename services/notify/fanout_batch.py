@@ -31,9 +31,6 @@ per-event path (`fanout.fan_out`) does. SQLite always takes that path.
 from __future__ import annotations
 
 import json
-import os
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from serentak.events.v1 import events_pb2
@@ -46,44 +43,50 @@ from services.notify.summaries import Description
 
 _FAN_OUT = text(
     """
-WITH taken AS (
+WITH pairs AS (
+    SELECT a.ev, e.tenant_id, u.user_id
+    FROM json_array_elements(CAST(:audiences AS json)) WITH ORDINALITY AS a(users, ev)
+    JOIN unnest(CAST(:e_tenant AS varchar[])) WITH ORDINALITY AS e(tenant_id, ev)
+      ON e.ev = a.ev
+    CROSS JOIN LATERAL json_array_elements_text(a.users) AS u(user_id)
+),
+taken AS (
     INSERT INTO notify_user_streams AS s (tenant_id, user_id, last_seq)
-    SELECT x.tenant_id, x.user_id, x.n
-    FROM json_to_recordset(CAST(:streams AS json))
-         AS x(tenant_id varchar, user_id varchar, n bigint)
-    ORDER BY x.tenant_id, x.user_id
+    SELECT tenant_id, user_id, count(*)
+    FROM pairs
+    GROUP BY tenant_id, user_id
+    ORDER BY tenant_id, user_id
     ON CONFLICT (tenant_id, user_id) DO UPDATE SET last_seq = s.last_seq + EXCLUDED.last_seq
     RETURNING s.tenant_id, s.user_id, s.last_seq
 ),
 rows AS (
-    SELECT r.notification_id, r.tenant_id, r.user_id, t.last_seq - r.n + r.k AS seq, r.ev
-    FROM json_to_recordset(CAST(:rows AS json))
-         AS r(notification_id varchar, tenant_id varchar, user_id varchar, n bigint, k bigint,
-              ev bigint)
-    JOIN taken AS t ON t.tenant_id = r.tenant_id AND t.user_id = r.user_id
+    SELECT p.ev, p.tenant_id, p.user_id,
+           t.last_seq - count(*) OVER mine + row_number() OVER (mine ORDER BY p.ev) AS seq
+    FROM pairs AS p
+    JOIN taken AS t ON t.tenant_id = p.tenant_id AND t.user_id = p.user_id
+    WINDOW mine AS (PARTITION BY p.tenant_id, p.user_id)
 ),
 stored AS (
     INSERT INTO notifications (
         notification_id, tenant_id, user_id, seq, file_id, version, event_type, event_id,
         actor_user_id, file_name, summary, dedupe_key, digest_count, window_started_at,
         created_at, updated_at, read_at, correlation_id)
-    SELECT r.notification_id, e.tenant_id, r.user_id, r.seq, e.file_id, e.version,
-           e.event_type, e.event_id, e.actor_user_id, e.file_name, e.summary, e.dedupe_key, 1,
-           e.window_started_at, CAST(:now AS timestamp), CAST(:now AS timestamp), NULL,
-           e.correlation_id
+    SELECT replace(CAST(gen_random_uuid() AS varchar), '-', ''), r.tenant_id, r.user_id,
+           r.seq, e.file_id, e.version, e.event_type, e.event_id, e.actor_user_id,
+           e.file_name, e.summary, e.dedupe_key, 1, e.window_started_at,
+           CAST(:now AS timestamp), CAST(:now AS timestamp), NULL, e.correlation_id
     FROM rows AS r
-    JOIN unnest(CAST(:e_tenant AS varchar[]), CAST(:e_file AS varchar[]),
-                CAST(:e_version AS bigint[]), CAST(:e_type AS varchar[]),
-                CAST(:e_id AS varchar[]), CAST(:e_actor AS varchar[]),
-                CAST(:e_name AS varchar[]), CAST(:e_summary AS varchar[]),
-                CAST(:e_dedupe AS varchar[]), CAST(:e_window AS timestamp[]),
-                CAST(:e_correlation AS varchar[]))
-         WITH ORDINALITY AS e(tenant_id, file_id, version, event_type, event_id, actor_user_id,
+    JOIN unnest(CAST(:e_file AS varchar[]), CAST(:e_version AS bigint[]),
+                CAST(:e_type AS varchar[]), CAST(:e_id AS varchar[]),
+                CAST(:e_actor AS varchar[]), CAST(:e_name AS varchar[]),
+                CAST(:e_summary AS varchar[]), CAST(:e_dedupe AS varchar[]),
+                CAST(:e_window AS timestamp[]), CAST(:e_correlation AS varchar[]))
+         WITH ORDINALITY AS e(file_id, version, event_type, event_id, actor_user_id,
                               file_name, summary, dedupe_key, window_started_at,
                               correlation_id, ev)
       ON e.ev = r.ev
     ON CONFLICT DO NOTHING
-    RETURNING notification_id, seq
+    RETURNING notification_id, tenant_id, user_id, seq, event_id
 ),
 marked AS (
     UPDATE notify_inbox SET status = :notified
@@ -94,7 +97,9 @@ bumped AS (
     FROM unnest(CAST(:b_ids AS varchar[]), CAST(:b_versions AS bigint[])) AS b(id, version)
     WHERE a.aggregate_id = b.id
 )
-SELECT notification_id, seq FROM stored
+SELECT CAST(json_agg(json_build_array(notification_id, tenant_id, user_id, seq, event_id)
+                     ORDER BY tenant_id, user_id, seq) AS text)
+FROM stored
 """
 )
 
@@ -110,17 +115,6 @@ UPDATE notify_inbox SET status = '{InboxStatus.NOTIFIED}'
 WHERE event_id = ANY(CAST(:ids AS varchar[]))
 """
 )
-
-
-def _json(items: Iterable[dict[str, object]]) -> str:
-    return json.dumps(list(items), separators=(",", ":"))
-
-
-def notification_ids(count: int) -> Iterator[str]:
-    """`count` new notification ids: 32 hex digits of os.urandom (what uuid4().hex draws,
-    with its 6 fixed version bits random too), from one read instead of one per row."""
-    pool = os.urandom(16 * count).hex()
-    return (pool[i : i + 32] for i in range(0, 32 * count, 32))
 
 
 def batchable(session: AsyncSession, described: list[Description]) -> bool:
@@ -147,15 +141,11 @@ async def fan_out_chain(
     Returns what was written (for live delivery after commit) and how many rows the
     UNIQUE constraint refused (already written: counted as duplicates prevented)."""
     bumps = {"b_ids": list(applied or {}), "b_versions": list((applied or {}).values())}
-    # (tenant, user) -> indexes into `chain` of the events that notify them, in order.
-    recipients: defaultdict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, ev in enumerate(chain):
-        for user in audience(ev):
-            recipients[(ev.tenant_id, user)].append(i)
+    audiences = [audience(ev) for ev in chain]
+    recipients = sum(len(users) for users in audiences)
     if not recipients:
         await session.execute(_MARK, {"ids": [ev.event_id for ev in chain], **bumps})
         return [], 0
-    keys = sorted(recipients)
     states = [
         {
             "tenant_id": ev.tenant_id,
@@ -176,58 +166,31 @@ async def fan_out_chain(
         }
         for i, (ev, d) in enumerate(zip(chain, described, strict=True))
     ]
-    # A user notified by k events of the chain gets the k positions after its stream's
-    # last one, in chain (version) order: row number `k` of the user's events takes
-    # `last_seq_after - n + k`, computed in the statement from what the upsert returns.
-    rows: dict[str, dict[str, object]] = {}
-    params: list[dict[str, object]] = []  # the statement's per-row values, as one JSON
-    ids = notification_ids(sum(len(v) for v in recipients.values()))
-    for key in keys:
-        n = len(recipients[key])
-        for k, i in enumerate(recipients[key], start=1):
-            notification_id = next(ids)
-            rows[notification_id] = {
-                **states[i],
-                "notification_id": notification_id,
-                "user_id": key[1],
-            }
-            params.append(
-                {
-                    "notification_id": notification_id,
-                    "tenant_id": key[0],
-                    "user_id": key[1],
-                    "n": n,
-                    "k": k,
-                    "ev": i + 1,  # WITH ORDINALITY counts from 1
-                }
-            )
-    stored = await session.execute(
+    stored = await session.scalar(
         _FAN_OUT,
         {
-            # JSON documents, not arrays: psycopg dumps arrays element by element in
-            # Python (with uuid4() per row, most of a 1,000-user fan-out's CPU); the json
-            # module encodes them in C.
-            "streams": _json(
-                {"tenant_id": t, "user_id": u, "n": len(recipients[(t, u)])} for t, u in keys
-            ),
-            "rows": _json(params),
+            # One JSON document of the chain's audiences (the json module encodes it in
+            # C; psycopg dumps a list element by element); the statement spreads it into
+            # rows, numbers each user's positions and draws the ids itself.
+            "audiences": json.dumps(audiences, separators=(",", ":")),
             "now": now,
             "notified": InboxStatus.NOTIFIED,
             **bumps,
             **{param: [s[column] for s in states] for param, column in _EVENT_COLUMNS.items()},
         },
     )
-    written = []
-    for notification_id, seq in stored:
-        row = rows[notification_id]
-        row["seq"] = seq
-        written.append(row)
-    # RETURNING order is unspecified; publish in stream order.
-    written.sort(key=lambda r: (r["tenant_id"], r["user_id"], r["seq"]))
-    templates = {ev.event_id: EventTemplate() for ev in chain}
-    return [Written(r, merged=False, template=templates[str(r["event_id"])]) for r in written], len(
-        rows
-    ) - len(written)
+    # What was stored, in stream order (tenant, user, seq), as one JSON document: parsed in
+    # C instead of a result row per notification.
+    templates = {state["event_id"]: EventTemplate(state) for state in states}
+    written = [
+        Written(
+            {"notification_id": nid, "tenant_id": tenant, "user_id": user, "seq": seq},
+            merged=False,
+            template=templates[event_id],
+        )
+        for nid, tenant, user, seq, event_id in json.loads(stored or "[]")
+    ]
+    return written, recipients - len(written)
 
 
 _EVENT_COLUMNS = {
