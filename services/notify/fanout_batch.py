@@ -3,23 +3,27 @@
 `fanout.fan_out` writes one event at a time with multi-row statements whose text grows
 with the audience (SQLAlchemy's "insertmanyvalues": 400 rows x 15 columns of parameters a
 statement, which psycopg re-parses every time; that parse was most of a fan-out's CPU).
-Here the rows travel as one JSON document each (`json_to_recordset` spreads them; the
-json module encodes them in C, where psycopg dumps arrays element by element in Python)
-and the per-event state as arrays (`unnest`), so the statement text is
-constant (parsed and planned once per connection) and its size does not depend on N.
-One data-modifying CTE does the three writes, one round trip instead of three (the
-round trips between them, not the statements, were most of a fan-out's latency):
+Here the chain's audiences travel as one JSON document (a list of user ids per event:
+the json module encodes it in C, where psycopg dumps lists element by element in Python)
+and the per-event state as arrays (`unnest`), so the statement text is constant (parsed
+and planned once per connection) and its size does not depend on N. The statement does
+the per-recipient work itself (spreading the audiences into rows, numbering each user's
+positions, drawing the notification ids) and returns what it stored as one JSON
+document, so Python touches each recipient once, not four times. One data-modifying CTE
+does the writes, one round trip instead of three (the round trips between them, not the
+statements, were most of a fan-out's latency):
 
 1. one upsert takes every (tenant, user)'s stream positions for the whole chain: a user
    notified by k events of the chain gets `last_seq + 1 .. last_seq + k`, one per event in
    version order. Rows are visited in (tenant, user) order, the global lock order of
    `fanout.lock_streams`, so chains sharing users cannot deadlock;
-2. an INSERT ... SELECT writes every notification of the chain: per-row values (id, user,
-   rank k among the user's events of the chain, event index) joined to the positions the
-   upsert returned (seq = new last_seq - count + k) and to per-event arrays (the state
-   every recipient shares), so an event's text is bound once, not once per recipient.
-   ON CONFLICT DO NOTHING keeps UNIQUE (tenant, user, file, version) as the backstop of
-   exactly-once, as on the slow path;
+2. an INSERT ... SELECT writes every notification of the chain: each (event, user) pair
+   joined to the position the upsert returned (seq = new last_seq - k_total + rank of
+   the event among the user's events of the chain) and to the per-event arrays (the
+   state every recipient shares), so an event's text is bound once, not once per
+   recipient. Ids are 32 hex digits of `gen_random_uuid()` (PostgreSQL 13+), the form
+   `uuid4().hex` gives on the per-event path. ON CONFLICT DO NOTHING keeps UNIQUE
+   (tenant, user, file, version) as the backstop of exactly-once, as on the slow path;
 3. the chain's inbox rows go `applied -> notified` (locked by the job's read of them);
 4. Ingest's inline fan-out only: the files' applied versions move (rows it has locked).
 
