@@ -58,8 +58,11 @@ async def latest_for_file(
     n = NOTIFICATIONS.c
     newer = NOTIFICATIONS.alias("newer")
     for chunk in batches(user_ids):
-        latest_seq = (
-            select(func.max(newer.c.seq))
+        # The highest version is the latest: a user's notifications about one file take
+        # versions and stream positions in the same order (migration notify_0004), and
+        # UNIQUE (tenant, user, file, version) answers it from its index.
+        latest_version = (
+            select(func.max(newer.c.version))
             .where(
                 newer.c.tenant_id == n.tenant_id,
                 newer.c.user_id == n.user_id,
@@ -83,7 +86,7 @@ async def latest_for_file(
                 n.tenant_id == tenant_id,
                 n.file_id == file_id,
                 n.user_id.in_(chunk),
-                n.seq == latest_seq,
+                n.version == latest_version,
             )
             .order_by(n.user_id)
             .with_for_update(of=NOTIFICATIONS)

@@ -62,6 +62,7 @@ from services.notify.fanout_writer import FanOutWriter, bump_applied
 from services.notify.inbox_rows import insert_and_read, pending_rows
 from services.notify.models import ID_LEN, AggregateVersion, InboxEvent, InboxStatus
 from services.notify.sql import insert_ignore, retrying, upsert
+from services.notify.summaries import named_subject
 
 log = get_logger(__name__)
 Outcome = notify_pb2.IngestOutcome
@@ -104,6 +105,14 @@ def validate(event: events_pb2.Event, max_audience: int) -> None:
     if any(len(u) > MAX_PRINCIPAL_LENGTH for u in event.audience_user_ids):
         raise InvalidEvent(
             "audience_user_ids", f"a user id is longer than {MAX_PRINCIPAL_LENGTH} characters"
+        )
+    subject = named_subject(event)
+    if subject is not None and subject[1] != event.aggregate_id:
+        # Versions order one aggregate's events only: a notification filed under another
+        # file would break that file's version order (the digest relies on it).
+        raise InvalidEvent(
+            subject[0],
+            f"names {subject[1][:ID_LEN]!r}, not the event's aggregate_id {event.aggregate_id!r}",
         )
 
 

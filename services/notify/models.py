@@ -15,6 +15,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -120,7 +121,13 @@ class Notification(Base):
         UniqueConstraint("tenant_id", "user_id", "seq", name="uq_notifications_user_seq"),
         # Badge: COUNT(*) WHERE tenant_id, user_id AND read_at IS NULL.
         Index("ix_notifications_user_read", "tenant_id", "user_id", "read_at"),
-        # Digest candidate: latest notification of this user for this file.
-        Index("ix_notifications_user_file_seq", "tenant_id", "user_id", "file_id", "seq"),
-        Index("ix_notifications_read_at", "read_at"),
+        # Retention: read rows only (a new notification is unread: no entry to write).
+        # The digest candidate (a user's latest notification for a file) is the highest
+        # version on uq_notifications_user_file_version (migration notify_0004).
+        Index(
+            "ix_notifications_read_at",
+            "read_at",
+            postgresql_where=text("read_at IS NOT NULL"),
+            sqlite_where=text("read_at IS NOT NULL"),
+        ),
     )

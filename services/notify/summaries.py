@@ -15,6 +15,30 @@ from serentak.events.v1 import events_pb2
 DIGESTIBLE_PAYLOADS = frozenset({"file_renamed", "file_moved"})
 
 
+# The payload field naming the file (or folder) each kind of event is about.
+_SUBJECT_FIELDS = {
+    "file_content_updated": "file_id",
+    "file_renamed": "file_id",
+    "file_moved": "file_id",
+    "file_deleted": "file_id",
+    "file_restored": "file_id",
+    "file_shared": "file_id",
+    "file_unshared": "file_id",
+    "folder_created": "folder_id",
+}
+
+
+def named_subject(event: events_pb2.Event) -> tuple[str, str] | None:
+    """The payload field naming what `event` is about (`kind.field`) and its value; None
+    when the payload names nothing (no payload, or that field empty)."""
+    kind = event.WhichOneof("payload")
+    field = _SUBJECT_FIELDS.get(kind or "")
+    if kind is None or field is None:
+        return None
+    value = getattr(getattr(event, kind), field)
+    return (f"{kind}.{field}", value) if value else None
+
+
 @dataclass(frozen=True, slots=True)
 class Description:
     """The person-facing view of one event."""

@@ -9,6 +9,7 @@ from collections import Counter
 import grpc
 import pytest
 from notify.harness import error_reason, event, user_md
+from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2
 
 USERS = ("alice", "bob", "carol")
@@ -115,6 +116,18 @@ async def test_ingest_is_for_services_only(notify):
         # The same principal limit as the upload service's ShareFile (64).
         ("event.tenant_id", lambda e: setattr(e, "tenant_id", "t" * 65)),
         ("event.audience_user_ids", lambda e: e.audience_user_ids.append("u" * 65)),
+        # A payload about another file than the event's aggregate: its version would be
+        # ordered among the wrong file's versions.
+        (
+            "event.file_content_updated.file_id",
+            lambda e: setattr(e.file_content_updated, "file_id", "f-other"),
+        ),
+        (
+            "event.folder_created.folder_id",
+            lambda e: e.folder_created.CopyFrom(
+                events_pb2.FolderCreated(folder_id="d-other", name="x")
+            ),
+        ),
     ],
 )
 async def test_bad_events_are_invalid_argument_naming_the_field(notify, field, mutate):
@@ -125,3 +138,5 @@ async def test_bad_events_are_invalid_argument_naming_the_field(notify, field, m
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_reason(err.value) == "INVALID_EVENT"
     assert field in (err.value.details() or "")
+    await notify.settled()
+    assert await notify.all_notifications("alice") == []  # nothing stored
