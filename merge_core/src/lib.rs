@@ -7,6 +7,7 @@
 pub mod aligned;
 pub mod checksum;
 pub mod chunk;
+pub mod chunk_file;
 pub mod errors;
 pub mod handover;
 pub mod merge;
@@ -29,6 +30,7 @@ fn _merge_core(m: &pyo3::Bound<'_, pyo3::types::PyModule>) -> pyo3::PyResult<()>
     bindings::errors::register(m)?;
     m.add_class::<bindings::checksum::PyHasher>()?;
     m.add_function(wrap_pyfunction!(bindings::checksum::checksum_file, m)?)?;
+    m.add_function(wrap_pyfunction!(bindings::chunk_file::write_chunk, m)?)?;
     m.add("ALGORITHMS", ("sha256", "blake3", "crc32c"))?;
     m.add_function(wrap_pyfunction!(bindings::merge::merge, m)?)?;
     m.add_class::<bindings::stream::PyStreamingMerge>()?;

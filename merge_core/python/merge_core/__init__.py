@@ -30,6 +30,7 @@ from merge_core._merge_core import (
     StreamingMerge,
     __version__,
     checksum_file,
+    write_chunk,
 )
 
 __all__ = [
@@ -52,4 +53,5 @@ __all__ = [
     "as_chunk",
     "checksum_file",
     "merge",
+    "write_chunk",
 ]

@@ -22,6 +22,7 @@ __all__ = [
     "__version__",
     "checksum_file",
     "merge",
+    "write_chunk",
 ]
 
 __version__: str
@@ -107,6 +108,13 @@ class StreamingMerge:
     def finish(self) -> tuple[int, str, str, int]: ...
 
 def checksum_file(path: str | os.PathLike[str], algorithm: str = "sha256") -> str: ...
+def write_chunk(
+    path: str | os.PathLike[str],
+    data: Buffer,
+    algorithm: str = "sha256",
+    expected: str | None = None,
+    fsync: bool = True,
+) -> str: ...
 def merge(
     chunks: Sequence[_ChunkFields],
     output_path: str | os.PathLike[str],

@@ -2,6 +2,7 @@
 //! around the Rust core, and turn `MergeError` into named Python exceptions.
 
 pub mod checksum;
+pub mod chunk_file;
 pub mod errors;
 pub mod merge;
 pub mod stream;
