@@ -18,6 +18,9 @@ only an orphan from a crashed attempt. A loser of the insert discards its staged
 Blob writes (write + fsync of up to 32 MiB, rename + directory fsync) and hashing run on
 worker threads (`asyncio.to_thread`; hashing releases the GIL): on the event loop they
 would stall every other RPC and the job runtime's heartbeats for the length of an fsync.
+A new chunk is hashed and staged in one worker call (`BlobStore.stage_checked`: on the
+local store merge_core writes, hashes and fsyncs in one pass with the GIL released, and
+keeps nothing on a checksum mismatch), so the answers are those of hashing first.
 
 Per chunk, the database sees one read: one statement outside any explicit transaction (its
 own snapshot) on a connection the reader keeps, run straight on the driver (`chunk_reads`:
@@ -35,6 +38,7 @@ prepare the next chunks while earlier ones commit.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -51,7 +55,7 @@ from services.upload.chunk_commits import Chain, ChunkCommitter, Lost, Recorded
 from services.upload.chunk_reads import Stored
 from services.upload.conflict_repeats import REPEATS
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
-from services.upload.models import EXPIRED, UPLOADING, ChunkRow, UploadRow
+from services.upload.models import EXPIRED, UPLOADING, ChunkRow, UploadRow, utcnow
 from services.upload.uploads import MergeEnqueuer, Uploads, expected_chunk_size
 
 log = get_logger(__name__)
@@ -154,7 +158,16 @@ class ChunkStore:
             )
         algorithm = upload.checksum_algorithm
         claimed = checksums.normalize_hex(checksum, algorithm, "checksum")
-        actual = await checksums.digest_async(data, algorithm)
+        key = chunk_key(upload.id, index)
+        staged: object | None = None
+        if existing is None and upload.status == UPLOADING and upload.expires_at > utcnow():
+            # A new chunk the upload can take: hashed and staged in one pass on one worker
+            # thread; on a mismatch nothing is kept.
+            staged, actual = await self._blobs.stage_checked(key, data, algorithm, claimed)
+        else:
+            # A retry (answered from its row) or an upload that will refuse the chunk (the
+            # mismatch still comes first, as it always has): hashed only, nothing written.
+            actual = await checksums.digest_async(data, algorithm)
         if actual != claimed:
             raise ChecksumMismatch(
                 "checksum",
@@ -167,16 +180,21 @@ class ChunkStore:
         # Fast path for retries: an existing row answers without touching the disk.
         if existing is not None:
             return PreparedChunk(upload, index, len(data), actual, "", None, existing)
-        upload = await self._uploads.expire_if_due(upload)
-        if upload.status != UPLOADING:
-            raise UploadNotActive(
-                f"the upload is {upload.status}",
-                upload_id=upload.id,
-                status=upload.status,
-                reason="UPLOAD_EXPIRED" if upload.status == EXPIRED else None,
-            )
-        key = chunk_key(upload.id, index)
-        staged = await self._blobs.stage(key, data)
+        try:
+            upload = await self._uploads.expire_if_due(upload)
+            if upload.status != UPLOADING:
+                raise UploadNotActive(
+                    f"the upload is {upload.status}",
+                    upload_id=upload.id,
+                    status=upload.status,
+                    reason="UPLOAD_EXPIRED" if upload.status == EXPIRED else None,
+                )
+            if staged is None:  # defensive: an upload that passed was staged for above
+                staged = await self._blobs.stage(key, data)
+        except BaseException:
+            if staged is not None:
+                await asyncio.shield(self._blobs.discard(staged))
+            raise
         return PreparedChunk(upload, index, len(data), actual, key, staged, None)
 
     async def commit(self, prepared: PreparedChunk, chain: Chain | None = None) -> ChunkOutcome:

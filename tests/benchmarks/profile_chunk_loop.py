@@ -1,8 +1,8 @@
 # ruff: noqa: E402 - the script puts a repository on sys.path before importing it
 """The chunk path's event-loop cost, in process and without gRPC: 4 senders call
 `ChunkStore.prepare` + `commit` (what PutChunk runs) for every chunk of an upload; per
-chunk, the loop thread's CPU time, the aiosqlite thread hand-offs and the `to_thread` calls,
-and the median prepare / commit latency.
+chunk, the loop thread's CPU time, the whole process's (worker threads too), the aiosqlite
+thread hand-offs and the `to_thread` calls, and the median prepare / commit latency.
 
     .venv/bin/python tests/benchmarks/profile_chunk_loop.py [--repo DIR] [--postgres DSN]
         [--chunk-kib 4096] [--chunks 32] [--rounds 4]
@@ -111,11 +111,12 @@ async def one_round(parts: Any, number: int) -> str:
             phases.append((checked - started, time.perf_counter() - checked))
 
     hand_offs, to_thread = HAND_OFFS[0], TO_THREAD[0]
-    cpu, wall = time.thread_time(), time.perf_counter()
+    cpu, process, wall = time.thread_time(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(sender() for _ in range(SENDERS)))
     n = len(chunks)
     return (
         f"loop CPU {(time.thread_time() - cpu) * 1000 / n:.2f} ms/chunk, "
+        f"process CPU {(time.process_time() - process) * 1000 / n:.2f} ms/chunk, "
         f"aiosqlite hand-offs {(HAND_OFFS[0] - hand_offs) / n:.1f}/chunk, "
         f"to_thread {(TO_THREAD[0] - to_thread) / n:.1f}/chunk, "
         f"wall {(time.perf_counter() - wall) * 1000 / n:.2f} ms/chunk; "

@@ -86,6 +86,23 @@ async def test_staged_bytes_are_invisible_until_published(store: BlobStore) -> N
     assert await store.read(key) == b"xyz!"
 
 
+async def test_stage_checked_keeps_only_bytes_with_the_expected_digest(store: BlobStore) -> None:
+    key = chunk_key("u-checked", 0)
+    data = os.urandom(MIB + 3)
+    for algorithm in merge_core.ALGORITHMS:
+        refused, actual = await store.stage_checked(key, data, algorithm, "0" * 8)
+        assert (refused, actual) == (None, digest(data, algorithm))
+        assert not [o async for o in store.list_objects("uploads/u-checked")]
+    staged, actual = await store.stage_checked(key, data, "sha256", digest(data))
+    assert staged is not None and actual == digest(data)
+    assert not await store.exists(key)
+    await store.publish(staged, key)
+    await store.discard(staged)
+    assert await store.read(key) == data
+    listed = [o async for o in store.list_objects("uploads/u-checked")]
+    assert [(o.key, o.size, o.temporary) for o in listed] == [(key, len(data), False)]
+
+
 async def test_range_reads_in_bounded_blocks(store: BlobStore) -> None:
     data = os.urandom(3 * MIB + 17)
     await put_chunks(store, "u-range", [data])

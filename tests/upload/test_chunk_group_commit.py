@@ -46,12 +46,14 @@ class Gates(LocalBlobStore):
         self.publish_gate, self.stage_gate = threading.Event(), threading.Event()
         self.batches: list[list[str]] = []
 
-    def stage_sync(self, key: str, data: bytes) -> str:
+    def stage_checked_sync(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[str | None, str]:
         if key == self.stage_key:
             self._loop.call_soon_threadsafe(self.stage_parked.set)
             if not self.stage_gate.wait(GATE_TIMEOUT_S):
                 raise RuntimeError("stage gate never opened")
-        return super().stage_sync(key, data)
+        return super().stage_checked_sync(key, data, algorithm, expected)
 
     def _publish_many_sync(self, items) -> None:
         keys = [key for _, key in items]

@@ -4,8 +4,10 @@ chunk untouched; received_chunk_count equals the distinct stored indexes — und
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
+from datetime import timedelta
 
 import grpc
 import pytest
@@ -14,7 +16,7 @@ from sqlalchemy import func, select
 from upload.upload_helpers import chunk_request, create_request, expect_error, split
 
 from services.common.db import create_engine, session_factory
-from services.upload.blob_store import chunk_key
+from services.upload.blob_store import chunk_key, upload_prefix
 from services.upload.models import ChunkRow, UploadRow
 
 CHUNK = 1024
@@ -50,16 +52,21 @@ async def test_bad_checksum_stores_nothing(cluster) -> None:
     bad = upload_pb2.PutChunkRequest(
         upload_id=upload.upload_id, chunk_index=1, data=data[CHUNK:], checksum="0" * 64
     )
-    await expect_error(
+    info = await expect_error(
         alice.uploads.PutChunk(bad, metadata=alice.metadata),
         grpc.StatusCode.INVALID_ARGUMENT,
         "CHECKSUM_MISMATCH",
     )
+    # The answer names both digests (the bytes were hashed while being staged).
+    assert info.metadata["expected"] == "0" * 64
+    assert info.metadata["actual"] == hashlib.sha256(data[CHUNK:]).hexdigest()
     got = await alice.uploads.GetUpload(
         upload_pb2.GetUploadRequest(upload_id=upload.upload_id), metadata=alice.metadata
     )
     assert got.received_chunk_count == 0
     assert not await cluster.blobs.exists(chunk_key(upload.upload_id, 1))
+    # Not even a staged temp file is left behind.
+    assert not [o async for o in cluster.blobs.list_objects(upload_prefix(upload.upload_id))]
 
 
 @pytest.mark.parametrize("blob_backend", ["local", "s3"])
@@ -130,3 +137,45 @@ async def test_received_count_equals_distinct_rows_under_retries(cluster) -> Non
     assert all(n == 1 for _, n in rows)
     assert sorted(i for i, _ in rows) == [i for i in range(20) if i != 7]
     assert count == 19
+
+
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
+async def test_an_upload_that_cannot_take_chunks_answers_as_before_and_stages_nothing(
+    cluster,
+) -> None:
+    """Past its expiry, or aborted: a wrong checksum is still CHECKSUM_MISMATCH (the bytes
+    are checked first), a right one UPLOAD_EXPIRED / UPLOAD_NOT_ACTIVE; no bytes are kept."""
+    alice = cluster["alice"]
+    data = os.urandom(CHUNK * 2)
+    expired = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
+    aborted = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
+    await alice.uploads.AbortUpload(
+        upload_pb2.AbortUploadRequest(upload_id=aborted.upload_id), metadata=alice.metadata
+    )
+    engine = create_engine(cluster.settings.database_url)
+    try:
+        async with session_factory(engine).begin() as session:
+            row = await session.get(UploadRow, expired.upload_id)
+            row.expires_at = row.created_at - timedelta(seconds=1)
+    finally:
+        await engine.dispose()
+    for upload_id, reason in (
+        (expired.upload_id, "UPLOAD_EXPIRED"),
+        (aborted.upload_id, "UPLOAD_NOT_ACTIVE"),
+    ):
+        wrong = upload_pb2.PutChunkRequest(
+            upload_id=upload_id, chunk_index=0, data=data[:CHUNK], checksum="0" * 64
+        )
+        await expect_error(
+            alice.uploads.PutChunk(wrong, metadata=alice.metadata),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "CHECKSUM_MISMATCH",
+        )
+        await expect_error(
+            alice.uploads.PutChunk(
+                chunk_request(upload_id, 0, data[:CHUNK]), metadata=alice.metadata
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            reason,
+        )
+        assert not [o async for o in cluster.blobs.list_objects(upload_prefix(upload_id))]

@@ -42,8 +42,10 @@ class PublishGate(LocalBlobStore):
         self.gate = threading.Event()
         self.staged: asyncio.Queue[str] = asyncio.Queue()
 
-    def stage_sync(self, key: str, data: bytes) -> str:
-        staged = super().stage_sync(key, data)
+    def stage_checked_sync(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[str | None, str]:
+        staged = super().stage_checked_sync(key, data, algorithm, expected)
         self._loop.call_soon_threadsafe(self.staged.put_nowait, key)
         return staged
 

@@ -39,12 +39,14 @@ class GatedBlobs(LocalBlobStore):
         self.entered = asyncio.Event()
         self.gate = threading.Event()
 
-    def stage_sync(self, key: str, data: bytes) -> str:
+    def stage_checked_sync(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[str | None, str]:
         if key == self._gated_key:
             self._loop.call_soon_threadsafe(self.entered.set)
             if not self.gate.wait(GATE_TIMEOUT_S):
                 raise RuntimeError("gate never opened: the event loop was blocked")
-        return super().stage_sync(key, data)
+        return super().stage_checked_sync(key, data, algorithm, expected)
 
 
 async def test_other_chunks_and_reads_proceed_while_a_blob_write_blocks(parts) -> None:

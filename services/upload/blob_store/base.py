@@ -76,6 +76,13 @@ class BlobStore(Protocol):
         """Prepare `data` for `key` without making it visible; returns a staging handle."""
         ...
 
+    async def stage_checked(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[object | None, str]:
+        """`stage` with the bytes hashed by `algorithm` on the way: (the staging handle, or
+        None when the digest is not `expected` and nothing is staged; the digest)."""
+        ...
+
     async def publish(self, staged: object, key: str) -> None:
         """Atomically make the staged bytes the object under `key`, replacing any."""
         ...

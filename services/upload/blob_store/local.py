@@ -70,6 +70,32 @@ class LocalBlobStore:
             raise
         return str(staged)
 
+    async def stage_checked(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[object | None, str]:
+        """Hash `data` and stage it for `key` in one pass on one worker thread (merge_core,
+        GIL released): (the staging handle, or None when the digest is not `expected` and
+        nothing was kept; the digest)."""
+        return await asyncio.to_thread(self.stage_checked_sync, key, data, algorithm, expected)
+
+    def stage_checked_sync(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[str | None, str]:
+        """`stage_sync` that also hashes: the temp file is written, hashed and fsynced by
+        `merge_core.write_chunk`, which removes it (unsynced) on a digest other than
+        `expected` and on any error, so a refused or failed chunk leaves no file."""
+        final = self.path(key)
+        private_dirs(final.parent)
+        staged = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            actual = merge_core.write_chunk(staged, data, algorithm, expected, self._fsync)
+        except merge_core.MergeIOError as exc:
+            # The OSError a Python write raises (a full disk then answers RESOURCE_EXHAUSTED).
+            if exc.errno is None:
+                raise OSError(str(exc)) from exc
+            raise OSError(exc.errno, os.strerror(exc.errno), str(staged)) from exc
+        return (str(staged) if actual == expected else None), actual
+
     async def publish(self, staged: object, key: str) -> None:
         """Rename the staged file over `key` and fsync the directory entry."""
         await asyncio.to_thread(self._publish_sync, str(staged), key)

@@ -52,7 +52,7 @@ from obstore.store import S3Store
 
 import merge_core
 from services.common.logging import get_logger
-from services.upload import metrics
+from services.upload import checksums, metrics
 from services.upload.blob_store.base import ChunkRef, Merged, StoredObject
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.settings import UploadSettings
@@ -220,6 +220,13 @@ class S3BlobStore:
     async def stage(self, key: str, data: bytes) -> object:
         """Nothing to write yet: the PUT in `publish` is the atomic step."""
         return _Staged(key, data)
+
+    async def stage_checked(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[object | None, str]:
+        """The digest (on a worker thread), then `stage` when it is `expected`."""
+        actual = await checksums.digest_async(data, algorithm)
+        return (_Staged(key, data) if actual == expected else None), actual
 
     async def publish(self, staged: object, key: str) -> None:
         """One PUT of the staged bytes: all of them become visible at once, or none."""
