@@ -1,11 +1,12 @@
 """Cross-replica live delivery on PostgreSQL: LISTEN for stream positions, wake streams.
 
-Migration notify_0003 NOTIFYs `serentak_notify_streams` with `[tenant_id, user_id, seq]`
-whenever a user's stream position moves (at commit). Every notify replica holds one
-listening connection and turns each notification into `Broker.wake`: that user's streams
-on this replica read the database after their cursor (`streams.py` explains why this has
-neither gap nor duplicate). On (re)connect every stream is woken once, for whatever was
-committed while nobody listened.
+Migration notify_0005 NOTIFYs `serentak_notify_streams` with the stream positions a
+statement moved, `[[tenant_id, user_id, seq], ...]` (notify_0003's row triggers sent one
+`[tenant_id, user_id, seq]` each: still read, for a replica on the older schema). Every
+notify replica holds one listening connection and turns each position into `Broker.wake`:
+that user's streams on this replica read the database after their cursor (`streams.py`
+explains why this has neither gap nor duplicate). On (re)connect every stream is woken
+once, for whatever was committed while nobody listened.
 """
 
 from __future__ import annotations
@@ -23,28 +24,45 @@ log = get_logger(__name__)
 STREAMS_CHANNEL = "serentak_notify_streams"
 
 
-def parse_position(payload: str) -> tuple[str, str, int] | None:
-    """(tenant_id, user_id, seq) from a NOTIFY payload; None when it is not one."""
-    try:
-        tenant_id, user_id, seq = json.loads(payload)
-    except (ValueError, TypeError):
+def _position(item: object) -> tuple[str, str, int] | None:
+    if not isinstance(item, list) or len(item) != 3:
         return None
-    if not isinstance(tenant_id, str) or not isinstance(user_id, str) or not isinstance(seq, int):
+    tenant_id, user_id, seq = item
+    if not isinstance(tenant_id, str) or not isinstance(user_id, str) or type(seq) is not int:
         return None
     return tenant_id, user_id, seq
+
+
+def parse_positions(payload: str) -> list[tuple[str, str, int]] | None:
+    """The (tenant_id, user_id, seq) positions of a NOTIFY payload: a list of them, or one
+    alone (notify_0003's form); None when it is neither."""
+    try:
+        items = json.loads(payload)
+    except ValueError:
+        return None
+    single = _position(items)
+    if single is not None:
+        return [single]
+    if not isinstance(items, list) or not items:
+        return None
+    positions = [_position(item) for item in items]
+    if any(p is None for p in positions):
+        return None
+    return positions  # type: ignore[return-value]
 
 
 def stream_listener(url: URL, broker: Broker) -> CommitListener:
     """The listener that wakes `broker`'s streams on other replicas' (and own) commits."""
 
     def on_position(payload: str) -> None:
-        position = parse_position(payload)
-        if position is None:
+        positions = parse_positions(payload)
+        if positions is None:
             # Not ours to guess: waking everyone is always safe.
             log.warning("stream_notify_unparsable", payload=payload[:200])
             broker.wake_all()
             return
-        broker.wake(*position)
+        for position in positions:
+            broker.wake(*position)
 
     return CommitListener(
         url, {STREAMS_CHANNEL: broker.wake_all}, payloads={STREAMS_CHANNEL: on_position}

@@ -19,7 +19,7 @@ A digest update arrives as the same `notification_id` with a new cursor: clients
 the notification they already show.
 
 Replicas. On PostgreSQL every new stream position is NOTIFYed at commit (migration
-notify_0003) and each replica's `stream_listener` turns it into a wake-up (`Broker.wake`)
+notify_0005) and each replica's `stream_listener` turns it into a wake-up (`Broker.wake`)
 of that user's streams: no message, only "read after your cursor". Wake-ups coalesce
 outside the buffer (a pending seq per stream), so remote commits never overflow it; a
 stream that reads slowly just reads more per wake-up. When the listener (re)connects it wakes every

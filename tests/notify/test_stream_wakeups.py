@@ -7,7 +7,7 @@ from __future__ import annotations
 from serentak.notify.v1 import notify_pb2
 
 from services.notify.fanout import Written
-from services.notify.stream_listener import parse_position
+from services.notify.stream_listener import parse_positions
 from services.notify.streams import ANY_SEQ, Broker, Delivery
 
 
@@ -64,11 +64,22 @@ async def test_wake_all_reads_every_stream():
     assert [s.wake_seq for s in subs] == [ANY_SEQ, ANY_SEQ]
 
 
-def test_parse_position():
-    assert parse_position('["acme", "alice", 12]') == ("acme", "alice", 12)
-    assert parse_position("not json") is None
-    assert parse_position('["acme", 1, 12]') is None
-    assert parse_position('["acme", "alice"]') is None
+def test_parse_positions_reads_both_payload_forms_and_refuses_anything_else():
+    assert parse_positions('[["acme", "alice", 12], ["acme", "bob", 3]]') == [
+        ("acme", "alice", 12),
+        ("acme", "bob", 3),
+    ]
+    assert parse_positions('["acme", "alice", 12]') == [("acme", "alice", 12)]  # notify_0003
+    for bad in (
+        "not json",
+        "[]",
+        '["acme", 1, 12]',
+        '["acme", "alice"]',
+        '[["acme", "alice", 12], ["acme", "bob"]]',
+        '[["acme", "alice", true]]',
+        '{"acme": 1}',
+    ):
+        assert parse_positions(bad) is None, bad
 
 
 async def test_wakeup_for_a_seq_published_here_is_dropped():
