@@ -143,7 +143,10 @@ class FanOutResult:
 
 def audience(event: events_pb2.Event) -> list[str]:
     """The users to notify: distinct, sorted (the lock order), actor excluded."""
-    return sorted({u for u in event.audience_user_ids if u and u != event.actor_user_id})
+    users = set(event.audience_user_ids)
+    users.discard(event.actor_user_id)
+    users.discard("")
+    return sorted(users)
 
 
 async def lock_streams(session: AsyncSession, tenant_id: str, user_ids: Sequence[str]) -> None:

@@ -35,6 +35,7 @@ per-event path (`fanout.fan_out`) does. SQLite always takes that path.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import datetime
 
 from serentak.events.v1 import events_pb2
@@ -100,10 +101,18 @@ bumped AS (
     UPDATE notify_aggregate_versions AS a SET applied_version = b.version
     FROM unnest(CAST(:b_ids AS varchar[]), CAST(:b_versions AS bigint[])) AS b(id, version)
     WHERE a.aggregate_id = b.id
+),
+live AS (
+    SELECT l.pair ->> 0 AS tenant_id, l.pair ->> 1 AS user_id
+    FROM json_array_elements(CAST(:live AS json)) AS l(pair)
 )
-SELECT CAST(json_agg(json_build_array(notification_id, tenant_id, user_id, seq, event_id)
-                     ORDER BY tenant_id, user_id, seq) AS text)
-FROM stored
+SELECT count(*),
+       CAST(json_agg(json_build_array(s.notification_id, s.tenant_id, s.user_id, s.seq,
+                                      s.event_id)
+                     ORDER BY s.tenant_id, s.user_id, s.seq)
+            FILTER (WHERE l.user_id IS NOT NULL) AS text)
+FROM stored AS s
+LEFT JOIN live AS l ON l.tenant_id = s.tenant_id AND l.user_id = s.user_id
 """
 )
 
@@ -134,22 +143,26 @@ async def fan_out_chain(
     described: list[Description],
     occurred_at: list[datetime],
     now: datetime,
+    live: Collection[tuple[str, str]],
     applied: dict[str, int] | None = None,
-) -> tuple[list[Written], int]:
+) -> tuple[list[Written], int, int]:
     """Write one notification per audience user of every event in `chain` (version order).
 
     `applied` (aggregate id -> version) moves those aggregates' applied versions in the
     same statement (Ingest's inline fan-out: one round trip fewer); their rows must be
     locked by this transaction already.
 
-    Returns what was written (for live delivery after commit) and how many rows the
-    UNIQUE constraint refused (already written: counted as duplicates prevented)."""
+    Returns what was written for the `live` (tenant, user)s, those with a stream open in
+    this process (to hand to their streams after commit; a stream opened since reads its
+    notifications from the database on this commit's NOTIFY), how many notifications were
+    written in all, and how many rows the UNIQUE constraint refused (already written:
+    counted as duplicates prevented)."""
     bumps = {"b_ids": list(applied or {}), "b_versions": list((applied or {}).values())}
     audiences = [audience(ev) for ev in chain]
     recipients = sum(len(users) for users in audiences)
     if not recipients:
         await session.execute(_MARK, {"ids": [ev.event_id for ev in chain], **bumps})
-        return [], 0
+        return [], 0, 0
     states = [
         {
             "tenant_id": ev.tenant_id,
@@ -170,21 +183,24 @@ async def fan_out_chain(
         }
         for i, (ev, d) in enumerate(zip(chain, described, strict=True))
     ]
-    stored = await session.scalar(
+    result = await session.execute(
         _FAN_OUT,
         {
             # One JSON document of the chain's audiences (the json module encodes it in
             # C; psycopg dumps a list element by element); the statement spreads it into
             # rows, numbers each user's positions and draws the ids itself.
             "audiences": json.dumps(audiences, separators=(",", ":")),
+            "live": json.dumps(list(live), separators=(",", ":")),
             "now": now,
             "notified": InboxStatus.NOTIFIED,
             **bumps,
             **{param: [s[column] for s in states] for param, column in _EVENT_COLUMNS.items()},
         },
     )
-    # What was stored, in stream order (tenant, user, seq), as one JSON document: parsed in
-    # C instead of a result row per notification.
+    # What was stored for live users, in stream order (tenant, user, seq), as one JSON
+    # document: parsed in C instead of a result row per notification, and none for the
+    # users nobody is watching here (most of a large audience).
+    stored, live_rows = result.one()
     templates = {state["event_id"]: EventTemplate(state) for state in states}
     written = [
         Written(
@@ -192,9 +208,9 @@ async def fan_out_chain(
             merged=False,
             template=templates[event_id],
         )
-        for nid, tenant, user, seq, event_id in json.loads(stored or "[]")
+        for nid, tenant, user, seq, event_id in json.loads(live_rows or "[]")
     ]
-    return written, recipients - len(written)
+    return written, stored, recipients - stored
 
 
 _EVENT_COLUMNS = {

@@ -126,11 +126,11 @@ class FanOutHandler:
             return {"events": 0, "already_notified": True}
         waiting = chain[self._max_batch :]
         chain = chain[: self._max_batch]
-        written, duplicates = await self._writer.write(session, chain)
+        fanned = await self._writer.write(session, chain)
         if waiting:
             await enqueue(session, fanout_job(waiting[0], continuation=True))
-        self._writer.publish_after_commit(session, written, duplicates, chain)
-        return {"events": len(chain), "notifications": len(written)}
+        self._writer.publish_after_commit(session, fanned, chain)
+        return {"events": len(chain), "notifications": fanned.stored}
 
     async def _accepted(self, session: AsyncSession, aggregate_id: str) -> list[events_pb2.Event]:
         """The file's oldest accepted, not yet notified events, in version order (at most

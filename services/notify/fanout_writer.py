@@ -11,6 +11,7 @@ rollback (lost lease, lost idempotency race, a deadlock retried) publishes nothi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from serentak.events.v1 import events_pb2
@@ -48,6 +49,19 @@ async def bump_applied(session: AsyncSession, applied: dict[str, int]) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Fanned:
+    """What writing a chain did."""
+
+    # To hand to this process's open streams after commit (on the one-statement path only
+    # the rows of users with a stream open here; on the per-event path every row).
+    published: list[Written]
+    # Notifications written or folded, in all.
+    stored: int
+    # Rows UNIQUE (tenant, user, file, version) refused: written before.
+    duplicates: int
+
+
 class FanOutWriter:
     """Writes a chain of accepted events' notifications and publishes them after commit."""
 
@@ -65,21 +79,19 @@ class FanOutWriter:
         session: AsyncSession,
         chain: list[events_pb2.Event],
         applied: dict[str, int] | None = None,
-    ) -> tuple[list[Written], int]:
+    ) -> Fanned:
         """Write every notification of `chain` (accepted events in version order per file,
         their inbox rows `applied` in this transaction) and mark them `notified`; move
-        the `applied` aggregates' versions too (rows this transaction has locked).
-
-        Returns what was written and how many rows UNIQUE (tenant, user, file, version)
-        refused (already written)."""
+        the `applied` aggregates' versions too (rows this transaction has locked)."""
         described = [describe(ev) for ev in chain]
         if fanout_batch.batchable(session, described):
             # PostgreSQL, nothing to fold: the whole chain in one statement, which also
             # marks the chain notified.
             occurred = [occurred_at(ev) for ev in chain]
-            return await fanout_batch.fan_out_chain(
-                session, chain, described, occurred, utcnow(), applied
+            published, stored, duplicates = await fanout_batch.fan_out_chain(
+                session, chain, described, occurred, utcnow(), self._broker.live_users(), applied
             )
+            return Fanned(published, stored, duplicates)
         if len(chain) > 1:
             # Every user this transaction will notify, locked up front in one global
             # order (a single event's seq upsert already visits its users sorted).
@@ -107,31 +119,31 @@ class FanOutWriter:
             .values(status=InboxStatus.NOTIFIED)
         )
         await bump_applied(session, applied or {})
-        return written, duplicates
+        return Fanned(written, len(written), duplicates)
 
     def publish_after_commit(
         self,
         session: AsyncSession,
-        written: list[Written],
-        duplicates: int,
+        fanned: Fanned,
         chain: list[events_pb2.Event],
         *,
         inline: bool = False,
     ) -> None:
-        """Hand `written` to open streams once `session`'s transaction commits (nothing
-        on rollback); count it and log each event of `chain` under its correlation id."""
-        ended = self._broker.committing(written)
+        """Hand what `fanned` publishes to open streams once `session`'s transaction
+        commits (nothing on rollback); count it and log each event of `chain` under its
+        correlation id."""
+        ended = self._broker.committing(fanned.published)
         outcome = {"committed": False, "ended": False}
 
         def committed(_session: object) -> None:
             outcome["committed"] = True
-            metrics.NOTIFICATIONS_WRITTEN.inc(len(written))
-            metrics.DIGESTS_MERGED.inc(sum(1 for w in written if w.merged))
+            metrics.NOTIFICATIONS_WRITTEN.inc(fanned.stored)
+            metrics.DIGESTS_MERGED.inc(sum(1 for w in fanned.published if w.merged))
             metrics.FANOUT_EVENTS.inc(len(chain))
             if inline:
                 metrics.FANOUT_INLINE_EVENTS.inc(len(chain))
-            if duplicates:
-                metrics.DUPLICATES_PREVENTED.labels("notification").inc(duplicates)
+            if fanned.duplicates:
+                metrics.DUPLICATES_PREVENTED.labels("notification").inc(fanned.duplicates)
             for ev in chain:
                 with bound_correlation_id(ev.correlation_id or current_correlation_id()):
                     log.info(

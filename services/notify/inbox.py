@@ -236,8 +236,8 @@ class Inbox:
         if inline and self._writer is not None:
             # One statement for every file's chain (and their applied versions): users
             # are locked in one global order, per file in version order (`fanout_batch.py`).
-            written, duplicates = await self._writer.write(session, inline, inline_applied)
-            self._writer.publish_after_commit(session, written, duplicates, inline, inline=True)
+            fanned = await self._writer.write(session, inline, inline_applied)
+            self._writer.publish_after_commit(session, fanned, inline, inline=True)
         return queued
 
     async def _ingest_in(self, session: AsyncSession, event: events_pb2.Event) -> IngestResult:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -147,6 +147,10 @@ class Broker:
             if not streams:
                 del self._streams[sub.key]
                 self._published.pop(sub.key, None)
+
+    def live_users(self) -> Collection[UserKey]:
+        """The users with a stream open here now (a live view: copy it to keep it)."""
+        return self._streams.keys()
 
     def open_count(self) -> int:
         """How many streams are open."""

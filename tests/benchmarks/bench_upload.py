@@ -16,7 +16,11 @@ one for B). The ratio is Serentak's ingest rate (CreateUpload -> last chunk ackn
 over the bare server's for the same shape: what the upload service adds per chunk (auth,
 chunk rows and counters in the database, the commit). The merge has no bare counterpart:
 it is printed on its own line (and end to end, until GetUpload answers COMPLETED). Rounds
-interleave bare and Serentak per shape (plus a last bare run of each); the best run counts.
+interleave bare and Serentak per shape; the best run counts. Then one more run of each
+shape per server, bare's two and then Serentak's two, so each server has as many runs as
+the other and exactly one parallel run right after its own stream run (a run after the
+same server's run measured faster than one after the other server's: a bare server's
+extra run alone, as before, was its best parallel run in most runs of this benchmark).
 The bare server's chunk files and each merged blob must equal the source or the run fails.
 """
 
@@ -475,7 +479,7 @@ async def measure(
 ) -> dict[tuple[str, str], list[Result]]:
     """A warm-up upload of each shape to each server (first calls import code and fill
     caches), interleaved rounds (bare then Serentak, 1 stream then parallel), then one more
-    bare run of each shape; every result, keyed by (server, shape)."""
+    run of each shape, bare's then Serentak's; every result, keyed by (server, shape)."""
     shapes: tuple[tuple[str, Sender], ...] = ((STREAM, send_stream), (PARALLEL, send_parallel))
     for shape, send in shapes:
         await run_bare(servers.bare, servers.bare_dir, warmup, send)
@@ -498,6 +502,12 @@ async def measure(
     for shape, send in shapes:
         results[BARE, shape].append(
             await run_bare(servers.bare, servers.bare_dir, source, send, servers.bare_pid)
+        )
+    for shape, send in shapes:
+        results[SERENTAK, shape].append(
+            await run_serentak(
+                servers.upload, servers.blob_root, source, shape, send, servers.upload_pid
+            )
         )
     return results
 

@@ -196,3 +196,37 @@ async def test_a_chain_over_the_budget_goes_inline_up_to_it_and_the_rest_by_one_
         for user in ("alice", "bob"):
             got = sorted(await notify.all_notifications(user), key=lambda n: int(n.cursor))
             assert [(n.version, int(n.cursor)) for n in got] == [(v, v) for v in range(1, 10)]
+
+
+# The one-statement fan-out is PostgreSQL's (and on SQLite the stream's first read would
+# wait for the transaction this test's hook holds open: one connection).
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_a_stream_opened_while_its_notification_commits_still_gets_it_once(
+    notify_factory, database_url, monkeypatch
+):
+    # The one-statement fan-out returns the rows of users with a stream open in this
+    # process only (it hands those to their streams after commit). Bob's stream opens
+    # after the statement and before the commit: it reads the position before the
+    # commit, and the commit's NOTIFY makes it read the notification. Alice's was open.
+    async with notify_factory() as notify:
+        writer = notify.parts.inbox._writer
+        original = writer.write
+        late: list[asyncio.Task[list[notify_pb2.Notification]]] = []
+        published: list[tuple[str, int]] = []
+
+        async def write_then_open(session, chain, *args):
+            fanned = await original(session, chain, *args)
+            published.extend((w.user_id, w.seq) for w in fanned.published)
+            late.append(await _live(notify, "bob", 1))
+            return fanned
+
+        monkeypatch.setattr(writer, "write", write_then_open)
+        alice = await _live(notify, "alice", 1)
+        await notify.ingest(event("f-late", 1))
+        await notify.settled()
+        assert len(late) == 1
+        assert published == [("alice", 1)]  # bob was not watching yet
+        for stream in (alice, *late):
+            (got,) = await stream
+            assert (got.file_id, got.version, int(got.cursor)) == ("f-late", 1, 1)
+        assert len(await notify.all_notifications("bob")) == 1
