@@ -53,37 +53,39 @@ def describe(event: events_pb2.Event) -> Description:
     """Describe `event`; unknown or absent payloads fall back to the envelope."""
     actor = event.actor_user_id or "someone"
     kind = event.WhichOneof("payload")
-    file_id, name, summary = event.aggregate_id, "", f"{actor}: {event.event_type}"
+    name, summary = "", f"{actor}: {event.event_type}"
     if kind == "file_content_updated":
         p = event.file_content_updated
-        file_id, name = p.file_id or file_id, p.name
+        name = p.name
         summary = f"{actor} updated {name}"
     elif kind == "file_renamed":
         r = event.file_renamed
-        file_id, name = r.file_id or file_id, r.new_name
+        name = r.new_name
         summary = f"{actor} renamed a file to {name}"
     elif kind == "file_moved":
         m = event.file_moved
-        file_id, name = m.file_id or file_id, m.name
+        name = m.name
         summary = f"{actor} moved {name}"
     elif kind == "file_deleted":
         d = event.file_deleted
-        file_id, name = d.file_id or file_id, d.name
+        name = d.name
         summary = f"{actor} deleted {name}"
     elif kind == "file_restored":
         s = event.file_restored
-        file_id, name = s.file_id or file_id, s.name
+        name = s.name
         summary = f"{actor} restored {name}"
     elif kind == "file_shared":
         sh = event.file_shared
-        file_id, name = sh.file_id or file_id, sh.name
+        name = sh.name
         summary = f"{actor} shared {name} with {sh.user_id}"
     elif kind == "file_unshared":
         u = event.file_unshared
-        file_id, name = u.file_id or file_id, u.name
+        name = u.name
         summary = f"{actor} stopped sharing {name} with {u.user_id}"
     elif kind == "folder_created":
         f = event.folder_created
-        file_id, name = f.folder_id or file_id, f.name
+        name = f.name
         summary = f"{actor} created the folder {name}"
+    subject = named_subject(event)
+    file_id = subject[1] if subject is not None else event.aggregate_id
     return Description(file_id, name, summary, kind in DIGESTIBLE_PAYLOADS)
