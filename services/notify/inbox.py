@@ -219,11 +219,12 @@ class Inbox:
                 # machine) then does not move its whole chain onto the slower job path.
                 size = 0
                 for ev in chain:
-                    size += len(audience(ev))
-                    if size > budget:
+                    users = len(audience(ev))
+                    if size + users > budget:
                         break
+                    size += users
                     take += 1
-                budget -= sum(len(audience(ev)) for ev in chain[:take])
+                budget -= size
             if take:
                 inline.extend(chain[:take])
                 inline_applied[aggregate_id] = applied.pop(aggregate_id)
