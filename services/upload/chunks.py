@@ -55,8 +55,8 @@ from services.upload.chunk_commits import Chain, ChunkCommitter, Lost, Recorded
 from services.upload.chunk_reads import Stored
 from services.upload.conflict_repeats import REPEATS
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
-from services.upload.models import EXPIRED, UPLOADING, ChunkRow, UploadRow, utcnow
-from services.upload.uploads import MergeEnqueuer, Uploads, expected_chunk_size
+from services.upload.models import EXPIRED, UPLOADING, ChunkRow, UploadRow
+from services.upload.uploads import MergeEnqueuer, Uploads, expected_chunk_size, takes_chunks
 
 log = get_logger(__name__)
 
@@ -160,7 +160,7 @@ class ChunkStore:
         claimed = checksums.normalize_hex(checksum, algorithm, "checksum")
         key = chunk_key(upload.id, index)
         staged: object | None = None
-        if existing is None and upload.status == UPLOADING and upload.expires_at > utcnow():
+        if existing is None and takes_chunks(upload):
             # A new chunk the upload can take: hashed and staged in one pass on one worker
             # thread; on a mismatch nothing is kept.
             staged, actual = await self._blobs.stage_checked(key, data, algorithm, claimed)

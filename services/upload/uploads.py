@@ -92,6 +92,11 @@ async def transition(
     return moved
 
 
+def takes_chunks(upload: UploadRow) -> bool:
+    """Whether `upload` (as read) still takes chunks: `uploading`, not past its expires_at."""
+    return upload.status == UPLOADING and upload.expires_at > utcnow()
+
+
 def log_transition(upload_id: str, from_status: str, to_status: str) -> None:
     """The lifecycle log line of an upload's status move. Written in the moving
     transaction (a rollback after it undoes the move), so it precedes whatever the
@@ -349,7 +354,7 @@ class Uploads:
 
     async def expire_if_due(self, upload: UploadRow) -> UploadRow:
         """Move an idle `uploading` upload past its expires_at to `expired`; the fresh row."""
-        if upload.status != UPLOADING or upload.expires_at > utcnow():
+        if upload.status != UPLOADING or takes_chunks(upload):
             return upload
         async with self._sessions.begin() as session:
             await transition(session, upload.id, UPLOADING, EXPIRED)
