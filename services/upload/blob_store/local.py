@@ -50,11 +50,15 @@ class LocalBlobStore:
         """Write `data` beside `key` under a temporary name, fsynced (on a thread)."""
         return await asyncio.to_thread(self.stage_sync, key, data)
 
-    def stage_sync(self, key: str, data: bytes) -> str:
-        """Write `data` to `.{name}.{random}.tmp` beside `key` and fsync it."""
+    def _staging_path(self, key: str) -> Path:
+        """A new `.{name}.{random}.tmp` beside `key` (its folders made, private)."""
         final = self.path(key)
         private_dirs(final.parent)
-        staged = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        return final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+
+    def stage_sync(self, key: str, data: bytes) -> str:
+        """Write `data` to `.{name}.{random}.tmp` beside `key` and fsync it."""
+        staged = self._staging_path(key)
         # 0600 from the first byte (not after a chmod): blobs are every tenant's data.
         fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
@@ -84,9 +88,7 @@ class LocalBlobStore:
         """`stage_sync` that also hashes: the temp file is written, hashed and fsynced by
         `merge_core.write_chunk`, which removes it (unsynced) on a digest other than
         `expected` and on any error, so a refused or failed chunk leaves no file."""
-        final = self.path(key)
-        private_dirs(final.parent)
-        staged = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        staged = self._staging_path(key)
         try:
             actual = merge_core.write_chunk(staged, data, algorithm, expected, self._fsync)
         except merge_core.MergeIOError as exc:
