@@ -18,7 +18,6 @@ their audiences up front.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.notify import cursors, digest
 from services.notify.messages import row_message
 from services.notify.models import Notification, UserStream
+from services.notify.notification_ids import new_notification_id
 from services.notify.sql import batches, insert_ignore, upsert
 from services.notify.summaries import Description
 
@@ -249,7 +249,7 @@ async def fan_out(
             inserts.append(
                 {
                     **state,
-                    "notification_id": uuid.uuid4().hex,
+                    "notification_id": new_notification_id(),
                     "tenant_id": tenant,
                     "user_id": user,
                     "seq": seqs[user],

@@ -21,9 +21,10 @@ statements, were most of a fan-out's latency):
    joined to the position the upsert returned (seq = new last_seq - k_total + rank of
    the event among the user's events of the chain) and to the per-event arrays (the
    state every recipient shares), so an event's text is bound once, not once per
-   recipient. Ids are 32 hex digits of `gen_random_uuid()` (PostgreSQL 13+), the form
-   `uuid4().hex` gives on the per-event path. ON CONFLICT DO NOTHING keeps UNIQUE
-   (tenant, user, file, version) as the backstop of exactly-once, as on the slow path;
+   recipient. Ids are time-ordered UUIDs (`notification_ids.py`, drawn from
+   `gen_random_uuid()`, PostgreSQL 13+), as on the per-event path. ON CONFLICT DO
+   NOTHING keeps UNIQUE (tenant, user, file, version) as the backstop of exactly-once,
+   as on the slow path;
 3. the chain's inbox rows go `applied -> notified` (locked by the job's read of them);
 4. Ingest's inline fan-out only: the files' applied versions move (rows it has locked).
 
@@ -44,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.notify.fanout import EventTemplate, Written, audience
 from services.notify.models import InboxStatus
+from services.notify.notification_ids import NOTIFICATION_ID_SQL, now_ms
 from services.notify.summaries import Description
 
 _FAN_OUT = text(
@@ -76,9 +78,11 @@ stored AS (
         notification_id, tenant_id, user_id, seq, file_id, version, event_type, event_id,
         actor_user_id, file_name, summary, dedupe_key, digest_count, window_started_at,
         created_at, updated_at, read_at, correlation_id)
-    SELECT replace(CAST(gen_random_uuid() AS varchar), '-', ''), r.tenant_id, r.user_id,
-           r.seq, e.file_id, e.version, e.event_type, e.event_id, e.actor_user_id,
-           e.file_name, e.summary, e.dedupe_key, 1, e.window_started_at,
+    SELECT """
+    + NOTIFICATION_ID_SQL
+    + """, r.tenant_id, r.user_id, r.seq,
+           e.file_id, e.version, e.event_type, e.event_id, e.actor_user_id, e.file_name,
+           e.summary, e.dedupe_key, 1, e.window_started_at,
            CAST(:now AS timestamp), CAST(:now AS timestamp), NULL, e.correlation_id
     FROM rows AS r
     JOIN unnest(CAST(:e_file AS varchar[]), CAST(:e_version AS bigint[]),
@@ -192,6 +196,7 @@ async def fan_out_chain(
             "audiences": json.dumps(audiences, separators=(",", ":")),
             "live": json.dumps(list(live), separators=(",", ":")),
             "now": now,
+            "id_ms": now_ms(),
             "notified": InboxStatus.NOTIFIED,
             **bumps,
             **{param: [s[column] for s in states] for param, column in _EVENT_COLUMNS.items()},
