@@ -1,17 +1,23 @@
 # ruff: noqa: E402 - the script puts the repository on sys.path before importing it
-"""Notification ids: time-ordered (RFC 9562 v7, what the fan-out draws) vs random (v4).
+"""Notification rows: what their ids cost a 1,000-user fan-out's insert.
 
-    .venv/bin/python tests/benchmarks/bench_notification_ids.py [--quick] [--dsn postgresql://...]
+    .venv/bin/python tests/benchmarks/bench_notification_ids.py [--quick]
+        [--dsn postgresql://...] [--rows N] [--icu-locale en-US]
 
-One fresh PostgreSQL database migrated to notify's head holds `notifications` and a copy
-of it (`LIKE ... INCLUDING ALL`: the same columns and indexes). Both are filled with the
-same rows (1,000 users x `--rows` / 1,000 events), random ids in the copy, time-ordered
-ids in the real table, then vacuumed. Then 1,000-row fan-out inserts alternate between
-the two, each going first every other round (the same columns and values but the id,
-drawn in SQL as the fan-out statement does), a CHECKPOINT every 10 inserts as a busy
-server would have, each under EXPLAIN (ANALYZE, BUFFERS, WAL). Prints, per arm, the
-insert's median time, WAL bytes, full-page images and buffer reads, and the ratios
-(random = the baseline).
+One fresh PostgreSQL database (with `--icu-locale`, one whose default collation is that
+ICU locale's, as on servers initialised with a linguistic locale such as the official
+image's en_US.utf8) migrated to notify's head, and three tables of the same columns and
+indexes:
+- `before`: ids as before this round: random (uuid4) and compared under the database's
+  default collation (the baseline);
+- `ordered`: time-ordered ids (RFC 9562 v7, `notification_ids.py`), default collation;
+- `notifications` itself: time-ordered ids compared byte by byte (COLLATE "C", notify_0006).
+Each is filled with the same rows (1,000 users x `--rows` / 1,000 events) and vacuumed.
+Then 1,000-row fan-out inserts rotate between them, each table going first in turn (the
+same columns and values but the id, drawn in SQL as the fan-out statement does), a
+CHECKPOINT every 10 rounds as a busy server would have, each under EXPLAIN (ANALYZE,
+BUFFERS, WAL). Prints, per table, the insert's median time, WAL bytes, full-page images
+and buffer reads, and each one's ratios to `before`.
 """
 
 from __future__ import annotations
@@ -51,10 +57,13 @@ SELECT {id}, 'acme', 'user-' || lpad(CAST(u AS text), 6, '0'), e, 'file-' || mod
 FROM generate_series(CAST(%(first)s AS bigint), CAST(%(last)s AS bigint)) AS e,
      generate_series(1, {audience}) AS u
 """
+# table -> (how its ids are drawn, its id columns' collation: None = the default)
 ARMS = {
-    "random (v4)": ("notifications_random", RANDOM_ID),
-    "ordered (v7)": ("notifications", ORDERED_ID),
+    "before": (RANDOM_ID, None),
+    "ordered": (ORDERED_ID, None),
+    "notifications": (ORDERED_ID, "C"),
 }
+OPAQUE = (("notification_id", 32), ("tenant_id", 128), ("user_id", 128), ("file_id", 128))
 # Loaded rows were drawn a while ago: their ids carry older milliseconds.
 LOAD_MS = 1_700_000_000_000
 
@@ -84,26 +93,40 @@ def explain(conn: psycopg.Connection, table: str, id_sql: str, event: int, id_ms
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="100,000 rows loaded, 20 inserts")
+    parser.add_argument("--quick", action="store_true", help="100,000 rows loaded, 20 rounds")
     parser.add_argument("--dsn", default=os.environ.get("SERENTAK_TEST_PG_DSN", DEFAULT_DSN))
     parser.add_argument("--rows", type=int, help="rows loaded first (default 1,000,000)")
+    parser.add_argument("--icu-locale", help="the database's default collation (e.g. en-US)")
     args = parser.parse_args()
     rows = args.rows or (100_000 if args.quick else 1_000_000)
-    inserts = 20 if args.quick else 40
+    rounds = 20 if args.quick else 40
     configure_logging("bench_notification_ids", "console", "WARNING")
     name = f"serentak_bench_{uuid.uuid4().hex[:8]}"
+    locale = (
+        f" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '{args.icu_locale}'"
+        if args.icu_locale
+        else ""
+    )
     with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"{locale}')
     try:
         url = make_url(args.dsn).set(drivername="postgresql+psycopg", database=name)
         upgrade(url.render_as_string(hide_password=False), migration_locations())
         dsn = make_url(args.dsn).set(database=name).render_as_string(hide_password=False)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE notifications_random (LIKE notifications INCLUDING ALL)")
+            default = conn.execute("SELECT datcollate FROM pg_database WHERE datname = %s", (name,))
+            collation = args.icu_locale or default.fetchone()[0]  # type: ignore[index]
+            for table, (_, coll) in ARMS.items():
+                if coll is None:
+                    conn.execute(f"CREATE TABLE {table} (LIKE notifications INCLUDING ALL)")
+                    for column, length in OPAQUE:
+                        # Without COLLATE, the type's default: the database's collation.
+                        conn.execute(
+                            f"ALTER TABLE {table} ALTER COLUMN {column} TYPE varchar({length})"
+                        )
             loaded = rows // AUDIENCE
-            for table, id_sql in ARMS.values():
-                # Loaded rows take the ordered arm's older clock value, one millisecond
-                # per event (the random arm ignores it).
+            for table, (id_sql, _) in ARMS.items():
+                # Loaded rows carry older clock values, one millisecond per event.
                 conn.execute(
                     INSERT.format(
                         table=table,
@@ -114,33 +137,34 @@ def main() -> None:
                 )
                 conn.execute(f"VACUUM ANALYZE {table}")
             conn.execute("CHECKPOINT")
-            runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
-            for i in range(inserts):
+            runs: dict[str, list[dict]] = {table: [] for table in ARMS}
+            tables = list(ARMS)
+            for i in range(rounds):
                 event = loaded + 1 + i
-                order = list(ARMS.items())  # each arm goes first every other round
-                for arm, (table, id_sql) in order if i % 2 else order[::-1]:
-                    runs[arm].append(explain(conn, table, id_sql, event, LOAD_MS + 10**6 + i))
+                turn = tables[i % 3 :] + tables[: i % 3]  # each table goes first in turn
+                for table in turn:
+                    id_sql = ARMS[table][0]
+                    runs[table].append(explain(conn, table, id_sql, event, LOAD_MS + 10**6 + i))
                 if i % 10 == 9:
                     conn.execute("CHECKPOINT")
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    print(f"notification ids: {inserts} inserts of {AUDIENCE} rows into {rows:,} (PostgreSQL)")
+    print(
+        f"notification rows: {rounds} inserts of {AUDIENCE} rows per table into {rows:,}, "
+        f"PostgreSQL, default collation {collation}"
+    )
     medians = {
-        arm: {k: statistics.median(r[k] for r in results) for k in ("ms", "wal", "fpi", "reads")}
-        for arm, results in runs.items()
+        table: {k: statistics.median(r[k] for r in results) for k in ("ms", "wal", "fpi", "reads")}
+        for table, results in runs.items()
     }
-    for arm, m in medians.items():
+    base = medians["before"]
+    for table, m in medians.items():
         print(
-            f"{arm:<14} median {m['ms']:6.1f} ms  WAL {m['wal'] / 1e6:5.2f} MB  "
+            f"{table:<14} median {m['ms']:6.1f} ms (x{m['ms'] / base['ms']:.2f})  "
+            f"WAL {m['wal'] / 1e6:5.2f} MB (x{m['wal'] / max(1, base['wal']):.2f})  "
             f"full-page images {m['fpi']:5.0f}  buffer reads {m['reads']:5.0f}"
         )
-    base, new = medians["random (v4)"], medians["ordered (v7)"]
-    print(
-        f"ordered / random: time x{new['ms'] / base['ms']:.2f}, "
-        f"WAL x{new['wal'] / max(1, base['wal']):.2f}, "
-        f"full-page images x{new['fpi'] / max(1, base['fpi']):.2f}"
-    )
 
 
 if __name__ == "__main__":

@@ -20,11 +20,17 @@ class PostgresDatabases:
         with psycopg.connect(self.admin_dsn, connect_timeout=5) as conn:
             conn.execute("SELECT 1")
 
-    def create(self) -> str:
-        """A new empty database; returns its SQLAlchemy URL."""
+    def create(self, icu_locale: str | None = None) -> str:
+        """A new empty database; returns its SQLAlchemy URL. With `icu_locale` (e.g.
+        "en-US"; PostgreSQL 15+), its default collation is that ICU locale's."""
         name = f"serentak_t_{uuid.uuid4().hex[:12]}"
+        options = (
+            f" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '{icu_locale}'"
+            if icu_locale
+            else ""
+        )
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"{options}')
         self.created.append(name)
         url = make_url(self.admin_dsn).set(drivername="postgresql+psycopg", database=name)
         return url.render_as_string(hide_password=False)
