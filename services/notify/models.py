@@ -88,6 +88,8 @@ class UserStream(Base):
     writes commit one at a time and in `seq` order: a cursor never skips a late commit."""
 
     __tablename__ = "notify_user_streams"
+    # Room on each page for HOT updates of last_seq (migration notify_0007).
+    __table_args__ = {"postgresql_with": {"fillfactor": 70}}
 
     tenant_id: Mapped[str] = mapped_column(opaque_id(), primary_key=True)
     user_id: Mapped[str] = mapped_column(opaque_id(), primary_key=True)
