@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import psycopg
+import pytest
 from sqlalchemy.engine import make_url
 
 
@@ -24,6 +25,8 @@ class PostgresDatabases:
         """A new empty database; returns its SQLAlchemy URL. With `icu_locale` (e.g.
         "en-US"; PostgreSQL 15+), its default collation is that ICU locale's."""
         name = f"serentak_t_{uuid.uuid4().hex[:12]}"
+        if icu_locale and self.server_version() < 150000:
+            pytest.skip("an ICU default collation for a database needs PostgreSQL 15+")
         options = (
             f" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '{icu_locale}'"
             if icu_locale
@@ -34,6 +37,13 @@ class PostgresDatabases:
         self.created.append(name)
         url = make_url(self.admin_dsn).set(drivername="postgresql+psycopg", database=name)
         return url.render_as_string(hide_password=False)
+
+    def server_version(self) -> int:
+        """The server's version number (150018 for 15.18)."""
+        with psycopg.connect(self.admin_dsn) as conn:
+            row = conn.execute("SHOW server_version_num").fetchone()
+        assert row is not None
+        return int(row[0])
 
     def drop_all(self) -> None:
         """Drop every database this object created."""
