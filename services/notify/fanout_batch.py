@@ -62,7 +62,9 @@ taken AS (
     SELECT tenant_id, user_id, count(*)
     FROM pairs
     GROUP BY tenant_id, user_id
-    ORDER BY tenant_id, user_id
+    -- Byte order, as the stream rows' columns and Python's sorted() (notify_0006): the
+    -- ids come from JSON, under the database's default collation.
+    ORDER BY tenant_id COLLATE "C", user_id COLLATE "C"
     ON CONFLICT (tenant_id, user_id) DO UPDATE SET last_seq = s.last_seq + EXCLUDED.last_seq
     RETURNING s.tenant_id, s.user_id, s.last_seq
 ),

@@ -5,11 +5,15 @@ order, and both fan-out paths write and list notifications on it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import psycopg
+import pytest
 from notify.harness import event, start_notify
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from services.common.config import DEFAULT_AUTH_TOKENS
 from services.common.db import sync_url
@@ -90,3 +94,42 @@ async def test_both_fan_out_paths_work_on_a_linguistic_default(postgres, tmp_pat
                 notify_pb2.GetUnreadCountRequest(), metadata=md
             )
             assert badge.unread_count == 3
+
+
+async def test_the_batch_fan_out_locks_stream_rows_in_byte_order(postgres, tmp_path: Path) -> None:
+    # "B" < "a" in byte order (and Python's sorted()), "a" < "B" in en-US: with "a"'s row
+    # held elsewhere, a fan-out that locks in byte order holds "B" while it waits for "a".
+    url = postgres.create(icu_locale="en-US")
+    notify_db.migrate(url)
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    settings = NotifySettings(notify_database_url=url, data_dir=tmp_path)
+    users = ("carol", "B", "a")
+    async with start_notify(settings) as notify:
+        await notify.ingest_settled(event("f-order", 1, audience=users))  # the stream rows
+        async with await psycopg.AsyncConnection.connect(dsn) as holder:
+            await holder.execute(_LOCK_STREAM, ("a",))  # held until the rollback below
+            ingest = asyncio.create_task(notify.ingest(event("f-order", 2, audience=users)))
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe:
+                async with asyncio.timeout(DEADLINE_S):
+                    while not await _waits_for_a_row_lock(probe):  # noqa: ASYNC110
+                        await asyncio.sleep(0.02)  # poll interval of the wait above
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    await probe.execute(_LOCK_STREAM + " NOWAIT", ("B",))
+            await holder.rollback()
+        resp = await ingest
+        assert resp.notifications_written == 2
+
+
+DEADLINE_S = 30.0
+_LOCK_STREAM = (
+    "SELECT last_seq FROM notify_user_streams WHERE tenant_id = 'acme' AND user_id = %s FOR UPDATE"
+)
+
+
+async def _waits_for_a_row_lock(conn: psycopg.AsyncConnection) -> bool:
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query LIKE '%notify_user_streams%'"
+    )
+    row = await cur.fetchone()
+    return row is not None and row[0] > 0
