@@ -27,14 +27,14 @@ import os
 import re
 import statistics
 import sys
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen")]
+sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests")]
 
 import psycopg
 from sqlalchemy.engine import make_url
+from support.postgres import PostgresDatabases
 
 from services.common.logging import configure_logging
 from services.common.migrate import upgrade
@@ -101,20 +101,15 @@ def main() -> None:
     rows = args.rows or (100_000 if args.quick else 1_000_000)
     rounds = 20 if args.quick else 40
     configure_logging("bench_notification_ids", "console", "WARNING")
-    name = f"serentak_bench_{uuid.uuid4().hex[:8]}"
-    locale = (
-        f" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '{args.icu_locale}'"
-        if args.icu_locale
-        else ""
-    )
-    with psycopg.connect(args.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"{locale}')
+    databases = PostgresDatabases(args.dsn)
     try:
-        url = make_url(args.dsn).set(drivername="postgresql+psycopg", database=name)
-        upgrade(url.render_as_string(hide_password=False), migration_locations())
-        dsn = make_url(args.dsn).set(database=name).render_as_string(hide_password=False)
+        url = databases.create(icu_locale=args.icu_locale)
+        upgrade(url, migration_locations())
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            default = conn.execute("SELECT datcollate FROM pg_database WHERE datname = %s", (name,))
+            default = conn.execute(
+                "SELECT datcollate FROM pg_database WHERE datname = current_database()"
+            )
             collation = args.icu_locale or default.fetchone()[0]  # type: ignore[index]
             for table, (_, coll) in ARMS.items():
                 if coll is None:
@@ -148,8 +143,7 @@ def main() -> None:
                 if i % 10 == 9:
                     conn.execute("CHECKPOINT")
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        databases.drop_all()
     print(
         f"notification rows: {rounds} inserts of {AUDIENCE} rows per table into {rows:,}, "
         f"PostgreSQL, default collation {collation}"
