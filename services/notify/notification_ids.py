@@ -3,9 +3,10 @@
 The first 48 bits are the Unix time in milliseconds, the rest random (74 bits). New ids
 sort after older ones, so a fan-out's rows land at the right edge of the primary-key
 index, a handful of pages, instead of one random page each. Inserting 1,000 rows into a
-table of 1,000,000 (a checkpoint every 10 inserts): 44 -> 34 ms, WAL 5.4 -> 2.0 MB, full
-page images 830 -> 237 (README "Measured"). Ids drawn in the same millisecond are
-unordered among themselves; nothing orders by id (streams order by `seq`).
+table of 1,000,000 (a checkpoint every 10 inserts): 39.5 -> 28.9 ms, WAL 5.81 -> 2.05 MB,
+full-page images 894 -> 284 (`tests/benchmarks/bench_notification_ids.py`, README
+"Measured"). Ids drawn in the same millisecond are unordered among themselves; nothing
+orders by id (streams order by `seq`).
 
 Both fan-out paths draw them: Python (`new_notification_id`) on the per-event path, and
 the batch statement itself (`NOTIFICATION_ID_SQL`, PostgreSQL 13+) from the same
