@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.types import TypeDecorator
 
@@ -61,9 +62,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-# status: 'queued' (waiting for run_after) or 'running' (leased). Finished jobs are deleted,
-# dead ones move to dead_letters: every row here is unfinished, which is what makes the
-# per-partition rule "no earlier row with my partition_key" exact.
+# status: 'queued' (heads its partition, waiting for run_after), 'waiting' (behind an
+# earlier job of its partition: claims skip it; runtime_0003) or 'running' (leased).
+# Finished jobs are deleted, dead ones move to dead_letters: every row here is
+# unfinished, which is what makes the per-partition rule "no earlier row with my
+# partition_key" exact.
+QUEUED, WAITING, RUNNING = "queued", "waiting", "running"
 jobs = Table(
     "jobs",
     metadata,
@@ -94,6 +98,14 @@ jobs = Table(
     Index("ix_jobs_partition_key_id", "partition_key", "id"),
     # Claim scan: ready queued jobs and expired leases.
     Index("ix_jobs_status_run_after", "status", "run_after"),
+    # The claim's oldest-first scan over partition heads only (runtime_0003): the jobs
+    # waiting behind them are not in it.
+    Index(
+        "ix_jobs_claimable",
+        "id",
+        postgresql_where=text("status IN ('queued', 'running')"),
+        sqlite_where=text("status IN ('queued', 'running')"),
+    ),
 )
 
 applied_jobs = Table(

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import RowMapping, insert
+from sqlalchemy import RowMapping, case, exists, insert
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -20,13 +20,21 @@ from services.common.jobs import sql
 from services.common.jobs.errors import LeaseLost
 from services.common.jobs.idempotency import AlreadyApplied, record_applied
 from services.common.jobs.job import ClaimedJob, NewJob
-from services.common.jobs.models import jobs, utcnow
+from services.common.jobs.models import QUEUED, WAITING, jobs, utcnow
 
 
 def _is_postgresql(executor: AsyncSession | AsyncConnection) -> bool:
     if isinstance(executor, AsyncConnection):
         return executor.dialect.name == "postgresql"
     return executor.get_bind().dialect.name == "postgresql"
+
+
+def _status_on_arrival(partition_key: str) -> Any:
+    """'waiting' behind an earlier job of the partition, else 'queued' (runtime_0003)."""
+    earlier = jobs.alias("earlier")
+    return case(
+        (exists().where(earlier.c.partition_key == partition_key), WAITING), else_=QUEUED
+    )
 
 
 def _validate(job: NewJob) -> None:
@@ -43,6 +51,9 @@ def _validate(job: NewJob) -> None:
 async def enqueue(session: AsyncSession, job: NewJob) -> str:
     """Add `job` in the caller's transaction (a rollback removes it); returns its job_id.
 
+    A job behind an earlier one of its partition is stored 'waiting': claims do not look
+    at it until the job ahead of it is deleted (`runtime_0003`).
+
     With a `dedupe_key`, the job waits until its dedupe window closes; a job of the same
     type and key enqueued meanwhile collapses into it (latest payload and idempotency key
     win) and the returned job_id is the existing job's.
@@ -57,7 +68,7 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
         "idempotency_key": job.idempotency_key,
         "payload": job.payload,
         "correlation_id": job.correlation_id or current_correlation_id(),
-        "status": "queued",
+        "status": _status_on_arrival(job.partition_key),
         "attempts": 0,
         "collapsed": 0,
         "run_after": run_after,
@@ -119,6 +130,13 @@ async def claim_jobs(
     ).all()
     # RETURNING order is unspecified; handlers start oldest first.
     return sorted((_claimed(row._mapping) for row in rows), key=lambda job: job.id)
+
+
+async def promote_stranded(session: AsyncSession | AsyncConnection) -> int:
+    """Queue every partition head left 'waiting' by an enqueue that raced its
+    predecessor's deletion (see `sql.PROMOTE_STRANDED`); how many were."""
+    result = await session.execute(sql.PROMOTE_STRANDED)
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 async def claim_next_job(

@@ -4,7 +4,10 @@ Invariants they keep together:
 - A row in `jobs` is an unfinished job. Completion deletes it, dead-lettering moves it.
 - Per-partition order: a job is claimable only if no earlier row (smaller id) with its
   partition_key exists. A job waiting for its retry therefore blocks the rest of its
-  partition (order over throughput).
+  partition (order over throughput). The jobs behind a partition's head are stored
+  'waiting' and promoted to 'queued' when the job ahead of them is deleted (a trigger,
+  runtime_0003), so a claim never walks a deep partition; the rule above is still
+  checked on every claim, so order never depends on that status.
 - A claim is a lease: (claimed_by, lease_token, lease_expires_at). Everything a worker
   does afterwards is conditional on `lease_token`, so a worker whose lease ended (and
   whose job was reclaimed) can neither complete, retry nor dead-letter it.
@@ -26,7 +29,13 @@ RETURNING id, job_id, job_type, partition_key, idempotency_key, payload, correla
 
 # Pick up to :limit of the oldest claimable jobs and lease them, in one statement.
 # Claimable: queued and due, or running with an expired lease (its worker died: the job
-# runs again, nothing stays "running" forever). Only the head of a partition qualifies,
+# runs again, nothing stays "running" forever); 'waiting' rows (behind their partition's
+# head) are not looked at. Only the head of a partition (its first row by id)
+# qualifies. The head is read as the first entry at or after (partition_key, 0) in
+# (partition_key, id) order, which only ix_jobs_partition_key_id gives without a sort:
+# "no earlier row" (NOT EXISTS) and "min(id) of the partition" were both planned, on a
+# partition 20,000 deep, as a primary-key scan filtering on partition_key (20,000 rows a
+# probe: the statistics of one huge partition say any partition matches most rows),
 # so the picked jobs are in distinct partitions and per-partition order holds whatever
 # the batch size.
 # PostgreSQL: FOR UPDATE SKIP LOCKED lets concurrent workers pass over a row another
@@ -41,13 +50,16 @@ RETURNING id, job_id, job_type, partition_key, idempotency_key, payload, correla
 # unique key on applied_jobs is what keeps effects exactly-once.
 _CLAIM = """
 WITH picked AS MATERIALIZED (
-    SELECT j.id FROM jobs AS j
-    WHERE j.job_type IN :job_types
+    SELECT j.id FROM jobs AS j {scan}
+    WHERE j.status IN ('queued', 'running')
+      AND j.job_type IN :job_types
       AND ((j.status = 'queued' AND j.run_after <= :now)
            OR (j.status = 'running' AND j.lease_expires_at < :now))
-      AND NOT EXISTS (
-          SELECT 1 FROM jobs AS earlier
-          WHERE earlier.partition_key = j.partition_key AND earlier.id < j.id
+      AND j.id = (
+          SELECT head.id FROM jobs AS head
+          WHERE (head.partition_key, head.id) >= (j.partition_key, 0)
+          ORDER BY head.partition_key, head.id
+          LIMIT 1
       )
     ORDER BY j.id
     LIMIT :limit
@@ -82,8 +94,22 @@ def _typed(sql: str) -> TextualSelect:
     )
 
 
-CLAIM_POSTGRESQL = _typed(_CLAIM.format(lock="FOR UPDATE SKIP LOCKED") + _RETURNING)
-CLAIM_SQLITE = _typed(_CLAIM.format(lock="") + _RETURNING)
+CLAIM_POSTGRESQL = _typed(_CLAIM.format(scan="", lock="FOR UPDATE SKIP LOCKED") + _RETURNING)
+# SQLite has no statistics unless ANALYZE is run, and then prefers the job_type index
+# (every job of the type, waiting ones too) over the partial index of heads.
+CLAIM_SQLITE = _typed(_CLAIM.format(scan="INDEXED BY ix_jobs_claimable", lock="") + _RETURNING)
+
+# A partition head left 'waiting': its enqueue saw the job ahead of it, whose deletion's
+# promotion (runtime_0003's trigger) ran before that enqueue committed and so did not see
+# it (PostgreSQL, concurrent transactions). Workers run this every poll interval. The
+# heads come from the (partition_key, id) index in one pass, not a probe per waiting row.
+PROMOTE_STRANDED = text(
+    """
+UPDATE jobs SET status = 'queued'
+WHERE status = 'waiting'
+  AND id IN (SELECT min(heads.id) FROM jobs AS heads GROUP BY heads.partition_key)
+"""
+)
 
 # Extend the lease while the handler runs. 0 rows: the lease is gone (reclaimed).
 HEARTBEAT = text(

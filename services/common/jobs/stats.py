@@ -12,7 +12,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.jobs.dead_letters import count_dead_letters
-from services.common.jobs.models import jobs, utcnow
+from services.common.jobs.models import QUEUED, RUNNING, WAITING, jobs, utcnow
 from services.common.outbox.store import oldest_unpublished
 
 
@@ -49,11 +49,13 @@ def _aware(value: datetime | str | None) -> datetime | None:
 async def queue_stats(session: AsyncSession) -> QueueStats:
     """Depth, running count and lag per job type, dead letters and the outbox's age."""
     now = utcnow()
-    due_unclaimed = (jobs.c.status == "queued") & (jobs.c.run_after <= now)
+    # A job waiting behind its partition's head is queued and lagging all the same.
+    unclaimed = jobs.c.status.in_((QUEUED, WAITING))
+    due_unclaimed = unclaimed & (jobs.c.run_after <= now)
     stmt = select(
         jobs.c.job_type,
-        func.sum(case((jobs.c.status == "queued", 1), else_=0)),
-        func.sum(case((jobs.c.status == "running", 1), else_=0)),
+        func.sum(case((unclaimed, 1), else_=0)),
+        func.sum(case((jobs.c.status == RUNNING, 1), else_=0)),
         func.min(case((due_unclaimed, jobs.c.run_after), else_=None)),
     ).group_by(jobs.c.job_type)
     rows = list(await session.execute(stmt))

@@ -34,6 +34,7 @@ from services.common.jobs.queue import (
     complete,
     complete_applied,
     heartbeat,
+    promote_stranded,
     release,
     reschedule,
 )
@@ -89,6 +90,7 @@ class Worker:
         self._claim_connection: AsyncConnection | None = None
         self._completions = CompletionBatcher(sessions)
         self._handling: set[int] = set()  # ids of claimed jobs whose handler runs
+        self._swept_at = float("-inf")  # last promote_stranded (monotonic seconds)
         self._slot_freed = asyncio.Event()
 
     def wake(self) -> None:
@@ -180,13 +182,18 @@ class Worker:
 
     async def _claim(self, limit: int) -> list[ClaimedJob]:
         self.claim_rounds += 1
+        sweep = self._sweep_due()
         try:
             if self._claim_connection is None:
                 async with self.sessions() as session, session.begin():
+                    if sweep:
+                        await self._promote_stranded(session)
                     return await claim_jobs(
                         session, self.worker_id, self.registry.names, self.lease_seconds, limit
                     )
             async with self._claim_connection.begin():
+                if sweep:
+                    await self._promote_stranded(self._claim_connection)
                 return await claim_jobs(
                     self._claim_connection,
                     self.worker_id,
@@ -199,6 +206,20 @@ class Worker:
             log.exception("job_claim_failed", worker_id=self.worker_id)
             await self._close_claim_connection()
             return []
+
+    def _sweep_due(self) -> bool:
+        """Whether this claim first promotes stranded heads: once a poll interval, the
+        longest such a job waits (as a job enqueued without a wake-up does)."""
+        now = time.monotonic()
+        if now - self._swept_at < self.poll_interval:
+            return False
+        self._swept_at = now
+        return True
+
+    async def _promote_stranded(self, executor: AsyncSession | AsyncConnection) -> None:
+        promoted = await promote_stranded(executor)
+        if promoted:
+            log.info("job_heads_promoted", worker_id=self.worker_id, jobs=promoted)
 
     async def _open_claim_connection(self) -> None:
         # The claim loop keeps one connection: no pool checkout, pre-ping or ORM session
