@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import RowMapping, case, exists, insert
+from sqlalchemy import RowMapping, case, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -30,11 +30,12 @@ def _is_postgresql(executor: AsyncSession | AsyncConnection) -> bool:
 
 
 def _status_on_arrival(partition_key: str) -> Any:
-    """'waiting' behind an earlier job of the partition, else 'queued' (runtime_0003)."""
-    earlier = jobs.alias("earlier")
-    return case(
-        (exists().where(earlier.c.partition_key == partition_key), WAITING), else_=QUEUED
-    )
+    """'waiting' with two jobs or more ahead in the partition, else 'queued' (why not
+    behind one: runtime_0003)."""
+    ahead = jobs.alias("ahead")
+    two_ahead = select(ahead.c.id).where(ahead.c.partition_key == partition_key).limit(2)
+    counted = select(func.count()).select_from(two_ahead.subquery()).scalar_subquery()
+    return case((counted >= 2, WAITING), else_=QUEUED)
 
 
 def _validate(job: NewJob) -> None:
@@ -51,8 +52,8 @@ def _validate(job: NewJob) -> None:
 async def enqueue(session: AsyncSession, job: NewJob) -> str:
     """Add `job` in the caller's transaction (a rollback removes it); returns its job_id.
 
-    A job behind an earlier one of its partition is stored 'waiting': claims do not look
-    at it until the job ahead of it is deleted (`runtime_0003`).
+    A job with two or more jobs ahead in its partition is stored 'waiting': claims do not
+    look at it until the job right ahead of it is deleted (`runtime_0003`).
 
     With a `dedupe_key`, the job waits until its dedupe window closes; a job of the same
     type and key enqueued meanwhile collapses into it (latest payload and idempotency key

@@ -4,10 +4,10 @@ Invariants they keep together:
 - A row in `jobs` is an unfinished job. Completion deletes it, dead-lettering moves it.
 - Per-partition order: a job is claimable only if no earlier row (smaller id) with its
   partition_key exists. A job waiting for its retry therefore blocks the rest of its
-  partition (order over throughput). The jobs behind a partition's head are stored
-  'waiting' and promoted to 'queued' when the job ahead of them is deleted (a trigger,
-  runtime_0003), so a claim never walks a deep partition; the rule above is still
-  checked on every claim, so order never depends on that status.
+  partition (order over throughput). Jobs two or more behind their partition's head are
+  stored 'waiting' and promoted to 'queued' when the job ahead of them is deleted (a
+  trigger, runtime_0003), so a claim never walks a deep partition; the rule above is
+  still checked on every claim, so order never depends on that status.
 - A claim is a lease: (claimed_by, lease_token, lease_expires_at). Everything a worker
   does afterwards is conditional on `lease_token`, so a worker whose lease ended (and
   whose job was reclaimed) can neither complete, retry nor dead-letter it.
@@ -99,10 +99,10 @@ CLAIM_POSTGRESQL = _typed(_CLAIM.format(scan="", lock="FOR UPDATE SKIP LOCKED") 
 # (every job of the type, waiting ones too) over the partial index of heads.
 CLAIM_SQLITE = _typed(_CLAIM.format(scan="INDEXED BY ix_jobs_claimable", lock="") + _RETURNING)
 
-# A partition head left 'waiting': its enqueue saw the job ahead of it, whose deletion's
-# promotion (runtime_0003's trigger) ran before that enqueue committed and so did not see
-# it (PostgreSQL, concurrent transactions). Workers run this every poll interval. The
-# heads come from the (partition_key, id) index in one pass, not a probe per waiting row.
+# A partition head left 'waiting' (runtime_0003: on PostgreSQL, an enqueue that saw two
+# jobs ahead and committed only after the one right ahead of it was claimed, run and
+# deleted, whose promotion could not see it). Workers run this every few seconds. The
+# heads come from one pass over the (partition_key, id) index, not a probe per row.
 PROMOTE_STRANDED = text(
     """
 UPDATE jobs SET status = 'queued'

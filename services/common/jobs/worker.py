@@ -46,6 +46,7 @@ log = get_logger(__name__)
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_POLL_SECONDS = 0.5
 DEFAULT_CONCURRENCY = 4
+STRANDED_SWEEP_SECONDS = 5.0
 
 
 class WorkerLost(Exception):
@@ -90,7 +91,7 @@ class Worker:
         self._claim_connection: AsyncConnection | None = None
         self._completions = CompletionBatcher(sessions)
         self._handling: set[int] = set()  # ids of claimed jobs whose handler runs
-        self._swept_at = float("-inf")  # last promote_stranded (monotonic seconds)
+        self._swept_at = float("-inf")  # last stranded-head sweep (monotonic seconds)
         self._slot_freed = asyncio.Event()
 
     def wake(self) -> None:
@@ -208,10 +209,11 @@ class Worker:
             return []
 
     def _sweep_due(self) -> bool:
-        """Whether this claim first promotes stranded heads: once a poll interval, the
-        longest such a job waits (as a job enqueued without a wake-up does)."""
+        """Whether this claim first promotes stranded heads (`sql.PROMOTE_STRANDED`, a
+        pass over the jobs' partition index): every STRANDED_SWEEP_SECONDS, the longest
+        such a job waits; stranding takes an enqueue that outlives two jobs' runs."""
         now = time.monotonic()
-        if now - self._swept_at < self.poll_interval:
+        if now - self._swept_at < max(self.poll_interval, STRANDED_SWEEP_SECONDS):
             return False
         self._swept_at = now
         return True

@@ -1,5 +1,6 @@
-"""Jobs behind their partition's head wait ('waiting'), and the next one is queued when
-the head goes: claims never walk a deep partition, and order never depends on it."""
+"""Jobs two or more behind their partition's head wait ('waiting'), and the next is
+queued when the job ahead goes: claims never walk a deep partition, and order never
+depends on it."""
 
 from __future__ import annotations
 
@@ -42,36 +43,48 @@ async def _enqueue(db, *keys: str) -> None:  # type: ignore[no-untyped-def]
             await enqueue(session, NewJob("t", {}, key[0], key))
 
 
-async def test_a_job_behind_its_partitions_head_waits(runtime_db) -> None:  # type: ignore[no-untyped-def]
-    await _enqueue(runtime_db, "a0", "a1", "b0")
-    await _enqueue(runtime_db, "a2")
+async def test_a_job_two_or_more_behind_its_partitions_head_waits(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _enqueue(runtime_db, "a0", "a1", "b0", "a2")
+    await _enqueue(runtime_db, "a3")
     assert await _statuses(runtime_db) == {
         "a0": "queued",
-        "a1": "waiting",
+        "a1": "queued",  # right behind the head: see runtime_0003 for why not 'waiting'
         "a2": "waiting",
+        "a3": "waiting",
         "b0": "queued",
     }
 
 
-async def test_completing_the_head_queues_the_next_job_of_its_partition(runtime_db) -> None:  # type: ignore[no-untyped-def]
-    await _enqueue(runtime_db, "a0", "a1", "a2")
-    (head,) = await _claim(runtime_db)
-    async with runtime_db.sessions() as session, session.begin():
+async def _run_head(db) -> str:  # type: ignore[no-untyped-def]
+    """Claim and complete the oldest head; its idempotency key."""
+    (head,) = await _claim(db, limit=1)
+    async with db.sessions() as session, session.begin():
         await complete(session, head)
-    assert await _statuses(runtime_db) == {"a1": "queued", "a2": "waiting"}
-    assert [j.idempotency_key for j in await _claim(runtime_db)] == ["a1"]
+    return str(head.idempotency_key)
 
 
-async def test_dead_lettering_the_head_queues_the_next_job(runtime_db) -> None:  # type: ignore[no-untyped-def]
-    await _enqueue(runtime_db, "a0", "a1")
+async def test_deleting_the_job_ahead_queues_the_next_waiting_one(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _enqueue(runtime_db, "a0", "a1", "a2", "a3")
+    assert await _run_head(runtime_db) == "a0"
+    assert await _statuses(runtime_db) == {"a1": "queued", "a2": "waiting", "a3": "waiting"}
+    assert await _run_head(runtime_db) == "a1"
+    assert await _statuses(runtime_db) == {"a2": "queued", "a3": "waiting"}
+    assert [j.idempotency_key for j in await _claim(runtime_db)] == ["a2"]
+
+
+async def test_dead_lettering_the_job_ahead_queues_the_next_one(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _enqueue(runtime_db, "a0", "a1", "a2")
+    assert await _run_head(runtime_db) == "a0"
     (head,) = await _claim(runtime_db)
     async with runtime_db.sessions() as session, session.begin():
         assert await dead_letter(session, head, ValueError("bad payload"), "w")
-    assert await _statuses(runtime_db) == {"a1": "queued"}
+    assert await _statuses(runtime_db) == {"a2": "queued"}
 
 
 async def test_a_batch_completion_queues_the_next_job_of_every_freed_partition(runtime_db) -> None:  # type: ignore[no-untyped-def]
-    await _enqueue(runtime_db, "a0", "b0", "c0", "a1", "b1", "c1", "c2")
+    await _enqueue(runtime_db, "a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2", "c2", "c3")
+    for _ in range(3):
+        await _run_head(runtime_db)  # a0, b0, c0: a1, b1, c1 head their partitions
     heads = await _claim(runtime_db)
     batcher = CompletionBatcher(runtime_db.sessions)
     batcher.keep_connection()
@@ -81,10 +94,10 @@ async def test_a_batch_completion_queues_the_next_job_of_every_freed_partition(r
         await batcher.close()
     assert batcher.batches <= 2  # the first job alone, then the rest in one statement
     assert await _statuses(runtime_db) == {
-        "a1": "queued",
-        "b1": "queued",
-        "c1": "queued",
-        "c2": "waiting",
+        "a2": "queued",
+        "b2": "queued",
+        "c2": "queued",
+        "c3": "waiting",
     }
 
 
@@ -98,9 +111,9 @@ async def test_a_claim_skips_a_deep_partition_and_takes_the_other_heads(runtime_
 
 
 async def test_claim_order_does_not_depend_on_the_waiting_status(runtime_db) -> None:  # type: ignore[no-untyped-def]
-    # Two jobs of one partition both 'queued' (two enqueues into an empty partition in
-    # concurrent transactions do that on PostgreSQL): only the first may run.
-    await _enqueue(runtime_db, "a0", "a1")
+    # Every job of a partition 'queued' (as before runtime_0003, or after a downgrade and
+    # upgrade): only the first may run.
+    await _enqueue(runtime_db, "a0", "a1", "a2")
     async with runtime_db.sessions() as session, session.begin():
         await session.execute(text("UPDATE jobs SET status = 'queued'"))
     assert [j.idempotency_key for j in await _claim(runtime_db)] == ["a0"]
@@ -127,20 +140,19 @@ async def test_concurrent_enqueues_into_an_empty_partition_run_in_id_order(runti
 async def test_a_head_stranded_by_a_racing_enqueue_is_queued_by_the_sweep(runtime_db) -> None:  # type: ignore[no-untyped-def]
     if runtime_db.dialect != "postgresql":
         pytest.skip("SQLite runs one write transaction at a time: nothing to race")
-    await _enqueue(runtime_db, "a0")
-    (head,) = await _claim(runtime_db)
-    # The enqueue sees a0 (so 'waiting'); a0's deletion and its promotion commit before
-    # the enqueue does, so the promotion cannot see the new job.
+    await _enqueue(runtime_db, "a0", "a1")
+    # The enqueue sees two jobs ahead (so 'waiting'); both run and are deleted before it
+    # commits, so the last deletion's promotion cannot see the new job.
     enqueuing = runtime_db.sessions()
     try:
         await enqueuing.begin()
-        await enqueue(enqueuing, NewJob("t", {}, "a", "a1"))
-        async with runtime_db.sessions() as session, session.begin():
-            await complete(session, head)
+        await enqueue(enqueuing, NewJob("t", {}, "a", "a2"))
+        assert await _run_head(runtime_db) == "a0"
+        assert await _run_head(runtime_db) == "a1"
         await enqueuing.commit()
     finally:
         await enqueuing.close()
-    assert await _statuses(runtime_db) == {"a1": "waiting"}
+    assert await _statuses(runtime_db) == {"a2": "waiting"}
     assert await _claim(runtime_db) == []  # stranded: nothing ahead of it, yet not queued
     ran: list[str] = []
 
@@ -150,7 +162,7 @@ async def test_a_head_stranded_by_a_racing_enqueue_is_queued_by_the_sweep(runtim
     registry = JobRegistry()
     registry.register("t", handler)
     assert await Worker(runtime_db.sessions, registry, worker_id="w").run_once()
-    assert ran == ["a1"]
+    assert ran == ["a2"]
     async with runtime_db.sessions() as session, session.begin():
         assert await promote_stranded(session) == 0
 
@@ -200,11 +212,11 @@ async def test_racing_enqueues_and_completions_run_every_job_once_in_order(runti
 
 
 async def test_waiting_jobs_count_as_queued_in_the_stats(runtime_db) -> None:  # type: ignore[no-untyped-def]
-    await _enqueue(runtime_db, "a0", "a1", "a2", "b0")
+    await _enqueue(runtime_db, "a0", "a1", "a2", "a3", "b0")
     await _claim(runtime_db, limit=1)
     async with runtime_db.sessions() as session, session.begin():
         (stats,) = (await queue_stats(session)).job_types
-    assert (stats.queued, stats.running) == (3, 1)
+    assert (stats.queued, stats.running) == (4, 1)
 
 
 async def test_migration_marks_jobs_behind_a_head_waiting_and_back(database_url: str) -> None:
@@ -213,16 +225,17 @@ async def test_migration_marks_jobs_behind_a_head_waiting_and_back(database_url:
     engine = create_engine(database_url)
     try:
         async with engine.begin() as conn:
-            for n, key in enumerate(("a0", "a1", "b0", "a2")):
+            for n, key in enumerate(("a0", "a1", "b0", "a2", "a3")):
                 await conn.execute(jobs.insert().values(_row(n, key)))
         command.upgrade(cfg, "head")
         async with engine.begin() as conn:
             rows = await conn.execute(select(jobs.c.idempotency_key, jobs.c.status))
             assert {key: status for key, status in rows} == {
                 "a0": "queued",
-                "a1": "waiting",
+                "a1": "queued",
                 "b0": "queued",
                 "a2": "waiting",
+                "a3": "waiting",
             }
         command.downgrade(cfg, "runtime_0002")
         async with engine.begin() as conn:
