@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from common.jobs.partition_order import PartitionOrder
 from sqlalchemy import func, select
 
 from services.common.jobs import JobContext, JobRegistry, NewJob, Worker, enqueue
@@ -66,23 +67,11 @@ async def test_claim_reports_an_already_applied_key_and_the_handler_never_runs(r
 
 async def test_racing_batch_workers_apply_each_job_once_in_partition_order(runtime_db) -> None:  # type: ignore[no-untyped-def]
     partitions, per = 12, 10
-    running: set[str] = set()
-    order: dict[str, list[int]] = {}
-    overlaps: list[str] = []
-
-    async def handler(ctx: JobContext) -> None:
-        key = ctx.job.partition_key
-        if key in running:
-            overlaps.append(key)
-        running.add(key)
-        await asyncio.sleep(0)  # let other jobs interleave here
-        order.setdefault(key, []).append(ctx.payload["i"])
-        running.discard(key)
-
+    recorder = PartitionOrder()
     registry = JobRegistry()
-    registry.register("t", handler)
+    registry.register("t", recorder.handler)
     for _round in range(3):
-        order.clear()
+        recorder.order.clear()
         async with runtime_db.sessions() as session, session.begin():
             for i in range(per):
                 for p in range(partitions):
@@ -101,6 +90,6 @@ async def test_racing_batch_workers_apply_each_job_once_in_partition_order(runti
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        assert overlaps == []
-        assert order == {f"p{p}": list(range(per)) for p in range(partitions)}
+        assert recorder.overlaps == []
+        assert recorder.order == {f"p{p}": list(range(per)) for p in range(partitions)}
     assert await _count(runtime_db, applied_jobs) == 3 * partitions * per

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from alembic import command
+from common.jobs.partition_order import PartitionOrder
 from sqlalchemy import select, text
 
 from services.common.db import create_engine
@@ -171,18 +172,7 @@ async def test_racing_enqueues_and_completions_run_every_job_once_in_order(runti
     # One producer per partition commits its jobs one by one while workers complete the
     # heads: enqueues race the promotions of the jobs ahead of them.
     partitions, per = 6, 25
-    order: dict[str, list[int]] = {}
-    running: set[str] = set()
-    overlaps: list[str] = []
-
-    async def handler(ctx: JobContext) -> None:
-        key = ctx.job.partition_key
-        if key in running:
-            overlaps.append(key)
-        running.add(key)
-        await asyncio.sleep(0)
-        order.setdefault(key, []).append(ctx.payload["i"])
-        running.discard(key)
+    recorder = PartitionOrder()
 
     async def produce(p: int) -> None:
         for i in range(per):
@@ -191,7 +181,7 @@ async def test_racing_enqueues_and_completions_run_every_job_once_in_order(runti
             await asyncio.sleep(0)
 
     registry = JobRegistry()
-    registry.register("t", handler)
+    registry.register("t", recorder.handler)
     workers = [
         Worker(runtime_db.sessions, registry, worker_id=f"w{n}", poll_interval=0.05)
         for n in range(3)
@@ -200,15 +190,15 @@ async def test_racing_enqueues_and_completions_run_every_job_once_in_order(runti
     try:
         await asyncio.gather(*(produce(p) for p in range(partitions)))
         deadline = time.monotonic() + DEADLINE_S
-        while sum(map(len, order.values())) < partitions * per:
-            assert time.monotonic() < deadline, f"ran {order} by the deadline"
+        while recorder.ran() < partitions * per:
+            assert time.monotonic() < deadline, f"ran {recorder.order} by the deadline"
             await asyncio.sleep(0.05)  # polling an observable condition
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    assert overlaps == []
-    assert order == {f"p{p}": list(range(per)) for p in range(partitions)}
+    assert recorder.overlaps == []
+    assert recorder.order == {f"p{p}": list(range(per)) for p in range(partitions)}
 
 
 async def test_waiting_jobs_count_as_queued_in_the_stats(runtime_db) -> None:  # type: ignore[no-untyped-def]
