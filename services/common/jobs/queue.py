@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import RowMapping, case, func, insert, select
+from sqlalchemy import RowMapping, bindparam, case, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -29,13 +29,38 @@ def _is_postgresql(executor: AsyncSession | AsyncConnection) -> bool:
     return executor.get_bind().dialect.name == "postgresql"
 
 
-def _status_on_arrival(partition_key: str) -> Any:
-    """'waiting' with two jobs or more ahead in the partition, else 'queued' (why not
-    behind one: runtime_0003)."""
+def _status_on_arrival() -> Any:
+    """'waiting' with two jobs or more ahead in the partition (`arriving_partition`),
+    else 'queued' (why not behind one: runtime_0003)."""
     ahead = jobs.alias("ahead")
-    two_ahead = select(ahead.c.id).where(ahead.c.partition_key == partition_key).limit(2)
+    two_ahead = (
+        select(ahead.c.id)
+        .where(ahead.c.partition_key == bindparam("arriving_partition"))
+        .limit(2)
+    )
     counted = select(func.count()).select_from(two_ahead.subquery()).scalar_subquery()
     return case((counted >= 2, WAITING), else_=QUEUED)
+
+
+def _upsert(dialect_insert: Any) -> Any:
+    stmt = dialect_insert(jobs).values(status=_status_on_arrival())
+    # The unique (job_type, dedupe_key) holds only for jobs not yet started (a claim clears
+    # dedupe_key), so a conflict means "an open window exists": fold this job into it.
+    return stmt.on_conflict_do_update(
+        index_elements=[jobs.c.job_type, jobs.c.dedupe_key],
+        set_={
+            "payload": stmt.excluded.payload,
+            "idempotency_key": stmt.excluded.idempotency_key,
+            "correlation_id": stmt.excluded.correlation_id,
+            "collapsed": jobs.c.collapsed + 1,
+        },
+    ).returning(jobs.c.job_id)
+
+
+# Built once, executed with each job's values: building the status subquery per call
+# cost ~0.9 ms an enqueue here (SQLAlchemy's statement cache key over a new tree).
+_INSERT = insert(jobs).values(status=_status_on_arrival())
+_UPSERT = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
 
 
 def _validate(job: NewJob) -> None:
@@ -69,31 +94,19 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
         "idempotency_key": job.idempotency_key,
         "payload": job.payload,
         "correlation_id": job.correlation_id or current_correlation_id(),
-        "status": _status_on_arrival(job.partition_key),
+        "arriving_partition": job.partition_key,
         "attempts": 0,
         "collapsed": 0,
         "run_after": run_after,
         "enqueued_at": now,
     }
     if job.dedupe_key is None:
-        await session.execute(insert(jobs).values(values))
+        await session.execute(_INSERT, values)
         return str(values["job_id"])
     values["dedupe_key"] = job.dedupe_key
     values["run_after"] = max(run_after, now + timedelta(seconds=job.dedupe_window_seconds))
-    dialect_insert = postgresql.insert if _is_postgresql(session) else sqlite.insert
-    stmt = dialect_insert(jobs).values(values)
-    # The unique (job_type, dedupe_key) holds only for jobs not yet started (a claim clears
-    # dedupe_key), so a conflict means "an open window exists": fold this job into it.
-    upsert = stmt.on_conflict_do_update(
-        index_elements=[jobs.c.job_type, jobs.c.dedupe_key],
-        set_={
-            "payload": stmt.excluded.payload,
-            "idempotency_key": stmt.excluded.idempotency_key,
-            "correlation_id": stmt.excluded.correlation_id,
-            "collapsed": jobs.c.collapsed + 1,
-        },
-    ).returning(jobs.c.job_id)
-    return str((await session.execute(upsert)).scalar_one())
+    upsert = _UPSERT["postgresql" if _is_postgresql(session) else "sqlite"]
+    return str((await session.execute(upsert, values)).scalar_one())
 
 
 async def claim_jobs(
