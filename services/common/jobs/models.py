@@ -62,8 +62,8 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-# status: 'queued' (heads its partition, waiting for run_after), 'waiting' (behind an
-# earlier job of its partition: claims skip it; runtime_0003) or 'running' (leased).
+# status: 'queued' (due at run_after; a partition's first two jobs), 'waiting' (two or
+# more behind its partition's head: claims skip it; runtime_0003) or 'running' (leased).
 # Finished jobs are deleted, dead ones move to dead_letters: every row here is
 # unfinished, which is what makes the per-partition rule "no earlier row with my
 # partition_key" exact.

@@ -29,8 +29,8 @@ RETURNING id, job_id, job_type, partition_key, idempotency_key, payload, correla
 
 # Pick up to :limit of the oldest claimable jobs and lease them, in one statement.
 # Claimable: queued and due, or running with an expired lease (its worker died: the job
-# runs again, nothing stays "running" forever); 'waiting' rows (behind their partition's
-# head) are not looked at. Only the head of a partition (its first row by id)
+# runs again, nothing stays "running" forever); 'waiting' rows (two or more behind their
+# partition's head) are not looked at. Only the head of a partition (its first row by id)
 # qualifies. The head is read as the first entry at or after (partition_key, 0) in
 # (partition_key, id) order, which only ix_jobs_partition_key_id gives without a sort:
 # "no earlier row" (NOT EXISTS) and "min(id) of the partition" were both planned, on a

@@ -211,7 +211,8 @@ class Worker:
     def _sweep_due(self) -> bool:
         """Whether this claim first promotes stranded heads (`sql.PROMOTE_STRANDED`, a
         pass over the jobs' partition index): every STRANDED_SWEEP_SECONDS, the longest
-        such a job waits; stranding takes an enqueue that outlives two jobs' runs."""
+        such a job waits; stranding takes an enqueue that outlives the run of the job
+        right ahead of it (runtime_0003)."""
         now = time.monotonic()
         if now - self._swept_at < max(self.poll_interval, STRANDED_SWEEP_SECONDS):
             return False
