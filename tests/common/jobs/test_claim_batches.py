@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from common.jobs.partition_order import PartitionOrder
+from common.jobs.racing_workers import PartitionOrder, running
 from sqlalchemy import func, select
 
 from services.common.jobs import JobContext, JobRegistry, NewJob, Worker, enqueue
@@ -80,16 +80,11 @@ async def test_racing_batch_workers_apply_each_job_once_in_partition_order(runti
             Worker(runtime_db.sessions, registry, worker_id=f"w{n}", poll_interval=0.02)
             for n in range(4)
         ]
-        tasks = [asyncio.create_task(w.run()) for w in workers]
         deadline = time.monotonic() + DEADLINE_S
-        try:
+        async with running(workers):
             while await _count(runtime_db, jobs):
                 assert time.monotonic() < deadline, "jobs left after the deadline"
                 await asyncio.sleep(0.05)  # polling an observable condition
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
         assert recorder.overlaps == []
         assert recorder.order == {f"p{p}": list(range(per)) for p in range(partitions)}
     assert await _count(runtime_db, applied_jobs) == 3 * partitions * per

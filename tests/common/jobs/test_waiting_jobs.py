@@ -9,7 +9,7 @@ import time
 
 import pytest
 from alembic import command
-from common.jobs.partition_order import PartitionOrder
+from common.jobs.racing_workers import PartitionOrder, running
 from sqlalchemy import select, text
 
 from services.common.db import create_engine
@@ -186,17 +186,12 @@ async def test_racing_enqueues_and_completions_run_every_job_once_in_order(runti
         Worker(runtime_db.sessions, registry, worker_id=f"w{n}", poll_interval=0.05)
         for n in range(3)
     ]
-    tasks = [asyncio.create_task(w.run()) for w in workers]
-    try:
+    async with running(workers):
         await asyncio.gather(*(produce(p) for p in range(partitions)))
         deadline = time.monotonic() + DEADLINE_S
         while recorder.ran() < partitions * per:
             assert time.monotonic() < deadline, f"ran {recorder.order} by the deadline"
             await asyncio.sleep(0.05)  # polling an observable condition
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     assert recorder.overlaps == []
     assert recorder.order == {f"p{p}": list(range(per)) for p in range(partitions)}
 

@@ -1,10 +1,26 @@
-"""A handler that records the order jobs ran in, per partition, and any overlap."""
+"""What the racing-worker tests share: workers run for a block, and a handler that
+records the order jobs ran in, per partition, and any overlap."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
-from services.common.jobs import JobContext
+from services.common.jobs import JobContext, Worker
+
+
+@contextlib.asynccontextmanager
+async def running(workers: Sequence[Worker]) -> AsyncIterator[None]:
+    """Run `workers` for the block; on leaving it they are cancelled (a job in flight is
+    handed back or left to its lease) and awaited."""
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class PartitionOrder:
