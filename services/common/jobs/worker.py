@@ -187,21 +187,9 @@ class Worker:
         try:
             if self._claim_connection is None:
                 async with self.sessions() as session, session.begin():
-                    if sweep:
-                        await self._promote_stranded(session)
-                    return await claim_jobs(
-                        session, self.worker_id, self.registry.names, self.lease_seconds, limit
-                    )
+                    return await self._claim_in(session, limit, sweep)
             async with self._claim_connection.begin():
-                if sweep:
-                    await self._promote_stranded(self._claim_connection)
-                return await claim_jobs(
-                    self._claim_connection,
-                    self.worker_id,
-                    self.registry.names,
-                    self.lease_seconds,
-                    limit,
-                )
+                return await self._claim_in(self._claim_connection, limit, sweep)
         except Exception:
             # The database is unreachable or busy: not a reason to stop the worker.
             log.exception("job_claim_failed", worker_id=self.worker_id)
@@ -219,10 +207,17 @@ class Worker:
         self._swept_at = now
         return True
 
-    async def _promote_stranded(self, executor: AsyncSession | AsyncConnection) -> None:
-        promoted = await promote_stranded(executor)
-        if promoted:
-            log.info("job_heads_promoted", worker_id=self.worker_id, jobs=promoted)
+    async def _claim_in(
+        self, executor: AsyncSession | AsyncConnection, limit: int, sweep: bool
+    ) -> list[ClaimedJob]:
+        """The claim (after the stranded-head sweep when due) in the caller's transaction."""
+        if sweep:
+            promoted = await promote_stranded(executor)
+            if promoted:
+                log.info("job_heads_promoted", worker_id=self.worker_id, jobs=promoted)
+        return await claim_jobs(
+            executor, self.worker_id, self.registry.names, self.lease_seconds, limit
+        )
 
     async def _open_claim_connection(self) -> None:
         # The claim loop keeps one connection: no pool checkout, pre-ping or ORM session

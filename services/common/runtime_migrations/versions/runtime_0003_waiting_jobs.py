@@ -110,12 +110,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DROP TRIGGER IF EXISTS jobs_promote" + _on_jobs())
-    op.drop_index("ix_jobs_claimable", table_name="jobs")
     if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP TRIGGER IF EXISTS jobs_promote ON jobs")
         op.execute("DROP FUNCTION IF EXISTS serentak_jobs_promote()")
+    else:
+        op.execute("DROP TRIGGER IF EXISTS jobs_promote")
+    op.drop_index("ix_jobs_claimable", table_name="jobs")
     op.execute("UPDATE jobs SET status = 'queued' WHERE status = 'waiting'")
-
-
-def _on_jobs() -> str:
-    return " ON jobs" if op.get_bind().dialect.name == "postgresql" else ""
