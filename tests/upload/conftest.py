@@ -15,8 +15,10 @@ from typing import Any
 import grpc
 import pytest
 from serentak.upload.v1 import upload_pb2_grpc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from support.services import running_app
 
+from services.common.db import create_engine, session_factory
 from services.common.jobs import RuntimeOptions
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
@@ -162,3 +164,11 @@ async def cluster(
         finally:
             await channel.close()
             await c.blobs.close()
+
+
+@pytest.fixture
+async def sessions(cluster: UploadCluster) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on the cluster's database, for tests that read its rows directly."""
+    engine = create_engine(cluster.settings.database_url)
+    yield session_factory(engine)
+    await engine.dispose()

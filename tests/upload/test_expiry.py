@@ -4,9 +4,7 @@ a merging upload, however old; completed uploads' files are untouched."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -19,6 +17,7 @@ from upload.upload_helpers import (
     download,
     put_chunks,
     split,
+    wait_chunks_purged,
     wait_status,
 )
 
@@ -123,15 +122,7 @@ async def test_the_service_sweep_expires_idle_uploads_and_deletes_their_chunks(c
         # A test about time: the TTL is 3 s and the sweep runs every 0.5 s. The sweep
         # deletes the blobs first and then, in its own transaction, the rows and sets
         # chunks_purged_at: wait for that last step, then check the blobs went before it.
-        deadline = time.monotonic() + 30
-        while True:
-            async with sessions() as session:
-                row = await session.get(UploadRow, upload.upload_id)
-                assert row is not None
-                if row.chunks_purged_at is not None:
-                    break
-            assert time.monotonic() < deadline, "the sweep never purged the idle upload"
-            await asyncio.sleep(0.1)
+        row = await wait_chunks_purged(sessions, upload.upload_id, "the expiry sweep")
         assert row.status == "expired"
         assert not folder.exists()
         assert await chunk_row_count(sessions, upload.upload_id) == 0

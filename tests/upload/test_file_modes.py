@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 from serentak.upload.v1 import upload_pb2
-from upload.upload_helpers import chunk_request, create_request, put_chunks, split, wait_status
+from upload.upload_helpers import (
+    chunk_request,
+    create_request,
+    put_chunks,
+    split,
+    wait_chunks_purged,
+    wait_status,
+)
 
 from services.upload.blob_store import LocalBlobStore
 
@@ -38,7 +45,7 @@ def _assert_private(root: Path) -> list[Path]:
     return seen
 
 
-async def test_blobs_and_database_files_are_private(cluster, database_url: str) -> None:
+async def test_blobs_and_database_files_are_private(cluster, sessions, database_url: str) -> None:
     alice = cluster["alice"]
     data = os.urandom(CHUNK * 2 + 3)
     upload = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
@@ -51,6 +58,9 @@ async def test_blobs_and_database_files_are_private(cluster, database_url: str) 
     )
     await put_chunks(alice, upload.upload_id, split(data, CHUNK))
     await wait_status(alice, upload.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    # The commit's purge job deletes the completed upload's chunk folder: walk the tree
+    # after it, not while it runs (a folder gone mid-walk is not a mode to check).
+    await wait_chunks_purged(sessions, upload.upload_id, "the commit's purge job")
 
     blobs = _assert_private(cluster.settings.blob_root)
     names = {p.relative_to(cluster.settings.blob_root).parts[0] for p in blobs[1:]}

@@ -6,9 +6,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -22,11 +20,11 @@ from upload.upload_helpers import (
     create_request,
     download,
     split,
+    wait_chunks_purged,
     wait_status,
 )
 
 from services.common.auth import Identity
-from services.common.db import create_engine, session_factory
 from services.common.page_tokens import PageTokens
 from services.upload.blob_store import content_key, upload_prefix
 from services.upload.errors import ContentReplaced
@@ -75,13 +73,6 @@ async def _keys(blobs, prefix: str) -> list[str]:
     return sorted([o.key async for o in blobs.list_objects(prefix)])
 
 
-@pytest.fixture
-async def sessions(cluster):
-    engine = create_engine(cluster.settings.database_url)
-    yield session_factory(engine)
-    await engine.dispose()
-
-
 @pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_completed_chunks_purged_by_the_commit_job(cluster, sessions) -> None:
     alice = cluster["alice"]
@@ -89,15 +80,8 @@ async def test_completed_chunks_purged_by_the_commit_job(cluster, sessions) -> N
     data = os.urandom(CHUNK * 3 + 7)
     done = await _upload(alice, data)
     assert done.status == upload_pb2.UPLOAD_STATUS_COMPLETED
-    deadline = time.monotonic() + DEADLINE_S
-    # The purge job runs after the commit; poll its observable end (chunks_purged_at).
-    while True:
-        async with sessions() as session:
-            row = await session.get(UploadRow, done.upload_id)
-        if row.chunks_purged_at is not None:
-            break
-        assert time.monotonic() < deadline, "chunks never purged"
-        await asyncio.sleep(0.05)
+    # The purge job runs after the commit; wait for its observable end.
+    await wait_chunks_purged(sessions, done.upload_id, "the commit's purge job")
     assert await _keys(cluster.blobs, upload_prefix(done.upload_id)) == []
     # The rows stay: a late retry of a chunk is still a duplicate, other bytes a conflict.
     assert await chunk_row_count(sessions, done.upload_id) == 4

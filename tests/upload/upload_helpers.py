@@ -19,7 +19,7 @@ from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
 from services.upload.chunks import ChunkStore
 from services.upload.merge_job import enqueue_merge
-from services.upload.models import ChunkRow
+from services.upload.models import ChunkRow, UploadRow
 
 DEADLINE_S = 60.0
 
@@ -118,6 +118,23 @@ async def chunk_row_count(sessions: Any, upload_id: str) -> int:
             )
             or 0
         )
+
+
+async def wait_chunks_purged(
+    sessions: Any, upload_id: str, why: str, deadline_s: float = 30.0
+) -> UploadRow:
+    """Poll the upload's row until `chunks_purged_at` is set, the last step of a chunk
+    purge (the commit's purge job, or the expiry sweep); the row then. `why` names the
+    purge in the deadline's message."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        async with sessions() as session:
+            row = await session.get(UploadRow, upload_id)
+        assert row is not None, f"no upload {upload_id}"
+        if row.chunks_purged_at is not None:
+            return row
+        assert time.monotonic() < deadline, f"{why} never purged the chunks"
+        await asyncio.sleep(0.05)
 
 
 async def content_updated_uploads(database_url: str) -> list[str]:
