@@ -56,6 +56,7 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         list_max=settings.lock_list_max,
         services=settings.lock_service_principals,
         max_hold_seconds=settings.lock_max_hold_seconds,
+        session_max_in_flight=settings.lock_session_max_in_flight,
     )
     return ServiceApp(
         name="locks",

@@ -78,3 +78,10 @@ class TenantWaiterLimit(ResourceExhausted):
     """The tenant already has its cap of queued waiters (TENANT_WAITER_LIMIT)."""
 
     reason = "TENANT_WAITER_LIMIT"
+
+
+class SessionInFlightLimit(ResourceExhausted):
+    """A Session stream sent more concurrent requests than the server runs for one
+    (RESOURCE_EXHAUSTED / SESSION_IN_FLIGHT_LIMIT)."""
+
+    reason = "SESSION_IN_FLIGHT_LIMIT"

@@ -28,6 +28,7 @@ from services.locks.lock_views import LockState, LockView
 from services.locks.metrics import LOCKS_HELD
 from services.locks.mutex import Admission, Mutex
 from services.locks.paging import decode_token, encode_token, page_size
+from services.locks.session import LockSession
 from services.locks.tenancy import Scope, scope_for, service_list_prefix
 
 
@@ -44,8 +45,10 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         list_max: int = 1000,
         services: frozenset[str] = frozenset({"upload", "ops"}),
         max_hold_seconds: float | None = None,
+        session_max_in_flight: int = 64,
     ) -> None:
         self.max_hold_seconds = max_hold_seconds
+        self.session_max_in_flight = session_max_in_flight
         self.mutex = mutex
         self.keys = mutex.keys
         self.call_timeout = call_timeout
@@ -155,6 +158,19 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
             LOCKS_HELD.dec()
             client_done.cancel()
             await holding.close()
+
+    async def Session(  # type: ignore[override]  # answers by context.write, from its tasks
+        self,
+        request_iterator: AsyncIterator[locks_pb2.SessionRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        # Refuse an anonymous caller before reading anything it sends; every request is
+        # then identified again (the unary method's own check) with the stream's credential.
+        self.auth.identify(context)
+        session = LockSession(
+            context, self.Acquire, self.Refresh, self.Release, self.session_max_in_flight
+        )
+        await session.serve(request_iterator)
 
 
 async def _drain(requests: AsyncIterator[locks_pb2.HoldRequest]) -> None:

@@ -37,3 +37,10 @@ class LocksSettings(CommonSettings):
     lock_max_waiters_per_tenant: int = Field(
         1000, gt=0, description="Waiters a tenant's users may queue at once (RESOURCE_EXHAUSTED)."
     )
+    lock_session_max_in_flight: int = Field(
+        64,
+        gt=0,
+        le=10_000,
+        description="Requests one Session stream may have running at once; past it a request"
+        " is answered RESOURCE_EXHAUSTED / SESSION_IN_FLIGHT_LIMIT.",
+    )

@@ -87,7 +87,19 @@ async def hold_first_event(stub, request: locks_pb2.HoldRequest, metadata=()):  
         call.cancel()
 
 
+async def session_first_answer(stub, request: locks_pb2.SessionRequest, metadata=()):  # type: ignore[no-untyped-def]
+    call = stub.Session(metadata=metadata)
+    try:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await call.write(request)
+        return await call.read()
+    finally:
+        call.cancel()
+
+
 async def test_anonymous_and_unknown_callers_are_refused_on_every_rpc(etcd) -> None:  # type: ignore[no-untyped-def]
+    methods = locks_pb2.DESCRIPTOR.services_by_name["LockService"].methods_by_name
+    assert set(methods) == {"Acquire", "Refresh", "Release", "Describe", "List", "Hold", "Session"}
     async with locks_service(etcd) as (stub, _, _):
         held = await stub.Acquire(acquire("file:a1"), metadata=ALICE)
         for metadata, reason in (
@@ -106,6 +118,9 @@ async def test_anonymous_and_unknown_callers_are_refused_on_every_rpc(etcd) -> N
                 stub.List(locks_pb2.ListRequest(), metadata=metadata),
                 hold_first_event(
                     stub, locks_pb2.HoldRequest(key="file:a1", token=held.token), metadata
+                ),
+                session_first_answer(
+                    stub, locks_pb2.SessionRequest(id=1, acquire=acquire("file:a2")), metadata
                 ),
             ]
             for call in calls:
