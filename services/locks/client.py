@@ -39,6 +39,7 @@ from services.common.correlation import METADATA_KEY, current_correlation_id
 from services.common.errors import SerentakError, Unavailable
 from services.common.logging import get_logger
 from services.locks.errors import LockHeld, LockLost
+from services.locks.session_client import SessionStream, SessionUnsupported
 
 log = get_logger(__name__)
 
@@ -82,10 +83,19 @@ class LockClient:
         self.owner = owner
         self.token = token
         self.tenant_id = tenant_id  # default tenant for calls that name none
+        # Acquire and Release go as messages on one open Session stream (unary calls
+        # when the service has no Session).
+        self.session = SessionStream(self.stub, self._stream_metadata, typed_error)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """Call metadata: correlation id and the bearer credential."""
         md: tuple[tuple[str, str], ...] = ((METADATA_KEY, current_correlation_id()),)
+        if self.token:
+            md += (("authorization", f"Bearer {self.token}"),)
+        return md
+
+    def _stream_metadata(self) -> tuple[tuple[str, str], ...]:
+        md: tuple[tuple[str, str], ...] = ()
         if self.token:
             md += (("authorization", f"Bearer {self.token}"),)
         return md
@@ -95,7 +105,8 @@ class LockClient:
         return self.tenant_id if tenant_id is None else tenant_id
 
     async def close(self) -> None:
-        """Close the channel if this client opened it."""
+        """End the session stream; close the channel if this client opened it."""
+        await self.session.close()
         if self._own_channel:
             await self.channel.close()
 
@@ -116,6 +127,9 @@ class LockClient:
             wait_timeout_ms=int(wait_timeout * 1000),
             tenant_id=self.tenant(tenant_id),
         )
+        with contextlib.suppress(SessionUnsupported):
+            answer = await self.session.request(wait_timeout + 30, acquire=request)
+            return answered(answer).lock
         try:
             return await self.stub.Acquire(
                 request, timeout=wait_timeout + 30, metadata=self.metadata()
@@ -126,6 +140,10 @@ class LockClient:
     async def release(self, key: str, token: int, tenant_id: str | None = None) -> bool:
         """Release if `token` is still the holder's; False when nothing changed."""
         request = locks_pb2.ReleaseRequest(key=key, token=token, tenant_id=self.tenant(tenant_id))
+        # Release is idempotent: a session that broke under it is retried as a unary call
+        # (which the channel's retry policy re-sends on UNAVAILABLE).
+        with contextlib.suppress(SessionUnsupported, Unavailable):
+            return answered(await self.session.request(10, release=request)).release.released
         try:
             resp = await self.stub.Release(request, timeout=10, metadata=self.metadata())
         except grpc.aio.AioRpcError as exc:
@@ -297,6 +315,41 @@ class HeldLock:
             self._body.cancel()
 
 
+class LockServiceError(SerentakError):
+    """A lock service refusal with no class of its own here (its code and reason kept)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str, **metadata: str) -> None:
+        super().__init__(message, reason=reason or code.name, **metadata)
+        self.code = code  # type: ignore[misc]
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def answered(response: locks_pb2.SessionResponse) -> locks_pb2.SessionResponse:
+    """`response`, unless it is a session error: then that error, typed."""
+    if not response.HasField("error"):
+        return response
+    error = response.error
+    code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
+    raise known_error(code, error.message, error.reason, dict(error.metadata)) or LockServiceError(
+        code, error.message, error.reason, **error.metadata
+    )
+
+
+def known_error(
+    code: grpc.StatusCode, message: str, reason: str, metadata: dict[str, str]
+) -> SerentakError | None:
+    """The typed error callers of this client handle, if the status is one of them."""
+    if reason == LockHeld.reason:
+        return LockHeld(message, **metadata)
+    if reason == LockLost.reason:
+        return LockLost(message, **metadata)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(message, reason=reason or "LOCK_SERVICE_UNAVAILABLE", **metadata)
+    return None
+
+
 def typed_error(exc: grpc.aio.AioRpcError) -> SerentakError | grpc.aio.AioRpcError:
     """The lock service's typed error for a failed call (by ErrorInfo reason)."""
     reason, metadata = "", {}
@@ -306,11 +359,4 @@ def typed_error(exc: grpc.aio.AioRpcError) -> SerentakError | grpc.aio.AioRpcErr
             info = error_details_pb2.ErrorInfo()
             if detail.Unpack(info):
                 reason, metadata = info.reason, dict(info.metadata)
-    message = exc.details() or ""
-    if reason == LockHeld.reason:
-        return LockHeld(message, **metadata)
-    if reason == LockLost.reason:
-        return LockLost(message, **metadata)
-    if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return Unavailable(message, reason=reason or "LOCK_SERVICE_UNAVAILABLE", **metadata)
-    return exc
+    return known_error(exc.code(), exc.details() or "", reason, metadata) or exc

@@ -119,6 +119,32 @@ def acquire_release(
     return op
 
 
+def session_acquire_release(
+    call: grpc.aio.StreamStreamCall,
+) -> Callable[[int], Awaitable[None]]:
+    """One uncontended Acquire+Release as two requests on an open Session stream."""
+
+    async def op(i: int) -> None:
+        await call.write(
+            locks_pb2.SessionRequest(
+                id=2 * i,
+                acquire=locks_pb2.AcquireRequest(
+                    key=f"file:{i % 64}", owner="bench", ttl_seconds=30
+                ),
+            )
+        )
+        lock = (await call.read()).lock
+        await call.write(
+            locks_pb2.SessionRequest(
+                id=2 * i + 1, release=locks_pb2.ReleaseRequest(key=lock.key, token=lock.token)
+            )
+        )
+        if not (await call.read()).release.released:
+            raise AssertionError("not released")
+
+    return op
+
+
 async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, float]:
     """`paired` Acquire+Release per arm for 1-3 (their p50s differ by ~0.1 ms: a few
     hundred samples on a loaded machine do not resolve that), `n` for the rest."""
@@ -143,6 +169,8 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
             stub = locks_pb2_grpc.LockServiceStub(channel)
             via_service = acquire_release(stub, AUTH)
             via_relay = acquire_release(locks_pb2_grpc.LockServiceStub(relay_channel), ())
+            session_call = stub.Session(metadata=AUTH)
+            via_session = session_acquire_release(session_call)
 
             async def direct(i: int) -> None:
                 # What any correct etcd lock must send, and no more: a lease (the TTL), one
@@ -173,6 +201,7 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
 
             arms = {
                 "service": via_service,
+                "session": via_session,
                 "direct": direct,
                 "direct_reuse": direct_reuse,
                 "relay": via_relay,
@@ -187,6 +216,7 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
                     runs[name] += latencies
                     walls[name] += wall
             svc = summary("service Acquire+Release", runs["service"], walls["service"])
+            ses = summary("service, one Session stream", runs["session"], walls["session"])
             base = summary("direct etcd (grant, claim, delete)", runs["direct"], walls["direct"])
             reuse = summary(
                 "direct etcd, reusing leases", runs["direct_reuse"], walls["direct_reuse"]
@@ -195,6 +225,10 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
             print(
                 f"service / direct: p50 x{svc['p50'] / base['p50']:.2f}, "
                 f"throughput x{svc['ops'] / base['ops']:.2f}"
+            )
+            print(
+                f"session / direct: p50 x{ses['p50'] / base['p50']:.2f}, "
+                f"throughput x{ses['ops'] / base['ops']:.2f}"
             )
             print(
                 f"service / direct reusing leases: p50 x{svc['p50'] / reuse['p50']:.2f}, "
