@@ -65,7 +65,7 @@ class LockSession:
         self.max_in_flight = max_in_flight
         self._operations = {"acquire": acquire, "refresh": refresh, "release": release}
         self._accounting = {
-            name: MethodAccounting(f"{SERVICE}/Session.{name.capitalize()}", "bidi_stream")
+            name: MethodAccounting(f"/{SERVICE}/Session.{name.capitalize()}", "bidi_stream")
             for name in self._operations
         }
         self._in_flight: dict[int, asyncio.Task[None]] = {}

@@ -3,8 +3,11 @@
     .venv/bin/python tests/benchmarks/bench_locks.py [--quick]
 
 Starts a private etcd (its own process) and the service in this process. Measures, in one
-run, arms 1-3 (and 2b) interleaved in rounds (so load swings on the shared machine hit all alike):
-1. the service's Acquire+Release round trip (gRPC -> mutex -> etcd),
+run, arms 1-3 (and 1b, 2b) interleaved in rounds (so load swings on the shared machine hit
+all alike):
+1. the service's Acquire+Release round trip (gRPC -> mutex -> etcd), unary calls,
+1b. the same as two requests on one open Session stream (what `LockClient` sends): the
+   hop is a message on a stream, not a new call,
 2. the etcd requests any correct lock needs (lease grant, put-if-absent transaction
    reading the holder, delete by create revision), sent directly with the same etcd
    client (the baseline),
