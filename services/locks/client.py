@@ -38,8 +38,8 @@ from services.common.channels import ClientSecurity, open_channel
 from services.common.correlation import METADATA_KEY, current_correlation_id
 from services.common.errors import SerentakError, Unavailable
 from services.common.logging import get_logger
-from services.locks.errors import LockHeld, LockLost
-from services.locks.session_client import SessionStream, SessionUnsupported
+from services.locks.errors import LockHeld, LockLost, SessionInFlightLimit
+from services.locks.session_client import SessionBusy, SessionStream, SessionUnsupported
 
 log = get_logger(__name__)
 
@@ -56,6 +56,9 @@ _IDEMPOTENT = [
     "serentak.locks.v1.LockService/Describe",
     "serentak.locks.v1.LockService/List",
 ]
+
+# Requests the session did not take (no Session, its in-flight limit): sent as unary calls.
+_SEND_AS_A_CALL = (SessionUnsupported, SessionBusy, SessionInFlightLimit)
 
 
 class LockClient:
@@ -127,7 +130,7 @@ class LockClient:
             wait_timeout_ms=int(wait_timeout * 1000),
             tenant_id=self.tenant(tenant_id),
         )
-        with contextlib.suppress(SessionUnsupported):
+        with contextlib.suppress(*_SEND_AS_A_CALL):
             answer = await self.session.request(wait_timeout + 30, acquire=request)
             return answered(answer).lock
         try:
@@ -142,7 +145,7 @@ class LockClient:
         request = locks_pb2.ReleaseRequest(key=key, token=token, tenant_id=self.tenant(tenant_id))
         # Release is idempotent: a session that broke under it is retried as a unary call
         # (which the channel's retry policy re-sends on UNAVAILABLE).
-        with contextlib.suppress(SessionUnsupported, Unavailable):
+        with contextlib.suppress(*_SEND_AS_A_CALL, Unavailable):
             return answered(await self.session.request(10, release=request)).release.released
         try:
             resp = await self.stub.Release(request, timeout=10, metadata=self.metadata())
@@ -345,6 +348,8 @@ def known_error(
         return LockHeld(message, **metadata)
     if reason == LockLost.reason:
         return LockLost(message, **metadata)
+    if reason == SessionInFlightLimit.reason:
+        return SessionInFlightLimit(message, **metadata)
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(message, reason=reason or "LOCK_SERVICE_UNAVAILABLE", **metadata)
     return None

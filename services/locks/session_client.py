@@ -6,7 +6,8 @@ client's credential and reopens on the next request after it breaks. A request t
 answer in time cuts the stream (the server then abandons the session's unanswered
 Acquires) and fails with `Unavailable`, like a request whose stream broke. A server without
 `Session` (an older release) answers UNIMPLEMENTED: `unsupported` is then set and the client
-goes back to the unary RPCs.
+goes back to the unary RPCs, as it does for a request past the session's in-flight limit
+(`SessionBusy`; queueing it could hold a Release back behind Acquires that wait for it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ Metadata = tuple[tuple[str, str], ...]
 
 class SessionUnsupported(Exception):
     """The lock service has no `Session` RPC (it answered UNIMPLEMENTED)."""
+
+
+class SessionBusy(Exception):
+    """The session already has its limit of requests in flight: send this one as a call."""
 
 
 class _Stream:
@@ -64,12 +69,17 @@ class SessionStream:
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()  # grpc.aio sends one message at a time
         self.unsupported = False
+        # Below the service's default limit (64), so a busy client is not refused.
+        self.max_in_flight = 32
 
     async def request(self, answer_within: float, **op: object) -> locks_pb2.SessionResponse:
         """Send one request (`acquire=`, `refresh=` or `release=`) and await its answer."""
         if self.unsupported:
             raise SessionUnsupported
         stream = self._open()
+        if len(stream.pending) >= self.max_in_flight:
+            # Queueing here could hold a Release back behind Acquires waiting on it.
+            raise SessionBusy
         request_id = next(self._ids)
         answer = asyncio.get_running_loop().create_future()
         stream.pending[request_id] = answer

@@ -279,6 +279,48 @@ async def test_lock_client_takes_and_releases_through_one_session(etcd) -> None:
             await client.close()
 
 
+async def waiting_acquires_past_the_session_limit_go_as_calls(
+    stub: locks_pb2_grpc.LockServiceStub, client: LockClient
+) -> None:
+    """Three Acquires of one held key from `client`, whose session takes fewer at once:
+    all three queue as waiters (none refused), then each gets the lock in turn."""
+    taken = await stub.Acquire(
+        locks_pb2.AcquireRequest(key="file:s9", owner="x", ttl_seconds=30), metadata=ALICE
+    )
+    waiting = {
+        asyncio.create_task(client.acquire("file:s9", ttl=10, wait_timeout=30)) for _ in range(3)
+    }
+    await until_waiters(stub, "file:s9", 3)
+    await stub.Release(locks_pb2.ReleaseRequest(key="file:s9", token=taken.token), metadata=ALICE)
+    tokens = []
+    while waiting:
+        done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            lock = task.result()
+            tokens.append(lock.token)
+            assert await client.release("file:s9", lock.token)
+    assert len(set(tokens)) == 3 and min(tokens) > taken.token
+
+
+async def test_lock_client_sends_what_the_services_session_limit_refuses_as_calls(etcd) -> None:  # type: ignore[no-untyped-def]
+    async with locks_service(etcd, lock_session_max_in_flight=1) as (stub, address):
+        client = LockClient(address, owner="worker", token=USER_TOKEN)
+        try:
+            await waiting_acquires_past_the_session_limit_go_as_calls(stub, client)
+        finally:
+            await client.close()
+
+
+async def test_lock_client_sends_requests_past_its_own_session_limit_as_calls(etcd) -> None:  # type: ignore[no-untyped-def]
+    async with locks_service(etcd) as (stub, address):
+        client = LockClient(address, owner="worker", token=USER_TOKEN)
+        client.session.max_in_flight = 1
+        try:
+            await waiting_acquires_past_the_session_limit_go_as_calls(stub, client)
+        finally:
+            await client.close()
+
+
 class UnarySessionlessLocks(locks_pb2_grpc.LockServiceServicer):
     """A lock service from before Session: Acquire and Release only (no etcd)."""
 
