@@ -209,9 +209,13 @@ async def test_one_correlation_id_from_put_chunk_to_the_notification(
             ]
             assert order == sorted(order), order
 
-            # locks: the merge's Acquire and the Hold that kept the lease alive.
+            # locks: the merge's Acquire (a request on LockClient's Session stream, under
+            # the request's own id) and the Hold that kept the lease alive.
             acquired = await _logged(
-                locks, cid, "rpc_completed", method="/serentak.locks.v1.LockService/Acquire"
+                locks,
+                cid,
+                "rpc_completed",
+                method="/serentak.locks.v1.LockService/Session.Acquire",
             )
             assert acquired[0]["code"] == "OK"
             await _logged(locks, cid, "rpc_completed", method="/serentak.locks.v1.LockService/Hold")
