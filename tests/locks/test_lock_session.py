@@ -22,6 +22,7 @@ from support.services import running_app
 
 from services.locks.app import build_app
 from services.locks.client import LockClient
+from services.locks.session import LockSession
 from services.locks.settings import LocksSettings
 
 pytestmark = pytest.mark.etcd
@@ -277,6 +278,53 @@ async def test_lock_client_takes_and_releases_through_one_session(etcd) -> None:
             assert not client.session.unsupported
         finally:
             await client.close()
+
+
+class GoneClientStream:
+    """The server side of a Session whose client left just as an answer was ready: alice's
+    credential, and every write fails as on a finished stream (after noting the answer)."""
+
+    def __init__(self) -> None:
+        self.unsent: list[locks_pb2.SessionResponse] = []
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ALICE
+
+    async def write(self, message: locks_pb2.SessionResponse) -> None:
+        self.unsent.append(message)
+        raise RuntimeError("the stream is finished")
+
+
+async def test_a_lock_whose_answer_cannot_be_sent_is_released(etcd) -> None:  # type: ignore[no-untyped-def]
+    prefix = f"/t/{uuid.uuid4().hex}/"
+    app = build_app(LocksSettings(etcd_endpoint=etcd.endpoint, lock_prefix=prefix))
+    async with running_app(app) as svc:
+        servicer = svc.app.servicers[0].instance
+        stream = GoneClientStream()
+
+        async def requests() -> AsyncIterator[locks_pb2.SessionRequest]:
+            yield acquire(1, "file:s10")
+
+        session = LockSession(
+            stream,  # type: ignore[arg-type]
+            servicer.Acquire,
+            servicer.Refresh,
+            servicer.Release,
+            max_in_flight=4,
+        )
+        await session.serve(requests())
+        # The Acquire took the lock (its answer was ready) ...
+        (unsent,) = stream.unsent
+        assert unsent.id == 1 and unsent.lock.token > 0
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.app.bound_port}") as channel:
+            stub = locks_pb2_grpc.LockServiceStub(channel)
+            # ... and, since nobody could hear of it, gave it back at once.
+            state = await holder(stub, "file:s10")
+            assert not state.held and not state.waiters
+            again = await stub.Release(
+                locks_pb2.ReleaseRequest(key="file:s10", token=unsent.lock.token), metadata=ALICE
+            )
+            assert not again.released
 
 
 async def waiting_acquires_past_the_session_limit_go_as_calls(
