@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from locks.isolated_service import locks_service
 from locks.principals import OTHER_TENANT_TOKEN, USER_TOKEN, bearer
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
-from support.etcd import EtcdServer
 from support.grpc_errors import error_info
 from support.jwks import JwksServer, SigningKey, claims, jwt_settings
 from support.services import running_app
@@ -29,19 +29,6 @@ pytestmark = pytest.mark.etcd
 
 ALICE, MALLORY = bearer(USER_TOKEN), bearer(OTHER_TENANT_TOKEN)
 Session = grpc.aio.StreamStreamCall
-
-
-@contextlib.asynccontextmanager
-async def locks_service(
-    etcd: EtcdServer, **overrides: object
-) -> AsyncIterator[tuple[locks_pb2_grpc.LockServiceStub, str]]:
-    """The lock service under a fresh prefix; a stub that sends no credential by itself."""
-    prefix = f"/t/{uuid.uuid4().hex}/"
-    settings = LocksSettings(etcd_endpoint=etcd.endpoint, lock_prefix=prefix, **overrides)
-    async with running_app(build_app(settings)) as svc:
-        address = f"127.0.0.1:{svc.app.bound_port}"
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield locks_pb2_grpc.LockServiceStub(channel), address
 
 
 def acquire(
@@ -75,6 +62,13 @@ async def holder(stub: locks_pb2_grpc.LockServiceStub, key: str) -> locks_pb2.De
     return await stub.Describe(locks_pb2.DescribeRequest(key=key), metadata=ALICE)
 
 
+async def taken_by_someone(stub: locks_pb2_grpc.LockServiceStub, key: str) -> locks_pb2.Lock:
+    """`key` held by another owner of alice's tenant, through a unary Acquire."""
+    return await stub.Acquire(
+        locks_pb2.AcquireRequest(key=key, owner="x", ttl_seconds=30), metadata=ALICE
+    )
+
+
 async def until_waiters(stub: locks_pb2_grpc.LockServiceStub, key: str, n: int) -> None:
     """Poll Describe until `key` has exactly `n` waiters (an observable condition, bounded)."""
     async with asyncio.timeout(10):
@@ -85,7 +79,7 @@ async def until_waiters(stub: locks_pb2_grpc.LockServiceStub, key: str, n: int) 
 
 
 async def test_acquire_and_release_on_one_stream_are_the_unary_rpcs_own(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, _):
+    async with locks_service(etcd) as (stub, _, _):
         session = stub.Session(metadata=ALICE)
         tokens = []
         for i in range(3):
@@ -102,7 +96,7 @@ async def test_acquire_and_release_on_one_stream_are_the_unary_rpcs_own(etcd) ->
 
 
 async def test_a_waiting_acquire_does_not_hold_back_a_release_on_the_same_stream(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, _):
+    async with locks_service(etcd) as (stub, _, _):
         session = stub.Session(metadata=ALICE)
         first = (await ask(session, acquire(1, "file:s2"))).lock
         # A second Acquire of the same key waits behind the first lock...
@@ -123,10 +117,8 @@ async def test_a_waiting_acquire_does_not_hold_back_a_release_on_the_same_stream
 
 
 async def test_a_failed_request_is_answered_with_its_status_and_the_stream_goes_on(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, _):
-        taken = await stub.Acquire(
-            locks_pb2.AcquireRequest(key="file:s3", owner="x", ttl_seconds=30), metadata=ALICE
-        )
+    async with locks_service(etcd) as (stub, _, _):
+        taken = await taken_by_someone(stub, "file:s3")
         session = stub.Session(metadata=ALICE)
         cases = [
             (acquire(1, "file:s3"), grpc.StatusCode.ABORTED, "LOCK_HELD"),
@@ -159,7 +151,7 @@ async def test_a_failed_request_is_answered_with_its_status_and_the_stream_goes_
 
 
 async def test_anonymous_and_forged_callers_are_refused_before_any_request_runs(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, _):
+    async with locks_service(etcd) as (stub, _, _):
         for metadata, reason in (
             ((), "MISSING_CREDENTIALS"),
             (bearer("forged"), "INVALID_CREDENTIALS"),
@@ -175,7 +167,7 @@ async def test_anonymous_and_forged_callers_are_refused_before_any_request_runs(
 
 
 async def test_another_tenant_cannot_reach_a_lock_through_a_session(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, _):
+    async with locks_service(etcd) as (stub, _, _):
         held = await stub.Acquire(
             locks_pb2.AcquireRequest(key="file:secret", owner="alice", ttl_seconds=30),
             metadata=ALICE,
@@ -208,10 +200,8 @@ async def test_another_tenant_cannot_reach_a_lock_through_a_session(etcd) -> Non
 
 
 async def test_a_session_runs_at_most_its_limit_of_requests_at_once(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd, lock_session_max_in_flight=2) as (stub, _):
-        await stub.Acquire(
-            locks_pb2.AcquireRequest(key="file:s5", owner="x", ttl_seconds=30), metadata=ALICE
-        )
+    async with locks_service(etcd, lock_session_max_in_flight=2) as (stub, _, _):
+        await taken_by_someone(stub, "file:s5")
         session = stub.Session(metadata=ALICE)
         await session.write(acquire(1, "file:s5", wait_ms=20_000))
         await session.write(acquire(2, "file:s5", wait_ms=20_000))
@@ -225,10 +215,8 @@ async def test_a_session_runs_at_most_its_limit_of_requests_at_once(etcd) -> Non
 
 
 async def test_ending_the_stream_abandons_its_waiting_acquires(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, _):
-        taken = await stub.Acquire(
-            locks_pb2.AcquireRequest(key="file:s6", owner="x", ttl_seconds=30), metadata=ALICE
-        )
+    async with locks_service(etcd) as (stub, _, _):
+        taken = await taken_by_someone(stub, "file:s6")
         session = stub.Session(metadata=ALICE)
         await session.write(acquire(1, "file:s6", wait_ms=30_000))
         await until_waiters(stub, "file:s6", 1)
@@ -249,6 +237,7 @@ async def test_a_session_whose_token_expires_is_ended_unauthenticated(etcd) -> N
         async with locks_service(etcd, **jwt_settings(jwks, auth_jwt_leeway_seconds=0)) as (
             stub,
             _,
+            _,
         ):
             expires = int(time.time()) + 3
             session = stub.Session(metadata=bearer(key.sign(claims(exp=expires))))
@@ -268,8 +257,8 @@ async def test_a_session_whose_token_expires_is_ended_unauthenticated(etcd) -> N
 
 
 async def test_lock_client_takes_and_releases_through_one_session(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, address):
-        client = LockClient(address, owner="worker", token=USER_TOKEN)
+    async with locks_service(etcd) as (stub, _, channel):
+        client = LockClient(channel, owner="worker", token=USER_TOKEN)
         try:
             for _ in range(3):
                 async with client.hold("file:s8", ttl=10, wait_timeout=5) as lock:
@@ -332,9 +321,7 @@ async def waiting_acquires_past_the_session_limit_go_as_calls(
 ) -> None:
     """Three Acquires of one held key from `client`, whose session takes fewer at once:
     all three queue as waiters (none refused), then each gets the lock in turn."""
-    taken = await stub.Acquire(
-        locks_pb2.AcquireRequest(key="file:s9", owner="x", ttl_seconds=30), metadata=ALICE
-    )
+    taken = await taken_by_someone(stub, "file:s9")
     waiting = {
         asyncio.create_task(client.acquire("file:s9", ttl=10, wait_timeout=30)) for _ in range(3)
     }
@@ -351,8 +338,8 @@ async def waiting_acquires_past_the_session_limit_go_as_calls(
 
 
 async def test_lock_client_sends_what_the_services_session_limit_refuses_as_calls(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd, lock_session_max_in_flight=1) as (stub, address):
-        client = LockClient(address, owner="worker", token=USER_TOKEN)
+    async with locks_service(etcd, lock_session_max_in_flight=1) as (stub, _, channel):
+        client = LockClient(channel, owner="worker", token=USER_TOKEN)
         try:
             await waiting_acquires_past_the_session_limit_go_as_calls(stub, client)
         finally:
@@ -360,8 +347,8 @@ async def test_lock_client_sends_what_the_services_session_limit_refuses_as_call
 
 
 async def test_lock_client_sends_requests_past_its_own_session_limit_as_calls(etcd) -> None:  # type: ignore[no-untyped-def]
-    async with locks_service(etcd) as (stub, address):
-        client = LockClient(address, owner="worker", token=USER_TOKEN)
+    async with locks_service(etcd) as (stub, _, channel):
+        client = LockClient(channel, owner="worker", token=USER_TOKEN)
         client.session.max_in_flight = 1
         try:
             await waiting_acquires_past_the_session_limit_go_as_calls(stub, client)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from locks.isolated_service import locks_service
 from locks.principals import (
     OTHER_TENANT_TOKEN,
     SAME_TENANT_TOKEN,
@@ -19,16 +18,12 @@ from locks.principals import (
     USER_TOKEN,
     bearer,
 )
-from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
-from support.etcd import EtcdServer
+from serentak.locks.v1 import locks_pb2
 from support.grpc_errors import error_info
-from support.services import running_app
 
-from services.locks.app import build_app
 from services.locks.client import LockClient
 from services.locks.etcd_client import Etcd
 from services.locks.keys import KeySpace
-from services.locks.settings import LocksSettings
 
 pytestmark = pytest.mark.etcd
 
@@ -38,19 +33,6 @@ ALICE, BOB, MALLORY, SERVICE = (
     bearer(OTHER_TENANT_TOKEN),
     bearer(SERVICE_TOKEN),
 )
-
-
-@contextlib.asynccontextmanager
-async def locks_service(
-    etcd: EtcdServer, **overrides: object
-) -> AsyncIterator[tuple[locks_pb2_grpc.LockServiceStub, str, grpc.aio.Channel]]:
-    """The lock service under a fresh prefix; a stub that sends no credential by itself."""
-    prefix = f"/t/{uuid.uuid4().hex}/"
-    settings = LocksSettings(etcd_endpoint=etcd.endpoint, lock_prefix=prefix, **overrides)
-    async with running_app(build_app(settings)) as svc:
-        address = f"127.0.0.1:{svc.app.bound_port}"
-        async with grpc.aio.insecure_channel(address) as channel:
-            yield locks_pb2_grpc.LockServiceStub(channel), prefix, channel
 
 
 async def wait_for_a_waiter(stub, key: str, metadata) -> None:  # type: ignore[no-untyped-def]
