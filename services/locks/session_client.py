@@ -103,7 +103,14 @@ class SessionStream:
             raise failure from None
         except grpc.aio.AioRpcError as exc:
             # The write failed: the stream is gone (its reader fails the others too).
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.unsupported = True
+                raise SessionUnsupported from exc
             raise self._stream_error(exc) from exc
+        except asyncio.InvalidStateError:
+            # The call finished between opening and writing: answered like a broken stream.
+            stream.fail(Unavailable("the lock session ended"))
+            raise Unavailable("the lock session ended", reason="LOCK_SERVICE_UNAVAILABLE") from None
         finally:
             stream.pending.pop(request_id, None)
 
