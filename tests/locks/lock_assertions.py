@@ -8,11 +8,12 @@ import time
 from serentak.locks.v1 import locks_pb2
 
 
-async def wait_for_waiters(stub, key: str, count: int, within: float = 10.0):  # type: ignore[no-untyped-def]
-    """Poll Describe until `key` has `count` waiters (an observable condition, bounded)."""
+async def wait_for_waiters(stub, key: str, count: int, within: float = 10.0, metadata=()):  # type: ignore[no-untyped-def]
+    """Poll Describe until `key` has `count` waiters (an observable condition, bounded);
+    `metadata` for a stub whose channel sends no credential by itself."""
     deadline = time.monotonic() + within
     while True:
-        state = await stub.Describe(locks_pb2.DescribeRequest(key=key))
+        state = await stub.Describe(locks_pb2.DescribeRequest(key=key), metadata=metadata)
         if len(state.waiters) == count:
             return state
         assert time.monotonic() < deadline, f"never saw {count} waiters: {state}"

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from locks.isolated_service import locks_service
+from locks.lock_assertions import wait_for_waiters
 from locks.principals import OTHER_TENANT_TOKEN, USER_TOKEN, bearer
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 from support.grpc_errors import error_info
@@ -69,15 +70,6 @@ async def taken_by_someone(stub: locks_pb2_grpc.LockServiceStub, key: str) -> lo
     )
 
 
-async def until_waiters(stub: locks_pb2_grpc.LockServiceStub, key: str, n: int) -> None:
-    """Poll Describe until `key` has exactly `n` waiters (an observable condition, bounded)."""
-    async with asyncio.timeout(10):
-        while True:
-            if len((await holder(stub, key)).waiters) == n:
-                return
-            await asyncio.sleep(0.01)
-
-
 async def test_acquire_and_release_on_one_stream_are_the_unary_rpcs_own(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
         session = stub.Session(metadata=ALICE)
@@ -101,7 +93,7 @@ async def test_a_waiting_acquire_does_not_hold_back_a_release_on_the_same_stream
         first = (await ask(session, acquire(1, "file:s2"))).lock
         # A second Acquire of the same key waits behind the first lock...
         await session.write(acquire(2, "file:s2", wait_ms=20_000))
-        await until_waiters(stub, "file:s2", 1)
+        await wait_for_waiters(stub, "file:s2", 1, metadata=ALICE)
         # ...while the Release of the first is answered on the same stream,
         await session.write(release(3, "file:s2", first.token))
         answers = {}
@@ -210,7 +202,7 @@ async def test_a_session_runs_at_most_its_limit_of_requests_at_once(etcd) -> Non
         assert refused.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
         # The refused request touched nothing; the two in flight still wait.
         assert not (await holder(stub, "file:other")).held
-        await until_waiters(stub, "file:s5", 2)
+        await wait_for_waiters(stub, "file:s5", 2, metadata=ALICE)
         session.cancel()
 
 
@@ -219,11 +211,11 @@ async def test_ending_the_stream_abandons_its_waiting_acquires(etcd) -> None:  #
         taken = await taken_by_someone(stub, "file:s6")
         session = stub.Session(metadata=ALICE)
         await session.write(acquire(1, "file:s6", wait_ms=30_000))
-        await until_waiters(stub, "file:s6", 1)
+        await wait_for_waiters(stub, "file:s6", 1, metadata=ALICE)
         session.cancel()
         # The waiter's key is removed: the holder is alone, and its release frees the lock
         # for the next caller at once (nobody left in the queue).
-        await until_waiters(stub, "file:s6", 0)
+        await wait_for_waiters(stub, "file:s6", 0, metadata=ALICE)
         await stub.Release(
             locks_pb2.ReleaseRequest(key="file:s6", token=taken.token), metadata=ALICE
         )
@@ -325,7 +317,7 @@ async def waiting_acquires_past_the_session_limit_go_as_calls(
     waiting = {
         asyncio.create_task(client.acquire("file:s9", ttl=10, wait_timeout=30)) for _ in range(3)
     }
-    await until_waiters(stub, "file:s9", 3)
+    await wait_for_waiters(stub, "file:s9", 3, metadata=ALICE)
     await stub.Release(locks_pb2.ReleaseRequest(key="file:s9", token=taken.token), metadata=ALICE)
     tokens = []
     while waiting:

@@ -11,6 +11,7 @@ import contextlib
 import grpc
 import pytest
 from locks.isolated_service import locks_service
+from locks.lock_assertions import wait_for_waiters
 from locks.principals import (
     OTHER_TENANT_TOKEN,
     SAME_TENANT_TOKEN,
@@ -33,16 +34,6 @@ ALICE, BOB, MALLORY, SERVICE = (
     bearer(OTHER_TENANT_TOKEN),
     bearer(SERVICE_TOKEN),
 )
-
-
-async def wait_for_a_waiter(stub, key: str, metadata) -> None:  # type: ignore[no-untyped-def]
-    """Poll Describe until `key` has a waiter (an observable condition, bounded)."""
-    request = locks_pb2.DescribeRequest(key=key)
-    async with asyncio.timeout(10):
-        while True:
-            if (await stub.Describe(request, metadata=metadata)).waiters:
-                return
-            await asyncio.sleep(0.01)
 
 
 def acquire(
@@ -255,7 +246,7 @@ async def test_caps_on_held_locks_and_waiters_per_tenant(etcd) -> None:  # type:
         waiting = asyncio.ensure_future(
             stub.Acquire(acquire("file:c1", wait_ms=20_000), metadata=BOB)
         )
-        await wait_for_a_waiter(stub, "file:c1", ALICE)
+        await wait_for_waiters(stub, "file:c1", 1, metadata=ALICE)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.Acquire(acquire("file:c2", wait_ms=20_000), metadata=ALICE)
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
