@@ -85,6 +85,15 @@ async def fail(
     if isinstance(exc, NotImplementedError):
         # The generated servicer base classes raise this for RPCs not built yet.
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
+    typed = account_error(exc, method)
+    if typed is not None:
+        await context.abort_with_status(_keeping_trailers(to_status(typed), context))
+    await context.abort(grpc.StatusCode.INTERNAL, internal_message(exc))
+
+
+def account_error(exc: BaseException, method: str) -> SerentakError | None:
+    """Count and log an answer's error: the typed error it answers with, or None for a
+    bug (INTERNAL, logged with the traceback being handled)."""
     # A full disk (OSError, SQLite, PostgreSQL) is RESOURCE_EXHAUSTED, not a bug.
     exc = as_storage_full(exc) or exc
     if isinstance(exc, SerentakError):
@@ -96,6 +105,11 @@ async def fail(
             reason=exc.reason,
             error=exc.message,
         )
-        await context.abort_with_status(_keeping_trailers(to_status(exc), context))
+        return exc
     log.error("rpc_bug", method=method, error=repr(exc), traceback=traceback.format_exc())
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+    return None
+
+
+def internal_message(exc: BaseException) -> str:
+    """What a bug's INTERNAL answer says: the exception's class, nothing of its content."""
+    return f"internal error: {type(exc).__name__}"

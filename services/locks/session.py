@@ -22,30 +22,31 @@ from serentak.locks.v1 import locks_pb2
 from services.common import correlation
 from services.common.errors import (
     InvalidArgument,
-    SerentakError,
     Unauthenticated,
 )
-from services.common.logging import get_logger
 from services.common.rpc_accounting import MethodAccounting
-from services.common.rpc_status import status_name
+from services.common.rpc_status import account_error, internal_message, status_name
 from services.locks.errors import SessionInFlightLimit
 
-log = get_logger(__name__)
-
-SERVICE = "serentak.locks.v1.LockService"
+SESSION = "/" + locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name + "/Session"
 
 Context: TypeAlias = grpc.aio.ServicerContext
 Operation = Callable[[Any, Context], Awaitable[Any]]
 
 
-def session_error(exc: BaseException) -> locks_pb2.SessionError:
-    """What the unary RPC's status would say about `exc` (a bug: INTERNAL, no detail)."""
-    if isinstance(exc, SerentakError):
+def session_error(exc: BaseException, method: str) -> locks_pb2.SessionError:
+    """What the unary RPC's status would say about `exc`, counted and logged as it would be
+    (`rpc_status.account_error`; a bug: INTERNAL, no detail)."""
+    typed = account_error(exc, method)
+    if typed is None:
         return locks_pb2.SessionError(
-            code=exc.code.value[0], message=exc.message, reason=exc.reason, metadata=exc.metadata
+            code=grpc.StatusCode.INTERNAL.value[0], message=internal_message(exc)
         )
     return locks_pb2.SessionError(
-        code=grpc.StatusCode.INTERNAL.value[0], message=f"internal error: {type(exc).__name__}"
+        code=typed.code.value[0],
+        message=typed.message,
+        reason=typed.reason,
+        metadata=typed.metadata,
     )
 
 
@@ -65,7 +66,7 @@ class LockSession:
         self.max_in_flight = max_in_flight
         self._operations = {"acquire": acquire, "refresh": refresh, "release": release}
         self._accounting = {
-            name: MethodAccounting(f"/{SERVICE}/Session.{name.capitalize()}", "bidi_stream")
+            name: MethodAccounting(f"{SESSION}.{name.capitalize()}", "bidi_stream")
             for name in self._operations
         }
         self._in_flight: dict[int, asyncio.Task[None]] = {}
@@ -139,9 +140,7 @@ class LockSession:
             return
         except Exception as exc:
             accounting.record(began, status_name(exc))
-            if not isinstance(exc, SerentakError):
-                log.error("rpc_bug", method=accounting.method, error=repr(exc), exc_info=exc)
-            await self._answer_error(request.id, exc)
+            await self._answer_error(request.id, exc, accounting.method)
             return
         accounting.record(began, "OK")
         if name == "release":
@@ -161,8 +160,11 @@ class LockSession:
         with contextlib.suppress(Exception):  # else its lease ends it
             await self._operations["release"](request, self.context)
 
-    async def _answer_error(self, request_id: int, exc: BaseException) -> None:
-        await self._write(locks_pb2.SessionResponse(id=request_id, error=session_error(exc)))
+    async def _answer_error(
+        self, request_id: int, exc: BaseException, method: str = SESSION
+    ) -> None:
+        error = session_error(exc, method)
+        await self._write(locks_pb2.SessionResponse(id=request_id, error=error))
 
     async def _write(self, response: locks_pb2.SessionResponse) -> None:
         async with self._write_lock:

@@ -16,6 +16,7 @@ import pytest
 from locks.isolated_service import locks_service
 from locks.lock_assertions import wait_for_waiters
 from locks.principals import OTHER_TENANT_TOKEN, USER_TOKEN, bearer
+from prometheus_client import REGISTRY
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 from support.grpc_errors import error_info
 from support.jwks import JwksServer, SigningKey, claims, jwt_settings
@@ -108,6 +109,10 @@ async def test_a_waiting_acquire_does_not_hold_back_a_release_on_the_same_stream
         session.cancel()
 
 
+def domain_errors(reason: str) -> float:
+    return REGISTRY.get_sample_value("serentak_domain_errors_total", {"reason": reason}) or 0.0
+
+
 async def test_a_failed_request_is_answered_with_its_status_and_the_stream_goes_on(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
         taken = await taken_by_someone(stub, "file:s3")
@@ -125,9 +130,12 @@ async def test_a_failed_request_is_answered_with_its_status_and_the_stream_goes_
             ),
         ]
         for request, code, reason in cases:
+            counted = domain_errors(reason)
             error = (await ask(session, request)).error
             assert (error.code, error.reason) == (code.value[0], reason), error
             assert error.message
+            # Counted as the unary RPC's error would be.
+            assert domain_errors(reason) == counted + 1
         # LOCK_HELD names the holder, as the unary status's ErrorInfo does.
         held = (await ask(session, acquire(5, "file:s3"))).error
         assert held.metadata["holder_owner"] == "x"
