@@ -88,20 +88,16 @@ class LockClient:
         self.tenant_id = tenant_id  # default tenant for calls that name none
         # Acquire and Release go as messages on one open Session stream (unary calls
         # when the service has no Session).
-        self.session = SessionStream(self.stub, self._stream_metadata, typed_error)
+        self.session = SessionStream(self.stub, self._credential, typed_error)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """Call metadata: correlation id and the bearer credential."""
-        md: tuple[tuple[str, str], ...] = ((METADATA_KEY, current_correlation_id()),)
-        if self.token:
-            md += (("authorization", f"Bearer {self.token}"),)
-        return md
+        return ((METADATA_KEY, current_correlation_id()), *self._credential())
 
-    def _stream_metadata(self) -> tuple[tuple[str, str], ...]:
-        md: tuple[tuple[str, str], ...] = ()
-        if self.token:
-            md += (("authorization", f"Bearer {self.token}"),)
-        return md
+    def _credential(self) -> tuple[tuple[str, str], ...]:
+        """The bearer credential, if any (a Session stream's metadata: its requests carry
+        their own correlation ids)."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     def tenant(self, tenant_id: str | None) -> str:
         """The tenant a call names: the argument, else this client's default."""

@@ -103,10 +103,7 @@ class SessionStream:
             raise failure from None
         except grpc.aio.AioRpcError as exc:
             # The write failed: the stream is gone (its reader fails the others too).
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self.unsupported = True
-                raise SessionUnsupported from exc
-            raise self._stream_error(exc) from exc
+            raise self._failure(exc) from exc
         except asyncio.InvalidStateError:
             # The call finished between opening and writing: answered like a broken stream.
             stream.fail(Unavailable("the lock session ended"))
@@ -143,11 +140,15 @@ class SessionStream:
                 if answer is not None and not answer.done():
                     answer.set_result(response)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self.unsupported = True
-                failure = SessionUnsupported()
-            else:
-                failure = self._stream_error(exc)
+            failure = self._failure(exc)
         except asyncio.CancelledError:
             failure = Unavailable("the lock session was cut")
         stream.fail(failure)
+
+    def _failure(self, exc: grpc.aio.AioRpcError) -> BaseException:
+        """What the requests of a stream that ended with `exc` raise: UNIMPLEMENTED means
+        the service has no Session (from now on, unary calls)."""
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            self.unsupported = True
+            return SessionUnsupported()
+        return self._stream_error(exc)
