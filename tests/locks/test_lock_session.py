@@ -205,6 +205,10 @@ async def test_a_session_runs_at_most_its_limit_of_requests_at_once(etcd) -> Non
         session = stub.Session(metadata=ALICE)
         await session.write(acquire(1, "file:s5", wait_ms=20_000))
         await session.write(acquire(2, "file:s5", wait_ms=20_000))
+        # An id still in flight is refused whatever the limit.
+        reused = await ask(session, acquire(1, "file:other"))
+        assert reused.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert reused.error.metadata["field"] == "id"
         refused = await ask(session, acquire(3, "file:other"))
         assert refused.error.reason == "SESSION_IN_FLIGHT_LIMIT"
         assert refused.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
