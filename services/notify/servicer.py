@@ -25,6 +25,8 @@ from services.notify.streams import StreamReader
 
 log = get_logger(__name__)
 MAX_DEVICE_ID = 128
+# Largest SubscribeRequest.max_batch: 256 notifications stay far below a message's 4 MiB.
+MAX_SUBSCRIBE_BATCH = 256
 
 
 class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
@@ -158,8 +160,14 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
         after = cursors.decode("cursor", request.cursor) if request.cursor else None
         if len(request.device_id) > MAX_DEVICE_ID:
             raise InvalidArgument("device_id", f"longer than {MAX_DEVICE_ID} characters")
+        if request.max_batch > MAX_SUBSCRIBE_BATCH:
+            raise InvalidArgument("max_batch", f"at most {MAX_SUBSCRIBE_BATCH}")
         log.info("stream_opened", user_id=identity.user_id, device_id=request.device_id)
         async for response in self._streams.subscribe(
-            identity.tenant_id, identity.user_id, after, request.device_id
+            identity.tenant_id,
+            identity.user_id,
+            after,
+            request.device_id,
+            max_batch=request.max_batch,
         ):
             yield response

@@ -235,12 +235,18 @@ class StreamReader:
         self._broker = broker
 
     async def _replay(
-        self, tenant_id: str, user_id: str, after: int
-    ) -> AsyncIterator[notify_pb2.Notification]:
+        self, tenant_id: str, user_id: str, after: int, max_batch: int
+    ) -> AsyncIterator[notify_pb2.SubscribeResponse]:
+        """What the database holds after `after`, page by page, as stream items."""
         while True:
             rows = await retrying(partial(self._read_after, tenant_id, user_id, after))
-            for row in rows:
-                yield to_message(row)
+            messages = [to_message(row) for row in rows]
+            if max_batch > 1:
+                for start in range(0, len(messages), max_batch):
+                    yield batch_response(messages[start : start + max_batch])
+            else:
+                for message in messages:
+                    yield notify_pb2.SubscribeResponse(notification=message, cursor=message.cursor)
             if len(rows) < REPLAY_PAGE:
                 return
             after = rows[-1].seq
@@ -257,9 +263,15 @@ class StreamReader:
         return await retrying(read)
 
     async def subscribe(
-        self, tenant_id: str, user_id: str, after_seq: int | None, device_id: str
+        self,
+        tenant_id: str,
+        user_id: str,
+        after_seq: int | None,
+        device_id: str,
+        max_batch: int = 1,
     ) -> AsyncIterator[notify_pb2.SubscribeResponse]:
-        """Notifications after `after_seq` (None: only new ones), then live ones."""
+        """Notifications after `after_seq` (None: only new ones), then live ones; with
+        `max_batch` above 1, up to that many per item, from what is already waiting."""
         sub = self._broker.open(tenant_id, user_id, device_id)
         try:
             # Registered first: whatever commits after the reads below is also queued.
@@ -270,13 +282,17 @@ class StreamReader:
                 yield notify_pb2.SubscribeResponse(cursor=cursors.encode(last))
             else:
                 last = after_seq
-            async for message in self._replay(tenant_id, user_id, last):
-                last = int(message.cursor)
-                yield notify_pb2.SubscribeResponse(notification=message, cursor=message.cursor)
+            async for response in self._replay(tenant_id, user_id, last, max_batch):
+                last = int(response.cursor)
+                yield response
+            # A queued delivery taken while filling a batch that cannot join it (a jump in
+            # seq): it is the next item to look at.
+            carried: Delivery | None = None
             while True:
                 if sub.overflowed:
                     raise SubscriberTooSlow(sub.queue.qsize(), cursors.encode(last))
-                item = await sub.next()
+                item = carried if carried is not None else await sub.next()
+                carried = None
                 if sub.overflowed:
                     raise SubscriberTooSlow(sub.queue.qsize(), cursors.encode(last))
                 delivery = item if isinstance(item, Delivery) else None
@@ -286,10 +302,34 @@ class StreamReader:
                 if delivery is not None and seq == last + 1:
                     last = seq
                     metrics.DELIVERY_LATENCY.observe(time.perf_counter() - delivery.committed_at)
-                    yield delivery.response
+                    if max_batch <= 1:
+                        yield delivery.response
+                        continue
+                    batch = [delivery.response.notification]
+                    # Only what is queued already: waiting for more would add latency.
+                    while len(batch) < max_batch and not sub.queue.empty():
+                        queued = sub.queue.get_nowait()
+                        if queued.seq <= last:
+                            continue
+                        if queued.seq != last + 1:
+                            carried = queued
+                            break
+                        last = queued.seq
+                        metrics.DELIVERY_LATENCY.observe(time.perf_counter() - queued.committed_at)
+                        batch.append(queued.response.notification)
+                    yield batch_response(batch)
                     continue
-                async for message in self._replay(tenant_id, user_id, last):
-                    last = int(message.cursor)
-                    yield notify_pb2.SubscribeResponse(notification=message, cursor=message.cursor)
+                async for response in self._replay(tenant_id, user_id, last, max_batch):
+                    last = int(response.cursor)
+                    yield response
         finally:
             self._broker.close(sub)
+
+
+def batch_response(
+    notifications: list[notify_pb2.Notification],
+) -> notify_pb2.SubscribeResponse:
+    """One stream item carrying `notifications` (in cursor order) for a batching stream."""
+    return notify_pb2.SubscribeResponse(
+        notifications=notifications, cursor=notifications[-1].cursor
+    )
