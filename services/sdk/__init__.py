@@ -6,6 +6,7 @@ async with SerentakClient("127.0.0.1:50051", token="dev-alice") as client:
 """
 
 from services.sdk.client import ProgressCallback, SerentakClient
+from services.sdk.notifications import notifications_in
 from services.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed
 from services.sdk.transfer import upload_request_id
 
@@ -15,5 +16,6 @@ __all__ = [
     "ProgressCallback",
     "SerentakClient",
     "UploadFailed",
+    "notifications_in",
     "upload_request_id",
 ]

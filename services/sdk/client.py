@@ -383,14 +383,20 @@ class SerentakClient:
         return await stub.Describe(locks_pb2.DescribeRequest(key=key))
 
     async def subscribe(
-        self, cursor: str = "", *, device_id: str = ""
+        self, cursor: str = "", *, device_id: str = "", max_batch: int = 0
     ) -> AsyncIterator[notify_pb2.SubscribeResponse]:
         """Your notifications after `cursor` (empty: from now on), then live ones.
 
-        Keep the last `cursor` you saw and pass it again to resume without a gap.
+        Keep the last `cursor` you saw and pass it again to resume without a gap. With
+        `max_batch` above 1 (at most 256), notifications already waiting arrive together,
+        in `notifications` rather than `notification`: fewer messages under load, no added
+        latency. `notifications_in(message)` reads either shape.
         """
         stub = notify_pb2_grpc.NotifyServiceStub(self._channel("notify"))
-        call = stub.Subscribe(notify_pb2.SubscribeRequest(cursor=cursor, device_id=device_id))
+        request = notify_pb2.SubscribeRequest(
+            cursor=cursor, device_id=device_id, max_batch=max_batch
+        )
+        call = stub.Subscribe(request)
         try:
             async for message in call:
                 yield message

@@ -14,7 +14,7 @@ import pytest
 from serentak.notify.v1 import notify_pb2
 from serentak.upload.v1 import upload_pb2
 
-from services.sdk import ChecksumMismatch
+from services.sdk import ChecksumMismatch, notifications_in
 from services.upload.blob_store import content_key, open_blob_store
 
 CHUNK = 1024
@@ -119,3 +119,16 @@ async def test_hold_keeps_the_lock_and_subscribe_resumes_from_a_cursor(stack, tm
             )
         assert following.notification.notification_id != first.notification.notification_id
         assert following.notification.file_id == done.file_id
+
+        # Batched: what is stored after the marker arrives together, read the same way.
+        batched = bob.subscribe(marker.cursor, max_batch=8)
+        async with contextlib.aclosing(batched):
+            together = await asyncio.wait_for(anext(batched), DEADLINE_S)
+        carried = notifications_in(together)
+        assert [n.notification_id for n in carried[:2]] == [
+            first.notification.notification_id,
+            following.notification.notification_id,
+        ]
+        assert together.cursor == carried[-1].cursor
+        assert notifications_in(first) == [first.notification]
+        assert notifications_in(marker) == []
