@@ -3,6 +3,7 @@
 
     .venv/bin/python tests/benchmarks/bench_notify.py [--quick] [--dsn postgresql://...]
         [--sqlite] [--audience 100 --audience 1000] [--streams 100]
+        [--max-batch 1 --max-batch 64]
 
 The notify service runs in this process; its clients (the producer calling Ingest and the
 Subscribe streams) run in a separate process (`--client`), so the numbers are the
@@ -17,6 +18,8 @@ Per audience, two runs on a fresh database:
 - latency at half the 10,000 notifications/s target (5,000/N events/s, paced): send ->
   stream delivery p50/p99 (the send time is taken before the Ingest call, so it bounds
   commit -> delivery from above).
+Each run is made once per `--max-batch` (default 1 and 64): the streams' SubscribeRequest
+max_batch, one notification per message (1) or up to that many already waiting in one.
 Baseline, measured in the same run: the job runtime's bare lag (enqueue commit -> handler
 start, as `bench_jobs.lag` measures it), 100 jobs/s right before and right after each
 latency run, pooled (100 + 100 samples with --quick, 500 + 500 without).
@@ -83,7 +86,9 @@ def content_update(version: int, audience: list[str]) -> events_pb2.Event:
 # --- the client process ---------------------------------------------------------------
 
 
-async def client(port: int, audience: int, streams: int, events: int, rate: float) -> dict:
+async def client(
+    port: int, audience: int, streams: int, events: int, rate: float, max_batch: int
+) -> dict:
     """Open `streams` streams, send `events` content updates (paced at `rate` events/s, or
     as fast as the relay-like sender takes them when 0), wait until every stream has the
     last version."""
@@ -94,7 +99,7 @@ async def client(port: int, audience: int, streams: int, events: int, rate: floa
         stub = notify_pb2_grpc.NotifyServiceStub(channel)
         calls = [
             stub.Subscribe(
-                notify_pb2.SubscribeRequest(device_id="bench"),
+                notify_pb2.SubscribeRequest(device_id="bench", max_batch=max_batch),
                 metadata=(("authorization", f"Bearer tok-{u}"),),
             )
             for u in audience_ids[:streams]
@@ -103,14 +108,13 @@ async def client(port: int, audience: int, streams: int, events: int, rate: floa
             await call.read()
 
         async def drain(call) -> None:  # type: ignore[no-untyped-def]
-            seen = 0
-            while seen < events:
+            last = 0
+            while last < events:
                 item = await call.read()
-                n = item.notification
-                latencies.append(time.perf_counter() - float(n.correlation_id))
-                seen += 1
-                if n.version == events:
-                    break
+                received = time.perf_counter()
+                for n in item.notifications or [item.notification]:
+                    latencies.append(received - float(n.correlation_id))
+                    last = n.version
             done_at.append(time.perf_counter())
 
         readers = [asyncio.create_task(drain(c)) for c in calls]
@@ -165,8 +169,10 @@ async def client(port: int, audience: int, streams: int, events: int, rate: floa
 # --- the service process --------------------------------------------------------------
 
 
-async def run_client(port: int, audience: int, streams: int, events: int, rate: float) -> dict:
-    args = [str(port), str(audience), str(streams), str(events), str(rate)]
+async def run_client(
+    port: int, audience: int, streams: int, events: int, rate: float, max_batch: int
+) -> dict:
+    args = [str(port), str(audience), str(streams), str(events), str(rate), str(max_batch)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--client", *args, stdout=asyncio.subprocess.PIPE
     )
@@ -177,7 +183,13 @@ async def run_client(port: int, audience: int, streams: int, events: int, rate: 
 
 
 async def notify_run(
-    url: str, data_dir: Path, audience: int, streams: int, events: int, rate: float
+    url: str,
+    data_dir: Path,
+    audience: int,
+    streams: int,
+    events: int,
+    rate: float,
+    max_batch: int,
 ) -> dict:
     tokens = {f"tok-{u}": {"tenant_id": "acme", "user_id": u} for u in users(audience)}
     settings = NotifySettings(
@@ -188,7 +200,7 @@ async def notify_run(
         auth_mode="dev",
     )
     async with running_app(build_app(settings)) as service:
-        return await run_client(service.app.bound_port, audience, streams, events, rate)
+        return await run_client(service.app.bound_port, audience, streams, events, rate, max_batch)
 
 
 async def job_lag(url: str, n: int) -> list[float]:
@@ -242,8 +254,12 @@ async def main() -> None:
     parser.add_argument("--audience", type=int, action="append")
     parser.add_argument("--streams", type=int, default=100, help="open streams (<= audience)")
     parser.add_argument("--only", choices=["throughput", "latency"])
+    parser.add_argument(
+        "--max-batch", type=int, action="append", help="streams' max_batch (default 1 and 64)"
+    )
     args = parser.parse_args()
     audiences = args.audience or [100, 1000]
+    batches = args.max_batch or [1, 64]
     total = 20_000 if args.quick else 60_000  # notifications per throughput run
     seconds = 4 if args.quick else 10  # length of a paced latency run
     names: list[str] = []
@@ -257,11 +273,11 @@ async def main() -> None:
             streams = min(args.streams, audience)
             runs = []
             if args.only != "latency":
-                runs.append(("throughput", max(2, total // audience), 0.0))
+                runs += [("throughput", max(2, total // audience), 0.0, b) for b in batches]
             if args.only != "throughput":
                 rate = TARGET_RATE / 2 / audience
-                runs.append(("latency", max(2, int(rate * seconds)), rate))
-            for kind, events, rate in runs:
+                runs += [("latency", max(2, int(rate * seconds)), rate, b) for b in batches]
+            for kind, events, rate, max_batch in runs:
                 with tempfile.TemporaryDirectory() as tmp:
                     if args.sqlite:
                         url = f"sqlite+aiosqlite:///{tmp}/notify.db"
@@ -272,9 +288,12 @@ async def main() -> None:
                     # after it, pooled): on a shared machine a load swing between a single
                     # baseline and the run would land in one side of the ratio only.
                     before = await job_lag(jobs_url, lag_n) if kind == "latency" else []
-                    r = await notify_run(url, Path(tmp), audience, streams, events, rate)
+                    r = await notify_run(url, Path(tmp), audience, streams, events, rate, max_batch)
                     after = await job_lag(jobs_url, lag_n) if kind == "latency" else []
-                head = f"audience {audience:>5}, {streams} streams, {events} events"
+                head = (
+                    f"audience {audience:>5}, {streams} streams (max_batch {max_batch}), "
+                    f"{events} events"
+                )
                 if kind == "throughput":
                     print(
                         f"{head}, as fast as possible: {r['rate']:8.0f} notifications/s "
@@ -303,7 +322,8 @@ async def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         port, audience, streams, events = (int(a) for a in sys.argv[2:6])
-        result = asyncio.run(client(port, audience, streams, events, float(sys.argv[6])))
+        rate, max_batch = float(sys.argv[6]), int(sys.argv[7])
+        result = asyncio.run(client(port, audience, streams, events, rate, max_batch))
         print(json.dumps(result))
     else:
         configure_logging("bench", "console", "WARNING")
