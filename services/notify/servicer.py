@@ -25,8 +25,9 @@ from services.notify.streams import StreamReader
 
 log = get_logger(__name__)
 MAX_DEVICE_ID = 128
-# Largest SubscribeRequest.max_batch: 256 notifications stay far below a message's 4 MiB.
-MAX_SUBSCRIBE_BATCH = 256
+# Largest SubscribeRequest.max_batch: 64 of the largest notifications the columns can hold
+# (~16 KiB each) are ~1 MiB, well inside a client's default 4 MiB receive limit.
+MAX_SUBSCRIBE_BATCH = 64
 
 
 class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):

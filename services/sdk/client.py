@@ -388,7 +388,7 @@ class SerentakClient:
         """Your notifications after `cursor` (empty: from now on), then live ones.
 
         Keep the last `cursor` you saw and pass it again to resume without a gap. With
-        `max_batch` above 1 (at most 256), notifications already waiting arrive together,
+        `max_batch` above 1 (at most 64), notifications already waiting arrive together,
         in `notifications` rather than `notification`: fewer messages under load, no added
         latency. `notifications_in(message)` reads either shape.
         """

@@ -12,7 +12,11 @@ import pytest
 from notify.harness import SERVICE, error_reason, event, user_md
 from serentak.notify.v1 import notify_pb2
 
+from services.notify.models import Notification
+from services.notify.servicer import MAX_SUBSCRIBE_BATCH
+
 DEADLINE_S = 30.0
+GRPC_DEFAULT_RECEIVE_LIMIT = 4 * 1024 * 1024
 
 
 def subscribe(stub, user: str, cursor: str = "", max_batch: int = 0, device: str = "d1"):
@@ -105,7 +109,7 @@ async def test_reconnecting_batched_streams_during_a_burst_see_no_gap_and_no_dup
     received: list[notify_pb2.Notification] = []
     cursor, reconnects = "0", 0
     while len(received) < total:
-        max_batch = rng.choice([2, 7, 64, 256])
+        max_batch = rng.choice([2, 7, 64])
         call = subscribe(notify.stub, "alice", cursor, max_batch, f"d{reconnects}")
         for _ in range(rng.randint(1, 12)):
             if len(received) == total:
@@ -126,7 +130,26 @@ async def test_reconnecting_batched_streams_during_a_burst_see_no_gap_and_no_dup
 
 async def test_max_batch_above_the_limit_is_refused_naming_the_field(notify):
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await next_item(subscribe(notify.stub, "alice", max_batch=257))
+        await next_item(subscribe(notify.stub, "alice", max_batch=MAX_SUBSCRIBE_BATCH + 1))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_reason(refused.value) == "INVALID_ARGUMENT"
     assert "max_batch" in (refused.value.details() or "")
+
+
+def test_the_largest_batch_of_the_largest_notifications_fits_a_clients_default_limit():
+    # Every text column at its length in 4-byte characters, every number at its widest.
+    columns = Notification.__table__.columns
+    widest = "\U0001f600"
+    message = notify_pb2.Notification(
+        cursor=str(2**63 - 1), version=2**63 - 1, digest_count=2**31 - 1
+    )
+    for field in message.DESCRIPTOR.fields:
+        if field.type == field.TYPE_STRING and field.name in columns:
+            setattr(message, field.name, widest * columns[field.name].type.length)
+    for stamp in (message.created_at, message.updated_at, message.read_at):
+        stamp.FromNanoseconds(2**62)
+    message.read = True
+    batch = notify_pb2.SubscribeResponse(
+        notifications=[message] * MAX_SUBSCRIBE_BATCH, cursor=message.cursor
+    )
+    assert batch.ByteSize() < GRPC_DEFAULT_RECEIVE_LIMIT
