@@ -14,10 +14,9 @@ from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 DEADLINE_S = 30.0
 
 
-def subscribe(stub, user: str, cursor: str = "", device: str = "d1"):
-    return stub.Subscribe(
-        notify_pb2.SubscribeRequest(cursor=cursor, device_id=device), metadata=user_md(user)
-    )
+def subscribe(stub, user: str, cursor: str = "", device: str = "d1", max_batch: int = 0):
+    request = notify_pb2.SubscribeRequest(cursor=cursor, device_id=device, max_batch=max_batch)
+    return stub.Subscribe(request, metadata=user_md(user))
 
 
 async def next_item(call) -> notify_pb2.SubscribeResponse:
@@ -49,7 +48,12 @@ async def test_replay_after_cursor_then_live_and_only_own(notify):
     bob_live.cancel()
 
 
-async def test_reconnect_with_cursor_during_a_burst_has_no_gap_and_no_duplicate(notify):
+# Streams of one notification per message, and batching streams (SubscribeRequest.max_batch)
+# of random sizes: a batch must end exactly where its cursor says.
+@pytest.mark.parametrize("batch_sizes", [(0,), (2, 7, 64)], ids=["one_each", "batched"])
+async def test_reconnect_with_cursor_during_a_burst_has_no_gap_and_no_duplicate(
+    notify, batch_sizes
+):
     rng = random.Random(13)
     total = 250
     events = [event(f"f-burst-{i}", 1, audience=["alice"]) for i in range(total)]
@@ -57,12 +61,14 @@ async def test_reconnect_with_cursor_during_a_burst_has_no_gap_and_no_duplicate(
     received: list[notify_pb2.Notification] = []
     cursor, reconnects = "0", 0
     while len(received) < total:
-        call = subscribe(notify.stub, "alice", cursor, device=f"d{reconnects}")
-        for _ in range(rng.randint(1, 40)):
-            if len(received) == total:
-                break
+        max_batch = rng.choice(batch_sizes)
+        call = subscribe(notify.stub, "alice", cursor, f"d{reconnects}", max_batch)
+        wanted = len(received) + rng.randint(1, 40)
+        while len(received) < min(wanted, total):
             item = await next_item(call)
-            received.append(item.notification)
+            carried = list(item.notifications) if max_batch > 1 else [item.notification]
+            assert carried and item.cursor == carried[-1].cursor
+            received += carried
             cursor = item.cursor
         call.cancel()
         reconnects += 1
