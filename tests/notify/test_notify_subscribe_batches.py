@@ -36,16 +36,23 @@ def notifications_of(item: notify_pb2.SubscribeResponse) -> list[notify_pb2.Noti
     return list(item.notifications)
 
 
+async def read_batches(call, count: int) -> tuple[list[int], list[notify_pb2.Notification]]:  # type: ignore[no-untyped-def]
+    """Read items until `count` notifications arrived: each item's size, and them all."""
+    sizes: list[int] = []
+    got: list[notify_pb2.Notification] = []
+    while len(got) < count:
+        batch = notifications_of(await next_item(call))
+        sizes.append(len(batch))
+        got += batch
+    return sizes, got
+
+
 async def test_a_replay_comes_in_batches_of_at_most_max_batch_in_cursor_order(notify):
     await notify.ingest_all([event(f"f-rb-{i}", 1, audience=["alice"]) for i in range(23)])
     await notify.settled()
     stored = sorted(await notify.all_notifications("alice"), key=lambda n: int(n.cursor))
     call = subscribe(notify.stub, "alice", "0", max_batch=5)
-    sizes, got = [], []
-    while len(got) < len(stored):
-        batch = notifications_of(await next_item(call))
-        sizes.append(len(batch))
-        got += batch
+    sizes, got = await read_batches(call, len(stored))
     call.cancel()
     assert sizes == [5, 5, 5, 5, 3]
     assert [n.notification_id for n in got] == [n.notification_id for n in stored]
@@ -87,11 +94,7 @@ async def test_max_batch_never_exceeded_by_a_live_burst(notify_factory, database
         await next_item(call)
         burst = [event(f"f-cap-{i}", 1, audience=["alice"]) for i in range(10)]
         await ingest_at_once(notify, burst)
-        sizes, got = [], []
-        while len(got) < len(burst):
-            batch = notifications_of(await next_item(call))
-            sizes.append(len(batch))
-            got += batch
+        sizes, got = await read_batches(call, len(burst))
         call.cancel()
         assert sizes == [4, 4, 2]
         assert [n.file_id for n in got] == [e.aggregate_id for e in burst]
