@@ -9,6 +9,7 @@ out with `read_only(session)`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 from functools import partial
@@ -113,7 +114,7 @@ class _SqliteConnection(aiosqlite.Connection):
         if self._connection is None or not self._running:
             return
         try:
-            await self._execute(self._conn.close)
+            await self._execute(_rollback_and_close, self._conn)
         finally:
             self._connection = None
             if self._running:  # nobody stopped the thread meanwhile: it will answer
@@ -135,11 +136,27 @@ class _SqliteConnection(aiosqlite.Connection):
 
         def close_and_stop() -> object:
             if self._connection is not None:
-                self._connection.close()
+                _rollback_and_close(self._connection)
                 self._connection = None
             return _STOP_RUNNING_SENTINEL
 
         self._tx.put_nowait((answer, close_and_stop))
+
+
+def _rollback_and_close(connection: sqlite3.Connection) -> None:
+    """Close `connection`, rolling back its transaction first.
+
+    Closing alone is not enough when a cursor's statement is still active: a statement
+    that returns rows (INSERT .. RETURNING, a claim, a SELECT) whose await was cancelled
+    before its rows were fetched. Python's sqlite3 (3.11 here) closes with
+    `sqlite3_close_v2`, which leaves such a connection a "zombie" that keeps its
+    transaction, and with it SQLite's write lock, until that cursor is garbage-collected;
+    the cancelled task's traceback keeps it alive meanwhile, so every other writer waits
+    out the busy timeout. A failed rollback still closes (as before, nothing more)."""
+    if connection.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            connection.rollback()
+    connection.close()
 
 
 def _worker(queue: Any) -> None:

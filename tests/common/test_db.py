@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -64,6 +65,39 @@ async def test_a_statement_cancelled_behind_the_write_lock_lets_the_engine_close
         await asyncio.gather(task, return_exceptions=True)
         await engine.dispose()
     assert task.cancelled() or task.exception() is not None
+
+
+@pytest.mark.parametrize("ending", ["closed", "terminated"])
+async def test_closing_mid_transaction_releases_the_write_lock_despite_unfetched_rows(
+    tmp_path: Path, ending: str
+) -> None:
+    # A statement returning rows (INSERT .. RETURNING, the job claim) whose await is
+    # cancelled before its rows are fetched leaves its cursor active; SQLAlchemy then
+    # terminates the connection (graceful close, else stop()). Python's sqlite3 closed it
+    # as a "zombie" that kept the transaction, and the write lock, for as long as that
+    # cursor lived (the cancellation's traceback holds it): a stopping worker's hand-back
+    # of its job waited out the 30 s busy timeout behind it (notify, CI).
+    path = str(tmp_path / "t.db")
+    connection = await connect_sqlite(path)
+    await connection.execute("PRAGMA journal_mode=WAL")
+    await connection.execute("CREATE TABLE t (x INTEGER)")
+    await connection.commit()
+    await connection.execute("BEGIN IMMEDIATE")
+    unfetched = await connection.execute("INSERT INTO t VALUES (1) RETURNING x")
+    if ending == "closed":
+        await connection.close()
+    else:
+        connection.stop()
+        await asyncio.to_thread(connection._thread.join, 10)
+        assert not connection._thread.is_alive()
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # "database is locked" at once if still held
+        assert other.execute("SELECT count(*) FROM t").fetchone() == (0,)  # rolled back
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    del unfetched
 
 
 @pytest.mark.parametrize("ending", ["terminated", "dropped unclosed"])
