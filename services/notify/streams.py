@@ -305,18 +305,8 @@ class StreamReader:
                     if max_batch <= 1:
                         yield delivery.response
                         continue
-                    batch = [delivery.response.notification]
-                    # Only what is queued already: waiting for more would add latency.
-                    while len(batch) < max_batch and not sub.queue.empty():
-                        queued = sub.queue.get_nowait()
-                        if queued.seq <= last:
-                            continue
-                        if queued.seq != last + 1:
-                            carried = queued
-                            break
-                        last = queued.seq
-                        metrics.DELIVERY_LATENCY.observe(time.perf_counter() - queued.committed_at)
-                        batch.append(queued.response.notification)
+                    batch, carried = take_queued(sub, delivery, max_batch)
+                    last = int(batch[-1].cursor)
                     yield batch_response(batch)
                     continue
                 async for response in self._replay(tenant_id, user_id, last, max_batch):
@@ -324,6 +314,27 @@ class StreamReader:
                     yield response
         finally:
             self._broker.close(sub)
+
+
+def take_queued(
+    sub: Subscription, first: Delivery, max_batch: int
+) -> tuple[list[notify_pb2.Notification], Delivery | None]:
+    """`first` and the deliveries queued right behind it in seq order, at most `max_batch`
+    in all; and the queued one taken that cannot follow (a jump in seq), if any.
+
+    Only what is queued already: waiting for more would add latency."""
+    batch = [first.response.notification]
+    last = first.seq
+    while len(batch) < max_batch and not sub.queue.empty():
+        queued = sub.queue.get_nowait()
+        if queued.seq <= last:
+            continue
+        if queued.seq != last + 1:
+            return batch, queued
+        last = queued.seq
+        metrics.DELIVERY_LATENCY.observe(time.perf_counter() - queued.committed_at)
+        batch.append(queued.response.notification)
+    return batch, None
 
 
 def batch_response(
