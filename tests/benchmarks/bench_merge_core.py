@@ -11,7 +11,7 @@ Cases: 1 GiB in 256 chunks and 4 GiB in 1024 chunks of 4 MiB (``--quick``:
 
 Contenders:
 
-* ``merge_core`` -- per-chunk and whole-file sha256 (plus ``mmap=False``,
+* ``merge_core`` -- per-chunk and whole-file sha256 (plus ``mmap=True``,
   blake3 and crc32c rows for reference).
 * ``cat`` -- the copy limit (no hashing at all).
 * ``python`` -- the best plain-Python merge we could write: mmap'd chunks,
@@ -203,7 +203,7 @@ def run_openssl(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> 
 
 
 def merge_core_with(
-    algorithm: str, mmap: bool = True
+    algorithm: str, mmap: bool = False
 ) -> Callable[[list[merge_core.Chunk], Path, bool], None]:
     def run(chunks: list[merge_core.Chunk], output: Path, durable: bool) -> None:
         if algorithm == "sha256":
@@ -359,7 +359,7 @@ def main() -> int:
     )
     contenders: list[tuple[str, Callable[[list[merge_core.Chunk], Path, bool], object]]] = [
         ("merge_core sha256", merge_core_with("sha256")),
-        ("merge_core sha256 mmap=False", merge_core_with("sha256", mmap=False)),
+        ("merge_core sha256 mmap=True", merge_core_with("sha256", mmap=True)),
         ("merge_core blake3", merge_core_with("blake3")),
         ("merge_core crc32c", merge_core_with("crc32c")),
         ("cat", run_cat),

@@ -60,11 +60,12 @@ def test_success_prints_result(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert result["size"] == len(whole) and result["chunk_count"] == 3
 
 
-def test_no_mmap_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("flag", ["--mmap", "--no-mmap"])  # --no-mmap: the default, kept
+def test_mmap_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str) -> None:
     entries, whole = make_parts(tmp_path, [1000, 70_000])
     manifest = write_manifest(tmp_path, entries)
     output = tmp_path / "out.bin"
-    code, result = run_cli(capsys, str(manifest), str(output), "--no-mmap", "--no-fsync")
+    code, result = run_cli(capsys, str(manifest), str(output), flag, "--no-fsync")
     assert code == EXIT_OK
     assert output.read_bytes() == whole
     assert result["checksum"] == hashlib.sha256(whole).hexdigest()

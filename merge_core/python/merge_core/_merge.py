@@ -77,7 +77,7 @@ def merge(
     fsync: bool = True,
     *,
     progress: Callable[[int, int], object] | None = None,
-    mmap: bool = True,
+    mmap: bool = False,
     drop_behind: bool | None = None,
 ) -> MergeResult:
     """Concatenate chunk files in index order into `output_path`, verified.
@@ -125,15 +125,18 @@ def merge(
       is not guaranteed durable. Output bytes and checksums are the same
       either way, and a failed merge still leaves nothing at
       `output_path`.
-    * `mmap=True` (default) maps chunk files and writes the output from the
-      same mapped pages that are hashed. This assumes chunk files are not
-      modified in place or truncated while the merge runs (Serentak's are
-      immutable: written to a temporary name, then renamed): a chunk file
+    * `mmap=False` (default) read()s chunks into private buffers: what is
+      written is exactly what was hashed, whatever happens to the files, and
+      an I/O error reading a chunk is an `OSError`-like merge error.
+      `mmap=True` maps chunk files and writes the output from the same mapped
+      pages that are hashed (no read() copy). This assumes chunk files are not
+      modified in place or truncated while the merge runs: a chunk file
       rewritten in place during the merge could make the output differ from
-      what was verified, and one truncated while mapped raises SIGBUS, which
-      kills the process. `mmap=False` read()s chunks into private buffers
-      instead (slower): what is written is then exactly what was hashed,
-      whatever happens to the files. Chunks that cannot be mapped are read.
+      what was verified, and one truncated while mapped, or a disk error on a
+      mapped page, raises SIGBUS, which kills the process. On this project's
+      VM reading measured 6-22% faster (mapping faults each fresh page-cache
+      page in from the host); elsewhere mapping may save a copy. Chunks that
+      cannot be mapped are read.
     * `progress(bytes_done, bytes_total)`, if given, is called from the
       calling thread at most ~4 times a second (and at start and end),
       briefly re-taking the GIL; pending signals are checked then too, so

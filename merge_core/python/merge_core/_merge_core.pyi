@@ -122,6 +122,6 @@ def merge(
     expected_checksum: str | None = None,
     fsync: bool = True,
     progress: Callable[[int, int], object] | None = None,
-    mmap: bool = True,
+    mmap: bool = False,
     drop_behind: bool | None = None,
 ) -> tuple[str, int, str, str, int]: ...

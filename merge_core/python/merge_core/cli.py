@@ -4,7 +4,7 @@ Usage::
 
     python -m merge_core MANIFEST OUTPUT [--algorithm sha256|blake3|crc32c]
                          [--expected-checksum HEX] [--no-fsync] [--no-progress]
-                         [--no-mmap]
+                         [--mmap]
 
 MANIFEST is a JSON file (``-`` for stdin): either a list of chunks, or an
 object ``{"chunks": [...], "algorithm": ..., "expected_checksum": ...}``
@@ -81,11 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-fsync", action="store_true", help="skip fsync (not durable)")
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     parser.add_argument(
-        "--no-mmap",
+        "--mmap",
         action="store_true",
-        help="read() chunks into private buffers instead of mapping them "
-        "(for chunk files that may change during the merge)",
+        help="map chunk files instead of read()ing them into private buffers "
+        "(only for chunk files nothing changes or truncates during the merge: "
+        "a truncated file or a disk error on a mapped page kills the process)",
     )
+    # Reading became the default (it was mapping); the old flag is still accepted.
+    parser.add_argument("--no-mmap", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -199,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 expected_checksum=expected,
                 fsync=not args.no_fsync,
                 progress=progress,
-                mmap=not args.no_mmap,
+                mmap=args.mmap and not args.no_mmap,
             )
     except BadInput as e:
         _fail(EXIT_BAD_INPUT, {"error": "bad_input", "message": str(e), "index": None})

@@ -32,7 +32,7 @@ impl PyChunk {
 /// `(output_path, size, checksum, algorithm, chunk_count)`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)] // the Python signature's keywords
-#[pyo3(signature = (chunks, output_path, algorithm = "sha256", expected_checksum = None, fsync = true, progress = None, mmap = true, drop_behind = None))]
+#[pyo3(signature = (chunks, output_path, algorithm = "sha256", expected_checksum = None, fsync = true, progress = None, mmap = false, drop_behind = None))]
 pub fn merge(
     py: Python<'_>,
     chunks: Vec<PyChunk>,
