@@ -24,8 +24,10 @@ Contenders:
 * ``merge_core baseline`` (only with ``--baseline DIR``) -- another build of
   the package (``DIR/merge_core``), timed inside a subprocess, for before/after.
 
-Fairness: every repeat runs all contenders round-robin (so load from other
-work on the machine drifts over all of them alike), each from the same state:
+Fairness: every repeat runs all contenders round-robin, the order rotated by one
+each repeat (so load from other work on the machine drifts over all of them alike,
+and no contender always follows the one run that leaves no output to free), each
+from the same state:
 inputs pre-warmed with ``cat``, ``sync`` so no dirty data is left from an
 earlier run, the output deleted afterwards. Each contender runs ``--repeat``
 times (default 3) and the median is reported, with the CPU time it used
@@ -376,8 +378,13 @@ def main() -> int:
             mode = "durable (fsync)" if durable else "page cache"
             case = f"{total // MIB} MiB in {count} chunks, {mode}"
             runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in contenders}
-            for _ in range(repeat):
-                for name, run in contenders:
+            for i in range(repeat):
+                # Rotated each repeat: a run right after another run's output was deleted
+                # reuses its freed pages and is faster; the run after `openssl` (no
+                # output) never is. Rotating moves that seat, so no contender's median
+                # keeps it (in a fixed order the first contender had it every time).
+                shift = i % len(contenders)
+                for name, run in contenders[shift:] + contenders[:shift]:
                     runs[name].append(measure_once(run, chunks, out_dir, durable))
             seconds = {name: statistics.median(w for w, _ in r) for name, r in runs.items()}
             cpu = {name: statistics.median(c for _, c in r) for name, r in runs.items()}
