@@ -54,6 +54,7 @@ from services.common.migrate import upgrade
 from services.common.runtime_migrations import migration_location
 from services.notify.app import build_app
 from services.notify.settings import NotifySettings
+from services.sdk import notifications_in
 
 DEFAULT_DSN = "postgresql://postgres:serentak@127.0.0.1:5432/postgres"
 TARGET_RATE = 10_000  # notifications/s
@@ -112,7 +113,7 @@ async def client(
             while last < events:
                 item = await call.read()
                 received = time.perf_counter()
-                for n in item.notifications or [item.notification]:
+                for n in notifications_in(item):
                     latencies.append(received - float(n.correlation_id))
                     last = n.version
             done_at.append(time.perf_counter())

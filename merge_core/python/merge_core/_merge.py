@@ -127,7 +127,7 @@ def merge(
       `output_path`.
     * `mmap=False` (default) read()s chunks into private buffers: what is
       written is exactly what was hashed, whatever happens to the files, and
-      an I/O error reading a chunk is an `OSError`-like merge error.
+      an I/O error reading a chunk raises `MergeIOError`.
       `mmap=True` maps chunk files and writes the output from the same mapped
       pages that are hashed (no read() copy). This assumes chunk files are not
       modified in place or truncated while the merge runs: a chunk file
