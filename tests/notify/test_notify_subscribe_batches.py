@@ -129,3 +129,20 @@ def test_the_largest_batch_of_the_largest_notifications_fits_a_clients_default_l
         notifications=[message] * MAX_SUBSCRIBE_BATCH, cursor=message.cursor
     )
     assert batch.ByteSize() < GRPC_DEFAULT_RECEIVE_LIMIT
+
+
+async def test_a_batching_stream_refuses_anonymous_callers_and_carries_only_the_callers_own(
+    notify,
+):
+    with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+        await next_item(notify.stub.Subscribe(notify_pb2.SubscribeRequest(max_batch=64)))
+    assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # Mallory (tenant evil) asks for everything from the start, in batches, while acme's
+    # alice gets a burst: the first thing her stream carries is her own notification.
+    mallory = subscribe(notify.stub, "mallory", "0", max_batch=64)
+    await notify.ingest_all([event(f"f-acme-{i}", 1, audience=["alice"]) for i in range(10)])
+    await notify.settled()
+    await notify.ingest(event("f-evil", 1, actor="x", audience=["mallory"], tenant="evil"))
+    carried = notifications_of(await next_item(mallory))
+    mallory.cancel()
+    assert [(n.file_id, n.tenant_id, n.user_id) for n in carried] == [("f-evil", "evil", "mallory")]
