@@ -15,14 +15,22 @@ Per audience, two runs on a fresh database:
 - throughput: events as fast as the relay's way of sending allows (one IngestBatch in
   flight with whatever is pending, at most 100 events, as the upload outbox relay does);
   notifications/s = E x N / (first send -> last version delivered on every open stream);
-- latency at half the 10,000 notifications/s target (5,000/N events/s, paced): send ->
-  stream delivery p50/p99 (the send time is taken before the Ingest call, so it bounds
-  commit -> delivery from above).
+- latency at half the 10,000 notifications/s target (5,000/N events/s, paced), p50/p99
+  of two spans per delivered notification: commit -> delivery (the target's; the commit
+  is stamped in the service process by the first `after_commit` listener of the
+  transaction that wrote the notification, the delivery when the client's read returns,
+  both on CLOCK_MONOTONIC, which `time.perf_counter` reads in every process of the
+  machine), and send -> delivery (from before the producer's Ingest call: it adds the
+  relay's queue and Ingest's own time).
 Each run is made once per `--max-batch` (default 1 and 64): the streams' SubscribeRequest
 max_batch, one notification per message (1) or up to that many already waiting in one.
-Baseline, measured in the same run: the job runtime's bare lag (enqueue commit -> handler
-start, as `bench_jobs.lag` measures it), 100 jobs/s right before and right after each
-latency run, pooled (100 + 100 samples with --quick, 500 + 500 without).
+Baseline, measured in the same run: the job runtime's bare lag, enqueue commit -> handler
+start (the producer stamps each job when its COMMIT returns, the no-op handler when it
+starts), 100 jobs/s right before and right after each latency run, pooled (100 + 100
+samples with --quick, 500 + 500 without). For context, each latency run is followed by
+the same run against a bare grpc.aio server (`notify_floor.py`: the same stream items
+handed from IngestBatch to the streams, no database): receipt -> delivery there is the
+floor that gRPC, Python and the client set on this machine.
 """
 
 from __future__ import annotations
@@ -43,16 +51,20 @@ sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests"), str(Path(__fi
 
 import grpc
 import psycopg
+from notify_floor import serve
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 from support.services import running_app
 
 from services.common.db import create_engine, session_factory
+from services.common.jobs import JobContext, JobRegistry
 from services.common.logging import configure_logging
 from services.common.migrate import upgrade
 from services.common.runtime_migrations import migration_location
 from services.notify.app import build_app
+from services.notify.fanout_writer import FanOutWriter
 from services.notify.settings import NotifySettings
 from services.sdk import notifications_in
 
@@ -95,6 +107,7 @@ async def client(
     last version."""
     audience_ids = users(audience)
     latencies: list[float] = []
+    received_at: list[tuple[int, float]] = []  # (version, when the read returned)
     done_at: list[float] = []
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = notify_pb2_grpc.NotifyServiceStub(channel)
@@ -115,6 +128,8 @@ async def client(
                 received = time.perf_counter()
                 for n in notifications_in(item):
                     latencies.append(received - float(n.correlation_id))
+                    if rate:
+                        received_at.append((n.version, received))
                     last = n.version
             done_at.append(time.perf_counter())
 
@@ -164,6 +179,7 @@ async def client(
         "p50": q[49],
         "p99": q[98],
         "delivered": len(latencies),
+        "received_at": received_at,
     }
 
 
@@ -183,6 +199,28 @@ async def run_client(
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
+# Event version -> when the transaction that wrote its notifications committed (this,
+# the service's, process; filled by `stamp_commits`).
+COMMITTED: dict[int, float] = {}
+
+
+def stamp_commits() -> None:
+    """Stamp each fanned-out event's commit in `COMMITTED`: a listener registered ahead
+    of the writer's own (which publishes to streams), so it runs first after COMMIT."""
+    publish = FanOutWriter.publish_after_commit
+
+    def stamped(self, session, fanned, chain, *, inline=False):  # type: ignore[no-untyped-def]
+        def committed(_session: object) -> None:
+            now = time.perf_counter()
+            for ev in chain:
+                COMMITTED.setdefault(ev.version, now)
+
+        sa_event.listen(session.sync_session, "after_commit", committed, once=True)
+        publish(self, session, fanned, chain, inline=inline)
+
+    FanOutWriter.publish_after_commit = stamped  # type: ignore[method-assign]
+
+
 async def notify_run(
     url: str,
     data_dir: Path,
@@ -200,20 +238,42 @@ async def notify_run(
         migrate_on_start=True,
         auth_mode="dev",
     )
+    COMMITTED.clear()
     async with running_app(build_app(settings)) as service:
-        return await run_client(service.app.bound_port, audience, streams, events, rate, max_batch)
+        r = await run_client(service.app.bound_port, audience, streams, events, rate, max_batch)
+    r["commit_to_delivery"] = [t - COMMITTED[v] for v, t in r.pop("received_at")]
+    return r
+
+
+async def floor_run(
+    audience: int, streams: int, events: int, rate: float, max_batch: int
+) -> list[float]:
+    """Receipt -> delivery of every notification of the same run against the bare server."""
+    server, servicer, port = await serve()
+    try:
+        r = await run_client(port, audience, streams, events, rate, max_batch)
+    finally:
+        await server.stop(None)
+    return [t - servicer.received[v] for v, t in r["received_at"]]
 
 
 async def job_lag(url: str, n: int) -> list[float]:
-    """`n` samples of the job runtime's bare lag (enqueue commit -> handler start) at
-    100 jobs/s, as `bench_jobs.lag` takes them."""
+    """`n` samples of the job runtime's bare lag, enqueue commit -> handler start, at
+    100 jobs/s (the producer stamps each job once its COMMIT returned)."""
     import bench_jobs
 
     upgrade(url, [migration_location()])
     engine = create_engine(url)
     sessions = session_factory(engine)
+    committed: dict[int, float] = {}
     lags: list[float] = []
-    worker, listener = bench_jobs.listening_worker(sessions, bench_jobs.registry(lags), "lag")
+
+    async def noop(ctx: JobContext) -> None:
+        lags.append(time.perf_counter() - committed[ctx.payload["i"]])
+
+    registry = JobRegistry()
+    registry.register("noop", noop)
+    worker, listener = bench_jobs.listening_worker(sessions, registry, "lag")
     tasks = [asyncio.create_task(listener.run()), asyncio.create_task(worker.run())]
     try:
         await listener.listening.wait()
@@ -222,8 +282,9 @@ async def job_lag(url: str, n: int) -> list[float]:
                 await bench_jobs.enqueue(
                     session, bench_jobs.NewJob("noop", {"i": i}, f"k{i % 50}", uuid.uuid4().hex)
                 )
+            committed[i] = time.perf_counter()
             await asyncio.sleep(0.01)  # a steady producer rate (100/s), not synchronisation
-        # The handler only appends to `lags` (bench_jobs.registry): poll for the last ones.
+        # The handler only appends to `lags`: poll for the last ones.
         while len(lags) < n:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         return lags
@@ -291,6 +352,8 @@ async def main() -> None:
                     before = await job_lag(jobs_url, lag_n) if kind == "latency" else []
                     r = await notify_run(url, Path(tmp), audience, streams, events, rate, max_batch)
                     after = await job_lag(jobs_url, lag_n) if kind == "latency" else []
+                if kind == "latency":
+                    floor = await floor_run(audience, streams, events, rate, max_batch)
                 head = (
                     f"audience {audience:>5}, {streams} streams (max_batch {max_batch}), "
                     f"{events} events"
@@ -309,10 +372,20 @@ async def main() -> None:
                         f"(before alone p99 {p50_p99(before)[1] * 1000:.1f}, "
                         f"after {p50_p99(after)[1] * 1000:.1f})"
                     )
+                    c50, c99 = p50_p99(r["commit_to_delivery"])
                     print(
-                        f"{head} at {rate * audience:.0f} notifications/s: send -> delivery "
-                        f"p50 {r['p50'] * 1000:.1f} ms ({r['p50'] / base50:.2f}x baseline), "
-                        f"p99 {r['p99'] * 1000:.1f} ms ({r['p99'] / base99:.2f}x)"
+                        f"{head} at {rate * audience:.0f} notifications/s: commit -> delivery "
+                        f"p50 {c50 * 1000:.1f} ms ({c50 / base50:.2f}x baseline), "
+                        f"p99 {c99 * 1000:.1f} ms ({c99 / base99:.2f}x; target 3x); "
+                        f"send -> delivery p50 {r['p50'] * 1000:.1f} ms "
+                        f"({r['p50'] / base50:.2f}x), p99 {r['p99'] * 1000:.1f} ms "
+                        f"({r['p99'] / base99:.2f}x)"
+                    )
+                    f50, f99 = p50_p99(floor)
+                    print(
+                        f"  floor, bare grpc.aio server (same stream items, no database): "
+                        f"receipt -> delivery p50 {f50 * 1000:.1f} ms, p99 {f99 * 1000:.1f} ms "
+                        f"({f99 / base99:.2f}x baseline); notify p99 {c99 / f99:.2f}x the floor"
                     )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
@@ -328,4 +401,5 @@ if __name__ == "__main__":
         print(json.dumps(result))
     else:
         configure_logging("bench", "console", "WARNING")
+        stamp_commits()
         asyncio.run(main())
