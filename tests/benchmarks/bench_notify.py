@@ -265,11 +265,13 @@ async def job_lag(url: str, n: int) -> list[float]:
     upgrade(url, [migration_location()])
     engine = create_engine(url)
     sessions = session_factory(engine)
+    # Both stamped, subtracted at the end: the NOTIFY can wake the worker before the
+    # producer's coroutine resumes after its COMMIT.
     committed: dict[int, float] = {}
-    lags: list[float] = []
+    started: dict[int, float] = {}
 
     async def noop(ctx: JobContext) -> None:
-        lags.append(time.perf_counter() - committed[ctx.payload["i"]])
+        started.setdefault(ctx.payload["i"], time.perf_counter())
 
     registry = JobRegistry()
     registry.register("noop", noop)
@@ -284,10 +286,10 @@ async def job_lag(url: str, n: int) -> list[float]:
                 )
             committed[i] = time.perf_counter()
             await asyncio.sleep(0.01)  # a steady producer rate (100/s), not synchronisation
-        # The handler only appends to `lags`: poll for the last ones.
-        while len(lags) < n:  # noqa: ASYNC110
+        # The handler only stamps `started`: poll for the last ones.
+        while len(started) < n:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        return lags
+        return [started[i] - committed[i] for i in range(n)]
     finally:
         for task in tasks:
             task.cancel()
