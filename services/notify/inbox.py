@@ -59,9 +59,9 @@ from services.notify.errors import InvalidEvent
 from services.notify.fanout import audience
 from services.notify.fanout_job import fanout_job
 from services.notify.fanout_writer import FanOutWriter, bump_applied
-from services.notify.inbox_rows import insert_and_read, pending_rows
+from services.notify.inbox_rows import insert_and_read, insert_row, pending_rows, row_values
 from services.notify.models import ID_LEN, AggregateVersion, InboxEvent, InboxStatus
-from services.notify.sql import insert_ignore, retrying, upsert
+from services.notify.sql import retrying, upsert
 from services.notify.summaries import named_subject
 
 log = get_logger(__name__)
@@ -256,21 +256,7 @@ class Inbox:
             status, outcome = InboxStatus.PARKED, Outcome.INGEST_OUTCOME_PARKED
         else:
             status, outcome = InboxStatus.APPLIED, Outcome.INGEST_OUTCOME_APPLIED
-        now = utcnow()
-        insert = (
-            insert_ignore(session, InboxEvent)
-            .values(
-                event_id=event.event_id,
-                aggregate_id=event.aggregate_id,
-                version=event.version,
-                status=status,
-                event=event.SerializeToString(deterministic=True),
-                correlation_id=event.correlation_id[:ID_LEN],
-                received_at=now,
-                finished_at=None if status == InboxStatus.PARKED else now,
-            )
-            .returning(InboxEvent.event_id)
-        )
+        values = row_values(event, status, utcnow())
         rows: list[Any] | None = None
         behind = False
         if status == InboxStatus.APPLIED and session.get_bind().dialect.name == "postgresql":
@@ -281,9 +267,9 @@ class Inbox:
             # transactions' accepted events still wait for their job (later ones would
             # see this transaction's own).
             first = event.aggregate_id not in session.info.get(_ACCEPTED, {})
-            stored, rows, behind = await insert_and_read(session, insert, event, check_behind=first)
+            stored, rows, behind = await insert_and_read(session, values, check_behind=first)
         else:
-            stored = await session.scalar(insert)
+            stored = await insert_row(session, values)
         if stored is None:
             return IngestResult(Outcome.INGEST_OUTCOME_DUPLICATE)
         result = IngestResult(outcome)
