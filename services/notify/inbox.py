@@ -54,14 +54,15 @@ from services.common.jobs import enqueue
 from services.common.logging import get_logger
 from services.common.validation import MAX_PRINCIPAL_LENGTH
 from services.notify import metrics
+from services.notify.aggregate_lock import lock_aggregate
 from services.notify.clock import utcnow
 from services.notify.errors import InvalidEvent
 from services.notify.fanout import audience
 from services.notify.fanout_job import fanout_job
 from services.notify.fanout_writer import FanOutWriter, bump_applied
 from services.notify.inbox_rows import insert_and_read, insert_row, pending_rows, row_values
-from services.notify.models import ID_LEN, AggregateVersion, InboxEvent, InboxStatus
-from services.notify.sql import retrying, upsert
+from services.notify.models import ID_LEN, InboxEvent, InboxStatus
+from services.notify.sql import retrying
 from services.notify.summaries import named_subject
 
 log = get_logger(__name__)
@@ -282,17 +283,9 @@ class Inbox:
     async def _lock_aggregate(self, session: AsyncSession, aggregate_id: str) -> int:
         """The aggregate's applied version, its row (created if missing) locked until
         commit: one upsert whose no-op update takes the row lock."""
-        av = AggregateVersion.__table__.c
-        stmt = upsert(session, AggregateVersion).values(
-            aggregate_id=aggregate_id, applied_version=0
-        )
-        version = await session.scalar(
-            stmt.on_conflict_do_update(
-                index_elements=[av.aggregate_id], set_={"applied_version": av.applied_version}
-            ).returning(av.applied_version)
-        )
-        session.info.setdefault(_LOCKED, {})[aggregate_id] = int(version or 0)
-        return int(version or 0)
+        version = await lock_aggregate(session, aggregate_id)
+        session.info.setdefault(_LOCKED, {})[aggregate_id] = version
+        return version
 
     async def _accept_in_order(
         self,

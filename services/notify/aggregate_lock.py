@@ -1,0 +1,43 @@
+"""The per-aggregate lock of Ingest: the aggregate's `notify_aggregate_versions` row,
+created if missing, row-locked until commit by an upsert whose update changes nothing.
+
+PostgreSQL runs a constant `text()` statement, built once (the SQL the construct compiled
+to), instead of composing and cache-keying the construct on every Ingest; SQLite keeps
+the construct.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.notify.models import AggregateVersion
+from services.notify.sql import upsert
+
+_PG_LOCK = text(
+    """
+INSERT INTO notify_aggregate_versions (aggregate_id, applied_version)
+VALUES (CAST(:aggregate_id AS VARCHAR), CAST(:applied_version AS BIGINT))
+ON CONFLICT (aggregate_id)
+DO UPDATE SET applied_version = notify_aggregate_versions.applied_version
+RETURNING notify_aggregate_versions.applied_version
+"""
+)
+
+
+async def lock_aggregate(session: AsyncSession, aggregate_id: str) -> int:
+    """The aggregate's applied version (0 for a new one), its row locked until commit."""
+    values = {"aggregate_id": aggregate_id, "applied_version": 0}
+    if session.get_bind().dialect.name == "postgresql":
+        version = await session.scalar(_PG_LOCK, values)
+    else:
+        av = AggregateVersion.__table__.c
+        version = await session.scalar(
+            upsert(session, AggregateVersion)
+            .values(**values)
+            .on_conflict_do_update(
+                index_elements=[av.aggregate_id], set_={"applied_version": av.applied_version}
+            )
+            .returning(av.applied_version)
+        )
+    return int(version or 0)
