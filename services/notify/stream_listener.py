@@ -45,10 +45,17 @@ def parse_positions(payload: str) -> list[tuple[str, str, int]] | None:
         return [single]
     if not isinstance(items, list) or not items:
         return None
-    positions = [_position(item) for item in items]
-    if any(p is None for p in positions):
+    positions: list[tuple[str, str, int]] = []
+    for item in items:
+        # `_position` inlined (a NOTIFY carries a position per recipient): json.loads
+        # makes exact lists, strs and ints, so `type(...) is` checks what isinstance did.
+        if type(item) is list and len(item) == 3:
+            tenant_id, user_id, seq = item
+            if type(tenant_id) is str and type(user_id) is str and type(seq) is int:
+                positions.append((tenant_id, user_id, seq))
+                continue
         return None
-    return positions  # type: ignore[return-value]
+    return positions
 
 
 def stream_listener(url: URL, broker: Broker) -> CommitListener:
@@ -61,8 +68,7 @@ def stream_listener(url: URL, broker: Broker) -> CommitListener:
             log.warning("stream_notify_unparsable", payload=payload[:200])
             broker.wake_all()
             return
-        for position in positions:
-            broker.wake(*position)
+        broker.wake_many(positions)
 
     return CommitListener(
         url, {STREAMS_CHANNEL: broker.wake_all}, payloads={STREAMS_CHANNEL: on_position}

@@ -206,6 +206,16 @@ class Broker:
             return
         self._wake(key, seq)
 
+    def wake_many(self, positions: Iterable[tuple[str, str, int]]) -> None:
+        """`wake` for each (tenant_id, user_id, seq) of `positions` (a NOTIFY's)."""
+        streams, committing = self._streams, self._committing
+        for tenant_id, user_id, seq in positions:
+            key = (tenant_id, user_id)
+            # A user with no stream here and no commit in flight has nothing to wake or
+            # hold (`wake` would do nothing): most of a large audience, skipped cheaply.
+            if key in streams or key in committing:
+                self.wake(tenant_id, user_id, seq)
+
     def _wake(self, key: UserKey, seq: int) -> None:
         if seq <= self._published.get(key, 0):
             # Published here (a delivery is queued on each stream open then; a stream
