@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from serentak.events.v1 import events_pb2
 from sqlalchemy import event as sa_event
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import SessionTransaction
 
@@ -39,9 +39,21 @@ def occurred_at(ev: events_pb2.Event) -> datetime:
     return utcnow()
 
 
+# PostgreSQL's `bump_applied` statement, built once (the SQL the construct compiled to):
+# no construct to compose and cache-key per Ingest that queues a job.
+_PG_BUMP = text(
+    "UPDATE notify_aggregate_versions SET applied_version = CAST(:version AS BIGINT) "
+    "WHERE notify_aggregate_versions.aggregate_id = CAST(:aggregate_id AS VARCHAR)"
+)
+
+
 async def bump_applied(session: AsyncSession, applied: dict[str, int]) -> None:
     """Set each aggregate's applied version (its row locked by this transaction)."""
+    postgresql = bool(applied) and session.get_bind().dialect.name == "postgresql"
     for aggregate_id, version in applied.items():
+        if postgresql:
+            await session.execute(_PG_BUMP, {"version": version, "aggregate_id": aggregate_id})
+            continue
         await session.execute(
             update(AggregateVersion)
             .where(AggregateVersion.aggregate_id == aggregate_id)
