@@ -46,7 +46,6 @@ from typing import Any
 
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.correlation import bound_correlation_id, current_correlation_id
@@ -60,7 +59,13 @@ from services.notify.errors import InvalidEvent
 from services.notify.fanout import audience
 from services.notify.fanout_job import fanout_job
 from services.notify.fanout_writer import FanOutWriter, bump_applied
-from services.notify.inbox_rows import insert_and_read, insert_row, pending_rows, row_values
+from services.notify.inbox_rows import (
+    finish_rows,
+    insert_and_read,
+    insert_row,
+    pending_rows,
+    row_values,
+)
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
 from services.notify.sql import retrying
 from services.notify.summaries import named_subject
@@ -361,11 +366,7 @@ class Inbox:
         return chain, stale
 
     async def _finish(self, session: AsyncSession, event_ids: list[str], status: str) -> None:
-        await session.execute(
-            update(InboxEvent)
-            .where(InboxEvent.event_id.in_(event_ids))
-            .values(status=status, finished_at=utcnow())
-        )
+        await finish_rows(session, event_ids, status, utcnow())
 
     @staticmethod
     def _count(result: IngestResult) -> None:

@@ -1,6 +1,6 @@
-"""The inbox rows an Ingest writes and reads: the event's row (insert-or-ignore) and, when
-it accepts the event, the aggregate's parked rows, read (PostgreSQL) in the insert's
-round trip.
+"""The inbox rows an Ingest writes and reads: the event's row (insert-or-ignore), when it
+accepts the event the aggregate's parked rows, read (PostgreSQL) in the insert's round
+trip, and the final status of the parked rows the acceptance moves on.
 
 PostgreSQL runs constant `text()` statements, built once: composing the Core construct
 and computing its cache key on every call was most of an Ingest's SQLAlchemy CPU. They
@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from serentak.events.v1 import events_pb2
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
@@ -61,6 +61,18 @@ WHERE notify_inbox.aggregate_id = CAST(:aggregate_id AS VARCHAR)
 
 
 _PG_INSERT_AND_READ = {True: _insert_and_read(_BEHIND), False: _insert_and_read("false")}
+
+
+# Rows of the aggregate moved on by an accepting Ingest (parked successors accepted,
+# events claiming an accepted version made old).
+_PG_FINISH = text(
+    """
+UPDATE notify_inbox
+SET status = CAST(:status AS VARCHAR),
+    finished_at = CAST(:finished_at AS TIMESTAMP WITHOUT TIME ZONE)
+WHERE notify_inbox.event_id = ANY(CAST(:event_ids AS VARCHAR[]))
+"""
+)
 
 
 def row_values(event: events_pb2.Event, status: str, now: datetime) -> dict[str, Any]:
@@ -116,3 +128,18 @@ async def insert_and_read(
             rows.append(row)
     rows.sort(key=lambda r: (r.version, r.received_at, r.event_id))
     return stored, rows, behind
+
+
+async def finish_rows(
+    session: AsyncSession, event_ids: list[str], status: str, now: datetime
+) -> None:
+    """Give the inbox rows `event_ids` their final `status`, finished at `now`."""
+    if session.get_bind().dialect.name == "postgresql":
+        values = {"status": status, "finished_at": now, "event_ids": event_ids}
+        await session.execute(_PG_FINISH, values)
+        return
+    await session.execute(
+        update(InboxEvent)
+        .where(InboxEvent.event_id.in_(event_ids))
+        .values(status=status, finished_at=now)
+    )
