@@ -141,6 +141,30 @@ class FanOutResult:
     duplicates: int = 0
 
 
+def new_notification_state(
+    event: events_pb2.Event, described: Description, occurred_at: datetime, now: datetime
+) -> dict[str, Any]:
+    """The columns every recipient's new (not folded) notification of `event` shares:
+    all but its id, user and seq."""
+    return {
+        "tenant_id": event.tenant_id,
+        "file_id": described.file_id,
+        "version": event.version,
+        "event_type": event.event_type,
+        "event_id": event.event_id,
+        "actor_user_id": event.actor_user_id,
+        "file_name": described.file_name,
+        "summary": described.summary,
+        "dedupe_key": event.dedupe_key,
+        "digest_count": 1,
+        "window_started_at": occurred_at,
+        "created_at": now,
+        "updated_at": now,
+        "read_at": None,
+        "correlation_id": event.correlation_id,
+    }
+
+
 def audience(event: events_pb2.Event) -> list[str]:
     """The users to notify: distinct, sorted (the lock order), actor excluded."""
     users = set(event.audience_user_ids)

@@ -43,7 +43,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.notify.fanout import EventTemplate, Written, audience
+from services.notify.fanout import EventTemplate, Written, audience, new_notification_state
 from services.notify.models import InboxStatus
 from services.notify.notification_ids import NOTIFICATION_ID_SQL, now_ms
 from services.notify.summaries import Description
@@ -170,24 +170,8 @@ async def fan_out_chain(
         await session.execute(_MARK, {"ids": [ev.event_id for ev in chain], **bumps})
         return [], 0, 0
     states = [
-        {
-            "tenant_id": ev.tenant_id,
-            "file_id": d.file_id,
-            "version": ev.version,
-            "event_type": ev.event_type,
-            "event_id": ev.event_id,
-            "actor_user_id": ev.actor_user_id,
-            "file_name": d.file_name,
-            "summary": d.summary,
-            "dedupe_key": ev.dedupe_key,
-            "digest_count": 1,
-            "window_started_at": occurred_at[i],
-            "created_at": now,
-            "updated_at": now,
-            "read_at": None,
-            "correlation_id": ev.correlation_id,
-        }
-        for i, (ev, d) in enumerate(zip(chain, described, strict=True))
+        new_notification_state(ev, d, at, now)
+        for ev, d, at in zip(chain, described, occurred_at, strict=True)
     ]
     result = await session.execute(
         _FAN_OUT,

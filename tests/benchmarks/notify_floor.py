@@ -1,7 +1,7 @@
 """The delivery floor for `bench_notify.py`: a bare grpc.aio NotifyService that hands each
 IngestBatch's notifications straight to the open Subscribe streams.
 
-Same client process, same streams, same stream items (built by the service's own
+Same client process, same streams, same stream items (the service's own columns and
 `EventTemplate`, one per recipient, shared by its streams), batched the same way for a
 `max_batch` stream; no database, no authentication, no inbox, no ordering checks. What it
 measures (receipt -> delivery) is what gRPC, Python and the client cost on this machine
@@ -16,12 +16,14 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 
 import grpc
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
-from services.notify.fanout import EventTemplate
+from services.notify.clock import utcnow
+from services.notify.fanout import EventTemplate, new_notification_state
+from services.notify.fanout_writer import occurred_at
+from services.notify.summaries import describe
 
 
 class BareNotify(notify_pb2_grpc.NotifyServiceServicer):
@@ -62,26 +64,12 @@ class BareNotify(notify_pb2_grpc.NotifyServiceServicer):
     ) -> notify_pb2.IngestBatchResponse:
         """Queue one stream item per open stream of each event's audience."""
         now = time.perf_counter()
-        moment = datetime.now(UTC).replace(tzinfo=None)
+        moment = utcnow()
         for ev in request.events:
             self.received.setdefault(ev.version, now)
+            # The service's own columns, so each stream item is the one notify would send.
             template = EventTemplate(
-                {
-                    "tenant_id": ev.tenant_id,
-                    "file_id": ev.aggregate_id,
-                    "version": ev.version,
-                    "event_type": ev.event_type,
-                    "event_id": ev.event_id,
-                    "actor_user_id": ev.actor_user_id,
-                    "file_name": ev.file_content_updated.name,
-                    "summary": f"{ev.actor_user_id} updated {ev.file_content_updated.name}",
-                    "dedupe_key": ev.dedupe_key,
-                    "digest_count": 1,
-                    "created_at": moment,
-                    "updated_at": moment,
-                    "read_at": None,
-                    "correlation_id": ev.correlation_id,
-                }
+                new_notification_state(ev, describe(ev), occurred_at(ev), moment)
             )
             for user in ev.audience_user_ids:
                 queues = self._streams.get(user)
