@@ -37,6 +37,8 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
         background.append(frozen_heap)
     if parts.stream_listener is not None:
         background.append(parts.stream_listener.run)
+    if parts.remote_deliveries is not None:
+        background.append(parts.remote_deliveries.run)
         log.info("notify_replicas", mode="multi", delivery="postgresql LISTEN/NOTIFY")
     else:
         log.warning(

@@ -20,6 +20,7 @@ from services.notify.fanout_job import FANOUT_JOB, FANOUT_RETRY, FanOutHandler
 from services.notify.fanout_writer import FanOutWriter
 from services.notify.inbox import Inbox
 from services.notify.parked import ParkedSampler
+from services.notify.remote_deliveries import RemoteDeliveries
 from services.notify.retention import RETENTION_JOB, RetentionJob, retention_schedule
 from services.notify.settings import NotifySettings
 from services.notify.stream_listener import stream_listener
@@ -42,6 +43,8 @@ class NotifyComponents:
     parked: ParkedSampler
     # PostgreSQL: wakes this replica's streams on every replica's commits; None on SQLite.
     stream_listener: CommitListener | None
+    # PostgreSQL: reads other replicas' commits for the woken streams; None on SQLite.
+    remote_deliveries: RemoteDeliveries | None
 
 
 def build_components(
@@ -89,6 +92,10 @@ def build_components(
         writer=writer,
         inline_max=settings.inline_fanout_max,
     )
+    sqlite = is_sqlite(settings.database_url)
+    remote = None if sqlite else RemoteDeliveries(sessions, broker)
+    if remote is not None:
+        broker.attach_remote(remote)
     return NotifyComponents(
         settings=settings,
         engine=engine,
@@ -100,7 +107,6 @@ def build_components(
         registry=registry,
         runtime=runtime,
         parked=ParkedSampler(sessions, settings.parked_sample_seconds),
-        stream_listener=None
-        if is_sqlite(settings.database_url)
-        else stream_listener(engine.url, broker),
+        stream_listener=None if sqlite else stream_listener(engine.url, broker),
+        remote_deliveries=remote,
     )

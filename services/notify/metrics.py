@@ -54,6 +54,11 @@ DELIVERY_LATENCY = Histogram(
     "From a notification's commit to its send on a live Subscribe stream.",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
+REMOTE_READS = Counter(
+    "serentak_notify_remote_reads_total",
+    "Reads of other replicas' commits for this replica's streams (one per burst of "
+    "wake-ups, whatever the number of users and streams woken).",
+)
 OPEN_STREAMS = Gauge("serentak_notify_open_streams", "Subscribe streams currently open.")
 STREAMS_DROPPED = Counter(
     "serentak_notify_streams_dropped_total",

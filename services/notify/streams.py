@@ -20,9 +20,11 @@ the notification they already show.
 
 Replicas. On PostgreSQL every new stream position is NOTIFYed at commit (migration
 notify_0005) and each replica's `stream_listener` turns it into a wake-up (`Broker.wake`)
-of that user's streams: no message, only "read after your cursor". Wake-ups coalesce
-outside the buffer (a pending seq per stream), so remote commits never overflow it; a
-stream that reads slowly just reads more per wake-up. When the listener (re)connects it wakes every
+of that user's streams: no message, only "read after your cursor". Another replica's
+commits are read once per burst of wake-ups for every woken user and queued as
+deliveries (`remote_deliveries.py`); what cannot come that way stays a wake-up. Wake-ups
+coalesce outside the buffer (a pending seq per stream), so remote commits never overflow
+it; a stream that reads slowly just reads more per wake-up. When the listener (re)connects it wakes every
 stream, covering whatever was committed while nobody listened. A replica's own commits
 reach its streams twice (publish, then the NOTIFY): its NOTIFY is held while it commits
 (`Broker.committing`), and a wake-up for a seq this replica has published is dropped (its
@@ -38,7 +40,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -49,6 +51,9 @@ from services.notify.errors import SubscriberTooSlow
 from services.notify.fanout import Written
 from services.notify.messages import to_message
 from services.notify.sql import retrying
+
+if TYPE_CHECKING:
+    from services.notify.remote_deliveries import RemoteDeliveries
 
 log = get_logger(__name__)
 REPLAY_PAGE = 200
@@ -92,6 +97,14 @@ class Subscription:
             return False
         return True
 
+    def offer_if_room(self, delivery: Delivery) -> bool:
+        """Queue `delivery` if the buffer has room (False, nothing changed, if not)."""
+        if self.queue.full():
+            return False
+        self.queue.put_nowait(delivery)
+        self.changed.set()
+        return True
+
     def wake(self, seq: int) -> None:
         """Announce that the user's stream reached `seq`; never waits, never overflows."""
         self.wake_seq = max(self.wake_seq, seq)
@@ -130,6 +143,13 @@ class Broker:
         # The highest seq published here per user with open streams: a wake-up up to it
         # is this replica's own NOTIFY, already a queued delivery on every stream.
         self._published: dict[UserKey, int] = {}
+        # PostgreSQL replicas: other replicas' commits read once per burst, then
+        # delivered (`remote_deliveries.py`); None: each woken stream reads by itself.
+        self._remote: RemoteDeliveries | None = None
+
+    def attach_remote(self, remote: RemoteDeliveries) -> None:
+        """Deliver wake-ups for other replicas' commits through `remote`."""
+        self._remote = remote
 
     def open(self, tenant_id: str, user_id: str, device_id: str) -> Subscription:
         """Register a stream; it receives everything published from now on."""
@@ -221,8 +241,46 @@ class Broker:
             # Published here (a delivery is queued on each stream open then; a stream
             # opened since read its position from the database): no wake-up, no read.
             return
+        if self._remote is not None and seq != ANY_SEQ and key in self._streams:
+            self._remote.request(key, seq)
+            return
+        self.wake_streams(key, seq)
+
+    def wake_streams(self, key: UserKey, seq: int) -> None:
+        """Make the user's streams read the database after their cursors, up to `seq`."""
         for sub in self._streams.get(key, ()):
             sub.wake(seq)
+
+    def published(self, key: UserKey) -> int | None:
+        """The position up to which every stream of the user open here holds a delivery
+        or will read by itself (None: nothing handed out since they opened)."""
+        return self._published.get(key)
+
+    def deliver_remote(
+        self,
+        key: UserKey,
+        responses: list[tuple[int, notify_pb2.SubscribeResponse]],
+        upto: int,
+        woken_at: float,
+    ) -> None:
+        """Queue rows another replica committed (seq order, up to `upto`) on the user's
+        streams; a stream without room for all of them, or a read that stopped short of
+        `upto`, gets a wake-up instead: never an overflow from a remote commit."""
+        streams = self._streams.get(key)
+        if not streams:
+            return
+        deliveries = [Delivery(seq, response, woken_at) for seq, response in responses]
+        short = not deliveries or deliveries[-1].seq < upto
+        for sub in list(streams):
+            for delivery in deliveries:
+                if not sub.offer_if_room(delivery):
+                    sub.wake(upto)
+                    break
+            else:
+                if short:
+                    sub.wake(upto)
+        if upto > self._published.get(key, 0):
+            self._published[key] = upto
 
     def wake_all(self) -> None:
         """Make every open stream read the database after its cursor (notifications may
