@@ -249,6 +249,8 @@ async def fan_out(
         "updated_at": now,
         "correlation_id": event.correlation_id,
     }
+    # A recipient without a digest to fold into gets a new notification from these.
+    fresh = new_notification_state(event, described, occurred_at, now)
     merges: list[dict[str, object]] = []
     inserts: list[dict[str, object]] = []
     result = FanOutResult(written=[])
@@ -272,16 +274,10 @@ async def fan_out(
         else:
             inserts.append(
                 {
-                    **state,
+                    **fresh,
                     "notification_id": new_notification_id(),
-                    "tenant_id": tenant,
                     "user_id": user,
                     "seq": seqs[user],
-                    "dedupe_key": event.dedupe_key,
-                    "digest_count": 1,
-                    "window_started_at": occurred_at,
-                    "created_at": now,
-                    "read_at": None,
                 }
             )
     if merges:
