@@ -3,7 +3,7 @@
 
     .venv/bin/python tests/benchmarks/bench_notify.py [--quick] [--dsn postgresql://...]
         [--sqlite] [--audience 100 --audience 1000] [--streams 100]
-        [--max-batch 1 --max-batch 64]
+        [--max-batch 1 --max-batch 64] [--streams-on-replica]
 
 The notify service runs in this process; its clients (the producer calling Ingest and the
 Subscribe streams) run in a separate process (`--client`), so the numbers are the
@@ -52,6 +52,7 @@ sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests"), str(Path(__fi
 import grpc
 import psycopg
 from notify_floor import serve
+from notify_replica import replica_process, replica_settings
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from sqlalchemy import event as sa_event
@@ -65,7 +66,6 @@ from services.common.migrate import upgrade
 from services.common.runtime_migrations import migration_location
 from services.notify.app import build_app
 from services.notify.fanout_writer import FanOutWriter
-from services.notify.settings import NotifySettings
 from services.sdk import notifications_in
 
 DEFAULT_DSN = "postgresql://postgres:serentak@127.0.0.1:5432/postgres"
@@ -100,19 +100,29 @@ def content_update(version: int, audience: list[str]) -> events_pb2.Event:
 
 
 async def client(
-    port: int, audience: int, streams: int, events: int, rate: float, max_batch: int
+    port: int,
+    stream_port: int,
+    audience: int,
+    streams: int,
+    events: int,
+    rate: float,
+    max_batch: int,
 ) -> dict:
-    """Open `streams` streams, send `events` content updates (paced at `rate` events/s, or
-    as fast as the relay-like sender takes them when 0), wait until every stream has the
-    last version."""
+    """Open `streams` streams (on the service at `stream_port`), send `events` content
+    updates (paced at `rate` events/s, or as fast as the relay-like sender takes them when
+    0) to the one at `port`, wait until every stream has the last version."""
     audience_ids = users(audience)
     latencies: list[float] = []
     received_at: list[tuple[int, float]] = []  # (version, when the read returned)
     done_at: list[float] = []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        grpc.aio.insecure_channel(f"127.0.0.1:{stream_port}") as stream_channel,
+    ):
         stub = notify_pb2_grpc.NotifyServiceStub(channel)
+        stream_stub = notify_pb2_grpc.NotifyServiceStub(stream_channel)
         calls = [
-            stub.Subscribe(
+            stream_stub.Subscribe(
                 notify_pb2.SubscribeRequest(device_id="bench", max_batch=max_batch),
                 metadata=(("authorization", f"Bearer tok-{u}"),),
             )
@@ -187,9 +197,16 @@ async def client(
 
 
 async def run_client(
-    port: int, audience: int, streams: int, events: int, rate: float, max_batch: int
+    port: int,
+    audience: int,
+    streams: int,
+    events: int,
+    rate: float,
+    max_batch: int,
+    stream_port: int | None = None,
 ) -> dict:
-    args = [str(port), str(audience), str(streams), str(events), str(rate), str(max_batch)]
+    args = [str(port), str(stream_port or port), str(audience), str(streams), str(events)]
+    args += [str(rate), str(max_batch)]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--client", *args, stdout=asyncio.subprocess.PIPE
     )
@@ -229,18 +246,17 @@ async def notify_run(
     events: int,
     rate: float,
     max_batch: int,
+    streams_on_replica: bool = False,
 ) -> dict:
-    tokens = {f"tok-{u}": {"tenant_id": "acme", "user_id": u} for u in users(audience)}
-    settings = NotifySettings(
-        notify_database_url=url,
-        data_dir=data_dir,
-        auth_tokens=tokens,
-        migrate_on_start=True,
-        auth_mode="dev",
-    )
+    settings = replica_settings(url, data_dir, users(audience))
     COMMITTED.clear()
     async with running_app(build_app(settings)) as service:
-        r = await run_client(service.app.bound_port, audience, streams, events, rate, max_batch)
+        port = service.app.bound_port
+        if streams_on_replica:
+            async with replica_process(url, audience) as stream_port:
+                r = await run_client(port, audience, streams, events, rate, max_batch, stream_port)
+        else:
+            r = await run_client(port, audience, streams, events, rate, max_batch)
     r["commit_to_delivery"] = [t - COMMITTED[v] for v, t in r.pop("received_at")]
     return r
 
@@ -319,9 +335,17 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, default=100, help="open streams (<= audience)")
     parser.add_argument("--only", choices=["throughput", "latency"])
     parser.add_argument(
+        "--streams-on-replica",
+        action="store_true",
+        help="PostgreSQL: the streams on a second replica (a process of its own), Ingest on "
+        "the first: every notification arrives as another replica's commit",
+    )
+    parser.add_argument(
         "--max-batch", type=int, action="append", help="streams' max_batch (default 1 and 64)"
     )
     args = parser.parse_args()
+    if args.streams_on_replica and args.sqlite:
+        parser.error("--streams-on-replica needs PostgreSQL (SQLite runs one notify replica)")
     audiences = args.audience or [100, 1000]
     batches = args.max_batch or [1, 64]
     total = 20_000 if args.quick else 60_000  # notifications per throughput run
@@ -352,12 +376,22 @@ async def main() -> None:
                     # after it, pooled): on a shared machine a load swing between a single
                     # baseline and the run would land in one side of the ratio only.
                     before = await job_lag(jobs_url, lag_n) if kind == "latency" else []
-                    r = await notify_run(url, Path(tmp), audience, streams, events, rate, max_batch)
+                    r = await notify_run(
+                        url,
+                        Path(tmp),
+                        audience,
+                        streams,
+                        events,
+                        rate,
+                        max_batch,
+                        args.streams_on_replica,
+                    )
                     after = await job_lag(jobs_url, lag_n) if kind == "latency" else []
                 if kind == "latency":
                     floor = await floor_run(audience, streams, events, rate, max_batch)
+                where = " on another replica" if args.streams_on_replica else ""
                 head = (
-                    f"audience {audience:>5}, {streams} streams (max_batch {max_batch}), "
+                    f"audience {audience:>5}, {streams} streams{where} (max_batch {max_batch}), "
                     f"{events} events"
                 )
                 if kind == "throughput":
@@ -397,9 +431,9 @@ async def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
-        port, audience, streams, events = (int(a) for a in sys.argv[2:6])
-        rate, max_batch = float(sys.argv[6]), int(sys.argv[7])
-        result = asyncio.run(client(port, audience, streams, events, rate, max_batch))
+        port, stream_port, audience, streams, events = (int(a) for a in sys.argv[2:7])
+        rate, max_batch = float(sys.argv[7]), int(sys.argv[8])
+        result = asyncio.run(client(port, stream_port, audience, streams, events, rate, max_batch))
         print(json.dumps(result))
     else:
         configure_logging("bench", "console", "WARNING")
