@@ -117,16 +117,29 @@ class RemoteDeliveries:
             return
         try:
             rows = await retrying(lambda: self._read(wanted))
-        except Exception as exc:  # any failure: the streams read by themselves
-            log.warning("remote_read_failed", users=len(wanted), error=repr(exc))
+            metrics.REMOTE_READS.inc()
+            self._hand_out(wanted, rows, batch)
+        except BaseException as exc:
+            # A failed read (or a stop in the middle of one) loses nothing: the streams
+            # read after their cursors by themselves; a delivery handed out twice is
+            # skipped by its stream (seq <= last).
             self._wake({key: batch[key] for key, _, _ in wanted})
-            return
-        metrics.REMOTE_READS.inc()
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("remote_read_failed", users=len(wanted), error=repr(exc))
+
+    def _hand_out(
+        self,
+        wanted: Sequence[tuple[UserKey, int, int]],
+        rows: Sequence[Any],
+        batch: dict[UserKey, tuple[int, float]],
+    ) -> None:
         by_user: dict[UserKey, list[Any]] = {}
         for row in rows:
             by_user.setdefault((row.tenant_id, row.user_id), []).append(row)
         for key, _, upto in wanted:
             responses = [(row.seq, _response(to_message(row))) for row in by_user.get(key, ())]
+            # The delivery latency of a remote row counts from its wake-up's arrival here.
             self._broker.deliver_remote(key, responses, upto, batch[key][1])
 
     async def _read(self, wanted: Sequence[tuple[UserKey, int, int]]) -> list[Any]:

@@ -24,8 +24,9 @@ of that user's streams: no message, only "read after your cursor". Another repli
 commits are read once per burst of wake-ups for every woken user and queued as
 deliveries (`remote_deliveries.py`); what cannot come that way stays a wake-up. Wake-ups
 coalesce outside the buffer (a pending seq per stream), so remote commits never overflow
-it; a stream that reads slowly just reads more per wake-up. When the listener (re)connects it wakes every
-stream, covering whatever was committed while nobody listened. A replica's own commits
+it; a stream that reads slowly just reads more per wake-up. When the listener
+(re)connects it wakes every stream, covering whatever was committed while nobody
+listened. A replica's own commits
 reach its streams twice (publish, then the NOTIFY): its NOTIFY is held while it commits
 (`Broker.committing`), and a wake-up for a seq this replica has published is dropped (its
 streams hold the delivery), so an own commit costs neither a wake-up nor a read. On SQLite
