@@ -80,6 +80,22 @@ def event(
     return ev
 
 
+async def read_stream(
+    call: grpc.aio.UnaryStreamCall, total: int, label: str = "stream"
+) -> list[notify_pb2.Notification]:
+    """The first `total` notifications of an open Subscribe `call` (one per message),
+    then the call cancelled; fails if it ends first or one takes a minute."""
+    got: list[notify_pb2.Notification] = []
+    try:
+        while len(got) < total:
+            item = await asyncio.wait_for(call.read(), SETTLE_DEADLINE_S)
+            assert item is not grpc.aio.EOF, f"{label}: stream ended after {len(got)}"
+            got.append(item.notification)
+    finally:
+        call.cancel()
+    return got
+
+
 def error_reason(err: grpc.aio.AioRpcError) -> str:
     """The ErrorInfo reason of a failed call (fails the test when there is none)."""
     return error_info(err).reason

@@ -13,7 +13,7 @@ import urllib.request
 
 import grpc
 import pytest
-from notify.harness import SERVICE, event, user_md
+from notify.harness import SERVICE, event, read_stream, user_md
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from support.services import ServiceProcess, service_process
 
@@ -36,15 +36,7 @@ async def _collect(
     call = stub.Subscribe(
         notify_pb2.SubscribeRequest(cursor="0", device_id=device), metadata=user_md(user)
     )
-    got: list[notify_pb2.Notification] = []
-    try:
-        while len(got) < total:
-            item = await asyncio.wait_for(call.read(), DEADLINE_S)
-            assert item is not grpc.aio.EOF, f"{user}@{device}: stream ended after {len(got)}"
-            got.append(item.notification)
-    finally:
-        call.cancel()
-    return got
+    return await read_stream(call, total, f"{user}@{device}")
 
 
 async def _hopping(

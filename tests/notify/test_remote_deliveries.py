@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from notify.harness import SERVICE, event, start_notify, user_md
+from notify.harness import SERVICE, event, read_stream, start_notify, user_md
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
 from services.common.config import DEFAULT_AUTH_TOKENS
@@ -45,18 +45,6 @@ async def _stream(
     return call, int(marker.cursor)
 
 
-async def _read(call: grpc.aio.UnaryStreamCall, n: int) -> list[notify_pb2.Notification]:
-    got: list[notify_pb2.Notification] = []
-    try:
-        while len(got) < n:
-            item = await asyncio.wait_for(call.read(), DEADLINE_S)
-            assert item is not grpc.aio.EOF, f"stream ended after {len(got)}"
-            got.append(item.notification)
-    finally:
-        call.cancel()
-    return got
-
-
 def _remote_reads() -> float:
     return metrics.REMOTE_READS._value.get()  # type: ignore[attr-defined]
 
@@ -73,7 +61,7 @@ async def test_a_commit_for_many_users_on_another_replica_is_one_read_not_one_pe
     ):
         streams = [await _stream(b.stub, u) for u in users]
         before = _remote_reads()
-        readers = [asyncio.create_task(_read(call, events)) for call, _ in streams]
+        readers = [asyncio.create_task(read_stream(call, events)) for call, _ in streams]
         for version in range(1, events + 1):  # committed on A only, one after the other
             ev = event("f-remote", version, audience=users, actor="dave")
             await a.stub.Ingest(notify_pb2.IngestRequest(event=ev), metadata=SERVICE)
@@ -94,7 +82,7 @@ async def test_remote_rows_that_do_not_fit_a_streams_buffer_wake_it_instead(post
         start_notify(_settings(url, tmp_path / "b", users, stream_buffer_size=2)) as b,
     ):
         call, _ = await _stream(b.stub, "alice")
-        reader = asyncio.create_task(_read(call, 11))
+        reader = asyncio.create_task(read_stream(call, 11))
         first = event("f-burst", 1, audience=users)
         await a.stub.Ingest(notify_pb2.IngestRequest(event=first), metadata=SERVICE)
         # Ten versions in one commit: ten rows for a stream with room for two.
