@@ -71,9 +71,15 @@ class RemoteDeliveries:
         # User -> (highest position woken, when its first pending wake-up came).
         self._pending: dict[UserKey, tuple[int, float]] = {}
         self._ready = asyncio.Event()
+        # Set while `run` runs: only then are requests taken (nobody would read them).
+        self.running = asyncio.Event()
 
     def request(self, key: UserKey, seq: int) -> None:
-        """The user's stream reached `seq`, committed elsewhere: deliver it soon."""
+        """The user's stream reached `seq`, committed elsewhere: deliver it soon (with no
+        reader running, its streams are woken to read by themselves)."""
+        if not self.running.is_set():
+            self._broker.wake_streams(key, seq)
+            return
         pending = self._pending.get(key)
         if pending is None:
             self._pending[key] = (seq, time.perf_counter())
@@ -83,6 +89,7 @@ class RemoteDeliveries:
 
     async def run(self) -> None:
         """Read and deliver what was requested, a burst at a time, until cancelled."""
+        self.running.set()
         try:
             while True:
                 await self._ready.wait()
@@ -91,6 +98,7 @@ class RemoteDeliveries:
                     await self._deliver(self._take())
         finally:
             # Whatever was still pending reads by itself (a stopping service; tests).
+            self.running.clear()
             self._wake(self._take(len(self._pending)))
 
     def _take(self, n: int = MAX_USERS) -> dict[UserKey, tuple[int, float]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog
 from notify.harness import SERVICE, event, read_stream, start_notify, user_md
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
@@ -116,9 +117,12 @@ async def test_a_failed_read_wakes_the_streams():
     broker.attach_remote(remote)
     sub = await _taken_delivery(broker, "alice", 3)
     runner = asyncio.create_task(remote.run())
+    await remote.running.wait()
     try:
-        broker.wake("acme", "alice", 5)  # committed on another replica
-        assert await asyncio.wait_for(sub.next(), DEADLINE_S) == 5  # reads by itself
+        with structlog.testing.capture_logs() as logs:
+            broker.wake("acme", "alice", 5)  # committed on another replica
+            assert await asyncio.wait_for(sub.next(), DEADLINE_S) == 5  # reads by itself
+        assert [e["event"] for e in logs] == ["remote_read_failed"]
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
@@ -134,6 +138,7 @@ async def test_a_jump_wider_than_max_gap_is_left_to_the_stream(postgres):
     broker.attach_remote(remote)
     sub = await _taken_delivery(broker, "alice", 3)
     runner = asyncio.create_task(remote.run())
+    await remote.running.wait()
     before = _remote_reads()
     try:
         broker.wake("acme", "alice", 3 + MAX_GAP + 1)
@@ -142,4 +147,17 @@ async def test_a_jump_wider_than_max_gap_is_left_to_the_stream(postgres):
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+        await engine.dispose()
+
+
+async def test_without_a_running_reader_a_remote_commit_wakes_the_streams():
+    # Built but never run (a replica's background task not started, or stopped).
+    engine = create_engine(f"postgresql+psycopg://nobody:x@127.0.0.1:{_free_port()}/none")
+    broker = Broker(buffer_size=8)
+    broker.attach_remote(RemoteDeliveries(session_factory(engine), broker))
+    try:
+        sub = await _taken_delivery(broker, "alice", 3)
+        broker.wake("acme", "alice", 4)
+        assert await asyncio.wait_for(sub.next(), DEADLINE_S) == 4
+    finally:
         await engine.dispose()
