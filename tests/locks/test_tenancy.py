@@ -51,23 +51,25 @@ async def expect(call, code: grpc.StatusCode, reason: str) -> None:  # type: ign
     assert error_info(caught.value).reason == reason
 
 
-async def hold_first_event(stub, request: locks_pb2.HoldRequest, metadata=()):  # type: ignore[no-untyped-def]
-    call = stub.Hold(metadata=metadata)
-    await call.write(request)
-    try:
-        return await call.read()
-    finally:
-        call.cancel()
-
-
-async def session_first_answer(stub, request: locks_pb2.SessionRequest, metadata=()):  # type: ignore[no-untyped-def]
-    call = stub.Session(metadata=metadata)
+async def first_answer(call, request):  # type: ignore[no-untyped-def]
+    """Send `request` on a bidi `call` and read its first answer. A call the server
+    refused at once may already be closed when the request goes out: that write fails
+    with the client's own error ("Internal error from Core"), and the read then raises
+    the status the server sent, which is what the caller checks."""
     try:
         with contextlib.suppress(grpc.aio.AioRpcError):
             await call.write(request)
         return await call.read()
     finally:
         call.cancel()
+
+
+async def hold_first_event(stub, request: locks_pb2.HoldRequest, metadata=()):  # type: ignore[no-untyped-def]
+    return await first_answer(stub.Hold(metadata=metadata), request)
+
+
+async def session_first_answer(stub, request: locks_pb2.SessionRequest, metadata=()):  # type: ignore[no-untyped-def]
+    return await first_answer(stub.Session(metadata=metadata), request)
 
 
 async def test_anonymous_and_unknown_callers_are_refused_on_every_rpc(etcd) -> None:  # type: ignore[no-untyped-def]
