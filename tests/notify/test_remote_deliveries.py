@@ -7,8 +7,11 @@ to the stream reading by itself, never to an overflow or a lost wake-up."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.postgres
 DEADLINE_S = 60.0
 
 
-def _settings(url: str, data_dir: Path, users: list[str], **overrides: object) -> NotifySettings:
+def _settings(url: str, data_dir: Path, users: list[str], **overrides: Any) -> NotifySettings:
     tokens = dict(DEFAULT_AUTH_TOKENS)
     tokens.update({f"tok-{u}": {"tenant_id": "acme", "user_id": u} for u in users})
     data_dir.mkdir(exist_ok=True)
@@ -109,55 +112,54 @@ async def _taken_delivery(broker: Broker, user: str, seq: int) -> Subscription:
     return sub
 
 
-async def test_a_failed_read_wakes_the_streams():
-    # A database nobody listens on: the read fails (connection refused), for real.
-    engine = create_engine(f"postgresql+psycopg://nobody:x@127.0.0.1:{_free_port()}/none")
+@contextlib.asynccontextmanager
+async def _broker_reading(url: str, *, running: bool = True) -> AsyncIterator[Broker]:
+    """A broker whose remote wake-ups go through a `RemoteDeliveries` on `url`, its
+    reader running (started and waited for) unless `running` is False."""
+    engine = create_engine(url)
     broker = Broker(buffer_size=8)
     remote = RemoteDeliveries(session_factory(engine), broker)
     broker.attach_remote(remote)
-    sub = await _taken_delivery(broker, "alice", 3)
-    runner = asyncio.create_task(remote.run())
-    await remote.running.wait()
+    runner = asyncio.create_task(remote.run()) if running else None
     try:
+        if runner is not None:
+            await remote.running.wait()
+        yield broker
+    finally:
+        if runner is not None:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        await engine.dispose()
+
+
+def _unreachable_database() -> str:
+    """A database nobody listens on: reads fail (connection refused), for real."""
+    return f"postgresql+psycopg://nobody:x@127.0.0.1:{_free_port()}/none"
+
+
+async def test_a_failed_read_wakes_the_streams():
+    async with _broker_reading(_unreachable_database()) as broker:
+        sub = await _taken_delivery(broker, "alice", 3)
         with structlog.testing.capture_logs() as logs:
             broker.wake("acme", "alice", 5)  # committed on another replica
             assert await asyncio.wait_for(sub.next(), DEADLINE_S) == 5  # reads by itself
         assert [e["event"] for e in logs] == ["remote_read_failed"]
-    finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
-        await engine.dispose()
 
 
 async def test_a_jump_wider_than_max_gap_is_left_to_the_stream(postgres):
     url = postgres.create()
     prepare(url, migrate_on_start=True)
-    engine = create_engine(url)
-    broker = Broker(buffer_size=8)
-    remote = RemoteDeliveries(session_factory(engine), broker)
-    broker.attach_remote(remote)
-    sub = await _taken_delivery(broker, "alice", 3)
-    runner = asyncio.create_task(remote.run())
-    await remote.running.wait()
-    before = _remote_reads()
-    try:
+    async with _broker_reading(url) as broker:
+        sub = await _taken_delivery(broker, "alice", 3)
+        before = _remote_reads()
         broker.wake("acme", "alice", 3 + MAX_GAP + 1)
         assert await asyncio.wait_for(sub.next(), DEADLINE_S) == 3 + MAX_GAP + 1
         assert _remote_reads() == before  # woken without a read
-    finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
-        await engine.dispose()
 
 
 async def test_without_a_running_reader_a_remote_commit_wakes_the_streams():
     # Built but never run (a replica's background task not started, or stopped).
-    engine = create_engine(f"postgresql+psycopg://nobody:x@127.0.0.1:{_free_port()}/none")
-    broker = Broker(buffer_size=8)
-    broker.attach_remote(RemoteDeliveries(session_factory(engine), broker))
-    try:
+    async with _broker_reading(_unreachable_database(), running=False) as broker:
         sub = await _taken_delivery(broker, "alice", 3)
         broker.wake("acme", "alice", 4)
         assert await asyncio.wait_for(sub.next(), DEADLINE_S) == 4
-    finally:
-        await engine.dispose()
