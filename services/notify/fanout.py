@@ -238,18 +238,9 @@ async def fan_out(
     latest: dict[str, Row[Any]] = {}
     if described.digestible and event.dedupe_key:
         latest = await digest.latest_for_file(session, tenant, described.file_id, users)
-    state = {
-        "file_id": described.file_id,
-        "version": event.version,
-        "event_type": event.event_type,
-        "event_id": event.event_id,
-        "actor_user_id": event.actor_user_id,
-        "file_name": described.file_name,
-        "summary": described.summary,
-        "updated_at": now,
-        "correlation_id": event.correlation_id,
-    }
-    # A recipient without a digest to fold into gets a new notification from these.
+    # The event's columns: a new notification's as they are; a fold keeps the digest's
+    # own id, dedupe key, window and creation time, counts one more, and takes the rest
+    # (unread again; the statement writes `_FOLDED_STATE`).
     fresh = new_notification_state(event, described, occurred_at, now)
     merges: list[dict[str, object]] = []
     inserts: list[dict[str, object]] = []
@@ -259,16 +250,14 @@ async def fan_out(
         if previous is not None and digest.mergeable(previous, event, occurred_at, window):
             merges.append(
                 {
-                    **state,
+                    **fresh,
                     "notification_id": previous.notification_id,
                     "seq": seqs[user],
                     "digest_count": previous.digest_count + 1,
-                    "tenant_id": tenant,
                     "user_id": user,
                     "dedupe_key": previous.dedupe_key,
                     "window_started_at": previous.window_started_at,
                     "created_at": previous.created_at,
-                    "read_at": None,
                 }
             )
         else:
@@ -286,7 +275,7 @@ async def fan_out(
                 _FOLD,
                 {
                     "v_ids": [m["notification_id"] for m in chunk],
-                    **{f"v_{k}": state[k] for k in _FOLDED_STATE},
+                    **{f"v_{k}": fresh[k] for k in _FOLDED_STATE},
                 },
             )
         result.written.extend(Written(m, merged=True) for m in merges)
