@@ -4,11 +4,11 @@ A NOTIFY names the users whose stream positions a commit moved (`stream_listener
 a commit of another replica, each of this replica's streams of those users used to read
 the database after its own cursor. A file shared with 100 users whose streams sit here
 then cost 100 reads per commit, and at 50 commits/s the replica that did not write them
-fell seconds behind (bench, streams on the other replica: commit -> delivery p50 388 ms
-against 15 ms on the writing one). Here the positions woken while a read runs are
-collected, one statement reads every woken user's new rows (seq in (published, woken]),
-and each row becomes a `Delivery` on its user's streams, as if this replica had
-committed it.
+fell far behind (`bench_notify.py --streams-on-replica`, audience 100: commit -> delivery
+p50 291-342 ms, against ~15 ms with the streams on the writing replica). Here the
+positions woken while a read runs are collected, one statement reads every woken user's
+new rows (seq in (published, woken]), and each row becomes a `Delivery` on its user's
+streams, as if this replica had committed it.
 
 Nothing here decides what a stream sends: its own rules (seq == last + 1 is sent, a jump
 reads the database, seq <= last is skipped; `streams.py`) keep it free of gaps and
