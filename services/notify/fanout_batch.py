@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
 from serentak.events.v1 import events_pb2
 from sqlalchemy import text
@@ -48,7 +49,8 @@ from services.notify.models import InboxStatus
 from services.notify.notification_ids import NOTIFICATION_ID_SQL, now_ms
 from services.notify.summaries import Description
 
-_FAN_OUT = text(
+# Public: bench_notify's durable floor runs the same statement.
+FAN_OUT = text(
     """
 WITH pairs AS (
     SELECT a.ev, e.tenant_id, u.user_id
@@ -163,7 +165,10 @@ async def fan_out_chain(
     notifications from the database on this commit's NOTIFY), how many notifications were
     written in all, and how many rows the UNIQUE constraint refused (already written:
     counted as duplicates prevented)."""
-    bumps = {"b_ids": list(applied or {}), "b_versions": list((applied or {}).values())}
+    bumps: dict[str, list[Any]] = {
+        "b_ids": list(applied or {}),
+        "b_versions": list((applied or {}).values()),
+    }
     audiences = [audience(ev) for ev in chain]
     recipients = sum(len(users) for users in audiences)
     if not recipients:
@@ -173,21 +178,7 @@ async def fan_out_chain(
         new_notification_state(ev, d, at, now)
         for ev, d, at in zip(chain, described, occurred_at, strict=True)
     ]
-    result = await session.execute(
-        _FAN_OUT,
-        {
-            # One JSON document of the chain's audiences (the json module encodes it in
-            # C; psycopg dumps a list element by element); the statement spreads it into
-            # rows, numbers each user's positions and draws the ids itself.
-            "audiences": json.dumps(audiences, separators=(",", ":")),
-            "live": json.dumps(list(live), separators=(",", ":")),
-            "now": now,
-            "id_ms": now_ms(),
-            "notified": InboxStatus.NOTIFIED,
-            **bumps,
-            **{param: [s[column] for s in states] for param, column in _EVENT_COLUMNS.items()},
-        },
-    )
+    result = await session.execute(FAN_OUT, fan_out_parameters(audiences, states, now, live, bumps))
     # What was stored for live users, in stream order (tenant, user, seq), as one JSON
     # document: parsed in C instead of a result row per notification, and none for the
     # users nobody is watching here (most of a large audience).
@@ -202,6 +193,29 @@ async def fan_out_chain(
         for nid, tenant, user, seq, event_id in json.loads(live_rows or "[]")
     ]
     return written, stored, recipients - stored
+
+
+def fan_out_parameters(
+    audiences: list[list[str]],
+    states: list[dict[str, Any]],
+    now: datetime,
+    live: Collection[tuple[str, str]],
+    bumps: dict[str, list[Any]],
+) -> dict[str, Any]:
+    """The one-statement fan-out's parameters for a chain: its audiences, the events'
+    `new_notification_state`s, the live (tenant, user)s and the aggregates to bump."""
+    return {
+        # One JSON document of the chain's audiences (the json module encodes it in C;
+        # psycopg dumps a list element by element); the statement spreads it into rows,
+        # numbers each user's positions and draws the ids itself.
+        "audiences": json.dumps(audiences, separators=(",", ":")),
+        "live": json.dumps(list(live), separators=(",", ":")),
+        "now": now,
+        "id_ms": now_ms(),
+        "notified": InboxStatus.NOTIFIED,
+        **bumps,
+        **{param: [s[column] for s in states] for param, column in _EVENT_COLUMNS.items()},
+    }
 
 
 _EVENT_COLUMNS = {

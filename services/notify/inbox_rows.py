@@ -30,7 +30,7 @@ VALUES (CAST(:event_id AS VARCHAR), CAST(:aggregate_id AS VARCHAR), CAST(:versio
 ON CONFLICT DO NOTHING
 RETURNING notify_inbox.event_id
 """
-_PG_INSERT = text(_INSERT)
+PG_INSERT = text(_INSERT)  # public: bench_notify's durable floor stores it too
 
 # Other transactions' accepted events of the aggregate still waiting for their job.
 _BEHIND = f"""EXISTS (SELECT * FROM notify_inbox
@@ -104,7 +104,7 @@ async def insert_row(session: AsyncSession, values: dict[str, Any]) -> str | Non
     """Insert the inbox row `values` (`row_values`) unless its event_id is stored; the
     id when inserted, None for a duplicate."""
     if session.get_bind().dialect.name == "postgresql":
-        stored: str | None = await session.scalar(_PG_INSERT, values)
+        stored: str | None = await session.scalar(PG_INSERT, values)
         return stored
     return await session.scalar(
         insert_ignore(session, InboxEvent).values(**values).returning(InboxEvent.event_id)

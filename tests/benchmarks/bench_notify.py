@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -65,6 +66,7 @@ from services.common.logging import configure_logging
 from services.common.migrate import upgrade
 from services.common.runtime_migrations import migration_location
 from services.notify.app import build_app
+from services.notify.database import prepare
 from services.notify.fanout_writer import FanOutWriter
 from services.sdk import notifications_in
 
@@ -261,14 +263,30 @@ async def notify_run(
     return r
 
 
-async def floor_run(audience: int, streams: int, events: int, rate: float, max_batch: int) -> dict:
-    """The same run against the bare server: the client's result, with receipt -> delivery
-    of every notification (paced runs) in `receipt_to_delivery`."""
-    server, servicer, port = await serve()
-    try:
-        r = await run_client(port, audience, streams, events, rate, max_batch)
-    finally:
-        await server.stop(None)
+async def floor_run(
+    audience: int,
+    streams: int,
+    events: int,
+    rate: float,
+    max_batch: int,
+    durable_url: str | None = None,
+) -> dict:
+    """The same run against the bare server (durable: storing in the PostgreSQL database
+    at `durable_url`, notify's schema made here): the client's result, with receipt ->
+    delivery of every notification (paced runs) in `receipt_to_delivery`."""
+    async with contextlib.AsyncExitStack() as stack:
+        connection = None
+        if durable_url is not None:
+            prepare(durable_url, migrate_on_start=True)
+            dsn = make_url(durable_url).set(drivername="postgresql")
+            connection = await stack.enter_async_context(
+                await psycopg.AsyncConnection.connect(dsn.render_as_string(hide_password=False))
+            )
+        server, servicer, port = await serve(connection)
+        try:
+            r = await run_client(port, audience, streams, events, rate, max_batch)
+        finally:
+            await server.stop(None)
     r["receipt_to_delivery"] = [t - servicer.received[v] for v, t in r.pop("received_at")]
     return r
 
@@ -387,8 +405,17 @@ async def main() -> None:
                         args.streams_on_replica,
                     )
                     after = await job_lag(jobs_url, lag_n) if kind == "latency" else []
-                # The same run against the bare server: the ceiling this machine sets.
+                # The same run against the bare server: the ceiling this machine sets;
+                # on PostgreSQL again storing what it delivers, the least a durable
+                # service must do (`notify_floor.DurableNotify`).
                 floor = await floor_run(audience, streams, events, rate, max_batch)
+                durable = None
+                if not args.sqlite:
+                    name, durable_url = fresh_pg(args.dsn)
+                    names.append(name)
+                    durable = await floor_run(
+                        audience, streams, events, rate, max_batch, durable_url
+                    )
                 where = " on another replica" if args.streams_on_replica else ""
                 head = (
                     f"audience {audience:>5}, {streams} streams{where} (max_batch {max_batch}), "
@@ -405,6 +432,12 @@ async def main() -> None:
                         f"{floor['rate']:8.0f} notifications/s; notify "
                         f"{r['rate'] / floor['rate']:.2f}x the floor"
                     )
+                    if durable is not None:
+                        print(
+                            f"  durable floor, the same storing each batch in PostgreSQL: "
+                            f"{durable['rate']:8.0f} notifications/s; notify "
+                            f"{r['rate'] / durable['rate']:.2f}x it"
+                        )
                 else:
                     base50, base99 = p50_p99(before + after)
                     print(
@@ -428,6 +461,14 @@ async def main() -> None:
                         f"receipt -> delivery p50 {f50 * 1000:.1f} ms, p99 {f99 * 1000:.1f} ms "
                         f"({f99 / base99:.2f}x baseline); notify p99 {c99 / f99:.2f}x the floor"
                     )
+                    if durable is not None:
+                        d50, d99 = p50_p99(durable["receipt_to_delivery"])
+                        print(
+                            f"  durable floor, the same storing each batch in PostgreSQL: "
+                            f"commit -> delivery p50 {d50 * 1000:.1f} ms, p99 "
+                            f"{d99 * 1000:.1f} ms ({d99 / base99:.2f}x baseline); notify p99 "
+                            f"{c99 / d99:.2f}x it"
+                        )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             for name in names:

@@ -7,6 +7,13 @@ Same client process, same streams, same stream items (the service's own columns 
 measures (receipt -> delivery) is what gRPC, Python and the client cost on this machine
 for the same fan-out, the part of commit -> delivery that no notify service in Python can
 avoid.
+
+`DurableNotify` (PostgreSQL) first stores what it delivers, the least a durable,
+exactly-once service must: per IngestBatch one transaction on one raw psycopg connection
+(no pool, no ORM) that inserts each event's inbox row (the event id that makes a
+redelivery a no-op) and runs notify's own one-statement fan-out (stream positions and
+one notification row per recipient), then hands the stream items over as BareNotify does.
+Its receipt is the COMMIT's return, as notify's span starts at its commit.
 """
 
 from __future__ import annotations
@@ -18,11 +25,17 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 
 import grpc
+import psycopg
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from sqlalchemy import TextClause
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from services.notify.clock import utcnow
-from services.notify.fanout import EventTemplate, new_notification_state
+from services.notify.fanout import EventTemplate, audience, new_notification_state
+from services.notify.fanout_batch import FAN_OUT, fan_out_parameters
 from services.notify.fanout_writer import occurred_at
+from services.notify.inbox_rows import PG_INSERT, row_values
+from services.notify.models import InboxStatus
 from services.notify.summaries import describe
 
 
@@ -91,9 +104,45 @@ class BareNotify(notify_pb2_grpc.NotifyServiceServicer):
         )
 
 
-async def serve() -> tuple[grpc.aio.Server, BareNotify, int]:
-    """A started bare server on a free loopback port."""
-    servicer = BareNotify()
+class DurableNotify(BareNotify):
+    """BareNotify that stores each IngestBatch in PostgreSQL (`connection`, notify's
+    schema) before handing it to the streams."""
+
+    def __init__(self, connection: psycopg.AsyncConnection) -> None:
+        super().__init__()
+        self._connection = connection
+        self._insert = _psycopg_sql(PG_INSERT)
+        self._fan_out = _psycopg_sql(FAN_OUT)
+
+    async def IngestBatch(
+        self, request: notify_pb2.IngestBatchRequest, context: grpc.aio.ServicerContext
+    ) -> notify_pb2.IngestBatchResponse:
+        """Store the batch (inbox rows, then every notification) in one transaction."""
+        now = utcnow()
+        events = list(request.events)
+        states = [new_notification_state(ev, describe(ev), occurred_at(ev), now) for ev in events]
+        parameters = fan_out_parameters(
+            [audience(ev) for ev in events], states, now, (), {"b_ids": [], "b_versions": []}
+        )
+        async with self._connection.transaction():
+            for ev in events:
+                await self._connection.execute(
+                    self._insert, row_values(ev, InboxStatus.APPLIED, now)
+                )
+            await self._connection.execute(self._fan_out, parameters)
+        return await super().IngestBatch(request, context)
+
+
+def _psycopg_sql(statement: TextClause) -> str:
+    """`statement` with psycopg's placeholders (`%(name)s`)."""
+    return str(statement.compile(dialect=PGDialect_psycopg()))
+
+
+async def serve(
+    connection: psycopg.AsyncConnection | None = None,
+) -> tuple[grpc.aio.Server, BareNotify, int]:
+    """A started bare server on a free loopback port; durable when given `connection`."""
+    servicer = BareNotify() if connection is None else DurableNotify(connection)
     server = grpc.aio.server()
     notify_pb2_grpc.add_NotifyServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -14,7 +14,7 @@ from services.notify import database as notify_db
 USERS = 1000
 FAN_OUTS = 20
 DEFAULT_FILL = "streams_default_fill"  # LIKE copies columns and indexes, not fillfactor
-# The fan-out's position upsert (fanout_batch._FAN_OUT, `taken`), one position per user.
+# The fan-out's position upsert (fanout_batch.FAN_OUT, `taken`), one position per user.
 MOVE = """
 INSERT INTO {table} AS s (tenant_id, user_id, last_seq)
 SELECT 'acme', 'user-' || lpad(CAST(u AS text), 6, '0'), 1
