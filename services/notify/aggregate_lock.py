@@ -2,8 +2,8 @@
 created if missing, row-locked until commit by an upsert whose update changes nothing.
 
 PostgreSQL runs a constant `text()` statement, built once (the SQL the construct compiled
-to), instead of composing and cache-keying the construct on every Ingest; SQLite keeps
-the construct.
+to), instead of composing and cache-keying the construct on every Ingest, on the session's
+psycopg connection (`driver_sql`); SQLite keeps the construct.
 """
 
 from __future__ import annotations
@@ -11,17 +11,20 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.notify.driver_sql import DriverStatement
 from services.notify.models import AggregateVersion
 from services.notify.sql import upsert
 
-_PG_LOCK = text(
-    """
+_PG_LOCK = DriverStatement(
+    text(
+        """
 INSERT INTO notify_aggregate_versions (aggregate_id, applied_version)
 VALUES (CAST(:aggregate_id AS VARCHAR), CAST(:applied_version AS BIGINT))
 ON CONFLICT (aggregate_id)
 DO UPDATE SET applied_version = notify_aggregate_versions.applied_version
 RETURNING notify_aggregate_versions.applied_version
 """
+    )
 )
 
 
@@ -29,7 +32,7 @@ async def lock_aggregate(session: AsyncSession, aggregate_id: str) -> int:
     """The aggregate's applied version (0 for a new one), its row locked until commit."""
     values = {"aggregate_id": aggregate_id, "applied_version": 0}
     if session.get_bind().dialect.name == "postgresql":
-        version = await session.scalar(_PG_LOCK, values)
+        version = (await _PG_LOCK.one(session, values)).applied_version
     else:
         av = AggregateVersion.__table__.c
         version = await session.scalar(

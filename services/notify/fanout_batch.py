@@ -44,14 +44,16 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.notify.driver_sql import DriverStatement
 from services.notify.fanout import EventTemplate, Written, audience, new_notification_state
 from services.notify.models import InboxStatus
 from services.notify.notification_ids import NOTIFICATION_ID_SQL, now_ms
 from services.notify.summaries import Description
 
 # Public: bench_notify's durable floor runs the same statement.
-FAN_OUT = text(
-    """
+FAN_OUT = DriverStatement(
+    text(
+        """
 WITH pairs AS (
     SELECT a.ev, e.tenant_id, u.user_id
     FROM json_array_elements(CAST(:audiences AS json)) WITH ORDINALITY AS a(users, ev)
@@ -83,8 +85,8 @@ stored AS (
         actor_user_id, file_name, summary, dedupe_key, digest_count, window_started_at,
         created_at, updated_at, read_at, correlation_id)
     SELECT """
-    + NOTIFICATION_ID_SQL
-    + """, r.tenant_id, r.user_id, r.seq,
+        + NOTIFICATION_ID_SQL
+        + """, r.tenant_id, r.user_id, r.seq,
            e.file_id, e.version, e.event_type, e.event_id, e.actor_user_id, e.file_name,
            e.summary, e.dedupe_key, 1, e.window_started_at,
            CAST(:now AS timestamp), CAST(:now AS timestamp), NULL, e.correlation_id
@@ -122,6 +124,7 @@ SELECT count(*),
 FROM stored AS s
 LEFT JOIN live AS l ON l.tenant_id = s.tenant_id AND l.user_id = s.user_id
 """
+    )
 )
 
 
@@ -178,11 +181,12 @@ async def fan_out_chain(
         new_notification_state(ev, d, at, now)
         for ev, d, at in zip(chain, described, occurred_at, strict=True)
     ]
-    result = await session.execute(FAN_OUT, fan_out_parameters(audiences, states, now, live, bumps))
     # What was stored for live users, in stream order (tenant, user, seq), as one JSON
     # document: parsed in C instead of a result row per notification, and none for the
     # users nobody is watching here (most of a large audience).
-    stored, live_rows = result.one()
+    stored, live_rows = await FAN_OUT.one(
+        session, fan_out_parameters(audiences, states, now, live, bumps)
+    )
     templates = {state["event_id"]: EventTemplate(state) for state in states}
     written = [
         Written(

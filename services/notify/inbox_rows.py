@@ -16,6 +16,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.notify.driver_sql import DriverStatement
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
 from services.notify.sql import insert_ignore
 
@@ -60,7 +61,10 @@ WHERE notify_inbox.aggregate_id = CAST(:aggregate_id AS VARCHAR)
     )
 
 
-_PG_INSERT_AND_READ = {True: _insert_and_read(_BEHIND), False: _insert_and_read("false")}
+_PG_INSERT_AND_READ = {
+    check: DriverStatement(_insert_and_read(behind))
+    for check, behind in ((True, _BEHIND), (False, "false"))
+}
 
 
 # Rows of the aggregate moved on by an accepting Ingest (parked successors accepted,
@@ -121,7 +125,7 @@ async def insert_and_read(
     stored: str | None = None
     behind = False
     rows: list[Any] = []
-    for row in await session.execute(_PG_INSERT_AND_READ[check_behind], values):
+    for row in await _PG_INSERT_AND_READ[check_behind].rows(session, values):
         if row.new:
             stored, behind = row.event_id, bool(row.behind)
         else:

@@ -27,10 +27,9 @@ from collections.abc import AsyncIterator
 import grpc
 import psycopg
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
-from sqlalchemy import TextClause
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from services.notify.clock import utcnow
+from services.notify.driver_sql import DriverStatement
 from services.notify.fanout import EventTemplate, audience, new_notification_state
 from services.notify.fanout_batch import FAN_OUT, fan_out_parameters
 from services.notify.fanout_writer import occurred_at
@@ -111,8 +110,8 @@ class DurableNotify(BareNotify):
     def __init__(self, connection: psycopg.AsyncConnection) -> None:
         super().__init__()
         self._connection = connection
-        self._insert = _psycopg_sql(PG_INSERT)
-        self._fan_out = _psycopg_sql(FAN_OUT)
+        self._insert = DriverStatement(PG_INSERT).sql
+        self._fan_out = FAN_OUT.sql
 
     async def IngestBatch(
         self, request: notify_pb2.IngestBatchRequest, context: grpc.aio.ServicerContext
@@ -131,11 +130,6 @@ class DurableNotify(BareNotify):
                 )
             await self._connection.execute(self._fan_out, parameters)
         return await super().IngestBatch(request, context)
-
-
-def _psycopg_sql(statement: TextClause) -> str:
-    """`statement` with psycopg's placeholders (`%(name)s`)."""
-    return str(statement.compile(dialect=PGDialect_psycopg()))
 
 
 async def serve(
