@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 _DIALECT = PGDialect_psycopg()
-_DRIVER = "serentak.driver_connection"  # session.info: (transaction, its psycopg connection)
+_DRIVER = "serentak.driver_connection"  # session.info: (transaction, its connection, psycopg)
 
 
 class DriverStatement:
