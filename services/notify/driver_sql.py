@@ -35,7 +35,6 @@ class DriverStatement:
     """A constant PostgreSQL statement, `clause` compiled once to psycopg's placeholders."""
 
     def __init__(self, clause: TextClause) -> None:
-        self.clause = clause
         self.sql = str(clause.compile(dialect=_DIALECT))
 
     async def rows(self, session: AsyncSession, parameters: Mapping[str, Any]) -> list[Any]:
@@ -65,6 +64,7 @@ async def _driver(session: AsyncSession) -> tuple[AsyncConnection, psycopg.Async
     driver = raw.driver_connection
     if not isinstance(driver, psycopg.AsyncConnection):
         raise TypeError(f"not a psycopg connection: {type(driver).__name__}")
+    # Read again: `connection()` begins the transaction when there was none.
     session.info[_DRIVER] = (session.get_transaction(), connection, driver)
     return connection, driver
 

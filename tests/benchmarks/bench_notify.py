@@ -73,6 +73,8 @@ from services.sdk import notifications_in
 DEFAULT_DSN = "postgresql://postgres:serentak@127.0.0.1:5432/postgres"
 TARGET_RATE = 10_000  # notifications/s
 RELAY_BATCH = 100  # the relay's default batch_size
+FLOOR = "floor, bare grpc.aio server (same stream items, no database)"
+DURABLE_FLOOR = "durable floor, the same storing each batch in PostgreSQL"
 
 
 def users(audience: int) -> list[str]:
@@ -428,13 +430,13 @@ async def main() -> None:
                         f"IngestBatch {r['sent_per_s']:.0f} events/s)"
                     )
                     print(
-                        f"  floor, bare grpc.aio server (same stream items, no database): "
+                        f"  {FLOOR}: "
                         f"{floor['rate']:8.0f} notifications/s; notify "
                         f"{r['rate'] / floor['rate']:.2f}x the floor"
                     )
                     if durable is not None:
                         print(
-                            f"  durable floor, the same storing each batch in PostgreSQL: "
+                            f"  {DURABLE_FLOOR}: "
                             f"{durable['rate']:8.0f} notifications/s; notify "
                             f"{r['rate'] / durable['rate']:.2f}x it"
                         )
@@ -457,14 +459,14 @@ async def main() -> None:
                     )
                     f50, f99 = p50_p99(floor["receipt_to_delivery"])
                     print(
-                        f"  floor, bare grpc.aio server (same stream items, no database): "
+                        f"  {FLOOR}: "
                         f"receipt -> delivery p50 {f50 * 1000:.1f} ms, p99 {f99 * 1000:.1f} ms "
                         f"({f99 / base99:.2f}x baseline); notify p99 {c99 / f99:.2f}x the floor"
                     )
                     if durable is not None:
                         d50, d99 = p50_p99(durable["receipt_to_delivery"])
                         print(
-                            f"  durable floor, the same storing each batch in PostgreSQL: "
+                            f"  {DURABLE_FLOOR}: "
                             f"commit -> delivery p50 {d50 * 1000:.1f} ms, p99 "
                             f"{d99 * 1000:.1f} ms ({d99 / base99:.2f}x baseline); notify p99 "
                             f"{c99 / d99:.2f}x it"
