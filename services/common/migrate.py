@@ -9,7 +9,7 @@ Two ways a replica meets its schema (`SERENTAK_MIGRATE_ON_START`):
   under one session-level advisory lock (`MIGRATION_LOCK_KEY`), so replicas starting
   together take turns: the first upgrades, the others find the schema at head.
 - false (the default, production): run `serentak-migrate upload|notify|all` (or
-  `python -m services.common.migrate ...`) as a deployment step; a replica only checks
+  `python -m services.migrate ...`) as a deployment step; a replica only checks
   (`require_current()`) and refuses to start on a schema older than its code
   (`SchemaOutdated`, naming the command). A schema *newer* than the code (a revision the
   code does not know: rolling upgrade, migrations are additive) is served with a warning.
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +38,6 @@ log = get_logger(__name__)
 
 # pg_advisory_lock key every Serentak migrator takes (arbitrary, fixed forever).
 MIGRATION_LOCK_KEY = 0x5E7E_7A4B
-SERVICES = ("upload", "notify")
 
 
 class SchemaOutdated(Exception):
@@ -50,7 +48,7 @@ class SchemaOutdated(Exception):
         self.behind = list(behind)
         super().__init__(
             f"the {service} database schema is older than this code ({'; '.join(behind)}). "
-            f"Run `serentak-migrate {service}` (python -m services.common.migrate {service}) "
+            f"Run `serentak-migrate {service}` (python -m services.migrate {service}) "
             "first, or set SERENTAK_MIGRATE_ON_START=true to migrate at start-up."
         )
 
@@ -180,23 +178,15 @@ def prepare_schema(
         require_current(service, url, locations)
 
 
-def _service_database(service: str) -> tuple[str, list[tuple[Path, str]]]:
-    """(database URL from the service's settings, its migration folders)."""
-    from services.common.config import load
-
-    if service == "upload":
-        from services.upload.database import migration_locations as upload_locations
-        from services.upload.settings import UploadSettings
-
-        return load(UploadSettings).database_url, upload_locations()
-    from services.notify.database import migration_locations as notify_locations
-    from services.notify.settings import NotifySettings
-
-    return load(NotifySettings).database_url, notify_locations()
+ServiceDatabase = Callable[[], tuple[str, list[tuple[Path, str]]]]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`serentak-migrate upload|notify|all`: upgrade each service's database to head."""
+def main(databases: Mapping[str, ServiceDatabase], argv: Sequence[str] | None = None) -> int:
+    """`serentak-migrate SERVICE|all`: upgrade each named service's database to head.
+
+    `databases` maps a service name to what gives its database URL (from the service's
+    settings) and its migration folders; `services.migrate` names every service's.
+    """
     from services.common.config import CommonSettings, load
     from services.common.logging import configure_logging
 
@@ -205,17 +195,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Upgrade a service's database schema to this code's head (a deployment "
         "step; safe to run from several places at once on PostgreSQL).",
     )
-    parser.add_argument("service", choices=[*SERVICES, "all"])
+    parser.add_argument("service", choices=[*databases, "all"])
     args = parser.parse_args(argv)
     common = load(CommonSettings)
     configure_logging("migrate", common.log_format, common.log_level)
-    for service in SERVICES if args.service == "all" else (args.service,):
-        url, locations = _service_database(service)
+    for service in databases if args.service == "all" else (args.service,):
+        url, locations = databases[service]()
         upgrade(url, locations)
         require_current(service, url, locations)
         log.info("schema_current", migrated_service=service)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

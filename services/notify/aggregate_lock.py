@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.notify.driver_sql import DriverStatement
+from services.common.driver_sql import DriverStatement
 from services.notify.models import AggregateVersion
 from services.notify.sql import upsert
 

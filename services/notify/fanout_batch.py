@@ -44,7 +44,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.notify.driver_sql import DriverStatement
+from services.common.driver_sql import DriverStatement
 from services.notify.fanout import EventTemplate, Written, audience, new_notification_state
 from services.notify.models import InboxStatus
 from services.notify.notification_ids import NOTIFICATION_ID_SQL, now_ms

@@ -16,7 +16,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.notify.driver_sql import DriverStatement
+from services.common.driver_sql import DriverStatement
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
 from services.notify.sql import insert_ignore
 

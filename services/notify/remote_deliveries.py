@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy import text
@@ -32,9 +32,7 @@ from services.common.logging import get_logger
 from services.notify import metrics
 from services.notify.messages import to_message
 from services.notify.sql import retrying
-
-if TYPE_CHECKING:
-    from services.notify.streams import Broker, UserKey
+from services.notify.streams import Broker, UserKey
 
 log = get_logger(__name__)
 

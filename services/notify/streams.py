@@ -41,7 +41,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -53,14 +53,18 @@ from services.notify.fanout import Written
 from services.notify.messages import to_message
 from services.notify.sql import retrying
 
-if TYPE_CHECKING:
-    from services.notify.remote_deliveries import RemoteDeliveries
-
 log = get_logger(__name__)
 REPLAY_PAGE = 200
 UserKey = tuple[str, str]
 # Wake-up seq that makes a stream read the database whatever its cursor.
 ANY_SEQ = 2**62
+
+
+class RemoteReader(Protocol):
+    """Reads other replicas' commits for the broker (`remote_deliveries.RemoteDeliveries`)."""
+
+    def request(self, key: UserKey, seq: int) -> None:
+        """Another replica committed `key`'s notifications up to `seq`: deliver them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +150,9 @@ class Broker:
         self._published: dict[UserKey, int] = {}
         # PostgreSQL replicas: other replicas' commits read once per burst, then
         # delivered (`remote_deliveries.py`); None: each woken stream reads by itself.
-        self._remote: RemoteDeliveries | None = None
+        self._remote: RemoteReader | None = None
 
-    def attach_remote(self, remote: RemoteDeliveries) -> None:
+    def attach_remote(self, remote: RemoteReader) -> None:
         """Deliver wake-ups for other replicas' commits through `remote`."""
         self._remote = remote
 

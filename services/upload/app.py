@@ -15,10 +15,10 @@ from services.common.server_limits import server_limits
 from services.upload.audit import UploadAudit
 from services.upload.components import build_components
 from services.upload.database import migration_locations, prepare
-from services.upload.quota_use import sample_quota_use
+from services.upload.ingest.status_ages import sample_status_ages
 from services.upload.servicer import FileServicer, UploadAdminServicer, UploadServicer
 from services.upload.settings import UploadSettings
-from services.upload.status_ages import sample_status_ages
+from services.upload.storage.quota_use import sample_quota_use
 from services.upload.sync.settings import SyncSettings
 
 # A key nothing is stored under: the blob store probe only asks whether it exists.

@@ -19,7 +19,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 import merge_core
 from services.common.logging import get_logger
 from services.upload import metrics
-from services.upload.blob_store import BlobStore
 from services.upload.convert import STATUS
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.models import (
@@ -33,6 +32,7 @@ from services.upload.models import (
     UploadRow,
 )
 from services.upload.ranges import missing_ranges
+from services.upload.storage.blob_store import BlobStore
 
 log = get_logger(__name__)
 

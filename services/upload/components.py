@@ -19,12 +19,18 @@ from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
 from services.common.page_tokens import PageTokens
 from services.common.rate_limit import RateLimiter
-from services.upload.blob_store import BlobStore, open_blob_store
-from services.upload.chunks import ChunkStore
-from services.upload.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
-from services.upload.file_locks import FileLocks
-from services.upload.files import Files
-from services.upload.lifecycle import (
+from services.upload.files.listing_cache import ListingCache
+from services.upload.files.retire import retire_files
+from services.upload.files.use_cases import Files
+from services.upload.ingest.chunks import ChunkStore
+from services.upload.ingest.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
+from services.upload.ingest.uploads import Uploads
+from services.upload.merge.file_locks import FileLocks
+from services.upload.merge.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
+from services.upload.merge.stuck_merges import fail_dead_merges
+from services.upload.settings import UploadSettings
+from services.upload.storage.blob_store import BlobStore, open_blob_store
+from services.upload.storage.lifecycle import (
     PURGE_CHUNKS_JOB,
     RECLAIM_JOB,
     ReclaimPolicy,
@@ -32,13 +38,8 @@ from services.upload.lifecycle import (
     reclaim_handler,
     reclaim_schedule,
 )
-from services.upload.listing_cache import ListingCache
-from services.upload.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
-from services.upload.retire import retire_files
-from services.upload.settings import UploadSettings
 from services.upload.sync.settings import SyncSettings
 from services.upload.sync.wiring import SyncWiring, wire_sync
-from services.upload.uploads import Uploads
 
 
 @dataclass
@@ -134,7 +135,7 @@ def build_components(
     )
     registry.register(
         EXPIRE_JOB,
-        expiry_handler(blobs, settings.upload_ttl_seconds),
+        expiry_handler(blobs, settings.upload_ttl_seconds, fail_dead_merges),
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
     )
     registry.register(

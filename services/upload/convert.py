@@ -16,6 +16,7 @@ from services.upload.models import (
     FAILED,
     FOLDER,
     MERGING,
+    OWNER,
     UPLOADING,
     VIEWER,
     ChunkRow,
@@ -23,7 +24,6 @@ from services.upload.models import (
     ShareRow,
     UploadRow,
 )
-from services.upload.permissions import OWNER
 
 STATUS = {
     UPLOADING: upload_pb2.UPLOAD_STATUS_UPLOADING,

@@ -66,7 +66,8 @@ UPLOADING, MERGING, COMPLETED, FAILED, ABORTED, EXPIRED = (
     "expired",
 )
 FILE, FOLDER = "file", "folder"
-VIEWER, EDITOR = "viewer", "editor"
+# Roles on a file; an owner owns the file, the others are granted by a share.
+VIEWER, EDITOR, OWNER = "viewer", "editor", "owner"
 
 
 class FileRow(Base):
@@ -145,7 +146,7 @@ class UploadRow(Base):
     failure_reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
     chunks_purged_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # Set when the storage lifecycle deleted files/{file_id}/{id} (a superseded version past
-    # retention, or a failed upload's merge output): services/upload/lifecycle/.
+    # retention, or a failed upload's merge output): services/upload/storage/lifecycle/.
     content_purged_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
     __table_args__ = (

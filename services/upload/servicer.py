@@ -18,11 +18,11 @@ from services.common.errors import InvalidArgument
 from services.common.rate_limit import RateLimiter
 from services.upload import convert
 from services.upload.audit import UploadAudit
-from services.upload.chunk_commits import Chain
-from services.upload.chunks import ChunkOutcome, ChunkStore, PreparedChunk
-from services.upload.files import Files
+from services.upload.files.use_cases import Files
+from services.upload.ingest.chunk_commits import Chain
+from services.upload.ingest.chunks import ChunkOutcome, ChunkStore, PreparedChunk
+from services.upload.ingest.uploads import Uploads
 from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT
-from services.upload.uploads import Uploads
 
 # At most this many of one stream's chunks wait for or sit in a group commit at once (staged:
 # on the local store their bytes are on disk by then, not in memory).

@@ -51,8 +51,8 @@ from support.ports import free_port
 from support.s3 import S3Server
 from support.services import service_process
 
-from services.upload.blob_store import content_key, open_blob_store
 from services.upload.settings import UploadSettings
+from services.upload.storage.blob_store import content_key, open_blob_store
 
 PART_SIZE = 8 * MIB  # UploadSettings.s3_part_size default
 CONCURRENCY = 4  # UploadSettings.s3_merge_concurrency default

@@ -54,7 +54,7 @@ from support.services import service_process
 
 from services.common.config import CommonSettings
 from services.common.malloc_tuning import retain_freed_memory
-from services.upload.blob_store import content_key
+from services.upload.storage.blob_store import content_key
 
 MIB = 1024 * 1024
 CHUNK = 4 * MIB

@@ -28,8 +28,8 @@ import grpc
 import psycopg
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
+from services.common.driver_sql import DriverStatement
 from services.notify.clock import utcnow
-from services.notify.driver_sql import DriverStatement
 from services.notify.fanout import EventTemplate, audience, new_notification_state
 from services.notify.fanout_batch import FAN_OUT, fan_out_parameters
 from services.notify.fanout_writer import occurred_at

@@ -56,9 +56,9 @@ def test_three_etcd_members_with_client_and_peer_tls() -> None:
 def test_two_replicas_of_each_service_after_the_migrations_step() -> None:
     services = _compose()
     migrate = services["migrate"]
-    assert migrate["command"] == ["services.common.migrate", "all"]
+    assert migrate["command"] == ["services.migrate", "all"]
     usage = subprocess.run(
-        [sys.executable, "-m", "services.common.migrate", "--help"],
+        [sys.executable, "-m", "services.migrate", "--help"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

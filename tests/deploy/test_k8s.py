@@ -139,7 +139,7 @@ def test_migrations_job_runs_the_migrate_command(objects) -> None:
     job = _get(objects, "Job", "serentak-migrate")
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["args"] == ["services.common.migrate", "all"]
+    assert container["args"] == ["services.migrate", "all"]
     assert (REPO_ROOT / "services" / "common" / "migrate.py").exists()
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     names = {e["name"] for e in container["env"]}

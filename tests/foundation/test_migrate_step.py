@@ -43,7 +43,7 @@ def _env(url: str) -> dict[str, str]:
 
 def _migrator(url: str, service: str, console_script: bool) -> subprocess.Popen[str]:
     script = Path(sys.executable).parent / "serentak-migrate"
-    cmd = [str(script)] if console_script else [sys.executable, "-m", "services.common.migrate"]
+    cmd = [str(script)] if console_script else [sys.executable, "-m", "services.migrate"]
     return subprocess.Popen(
         [*cmd, service],
         cwd=REPO_ROOT,

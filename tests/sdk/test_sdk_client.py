@@ -15,7 +15,7 @@ from serentak.notify.v1 import notify_pb2
 from serentak.upload.v1 import upload_pb2
 
 from services.sdk import ChecksumMismatch, notifications_in
-from services.upload.blob_store import content_key, open_blob_store
+from services.upload.storage.blob_store import content_key, open_blob_store
 
 CHUNK = 1024
 DEADLINE_S = 60.0

@@ -15,10 +15,10 @@ from services.common.auth import Authenticator
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.page_tokens import PageTokens
 from services.common.rate_limit import RateLimiter
-from services.upload.blob_store import LocalBlobStore
-from services.upload.files import Files
-from services.upload.listing_cache import ListingCache
+from services.upload.files.listing_cache import ListingCache
+from services.upload.files.use_cases import Files
 from services.upload.servicer import FileServicer
+from services.upload.storage.blob_store import LocalBlobStore
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.servicer import SyncServicer
 

@@ -24,7 +24,7 @@ from sync.sync_server import ALICE, sync_server
 from sync.sync_world import ACCOUNT, DRIVE, SyncWorld, settings
 
 from services.common.outbox.models import outbox_events
-from services.upload.retire import retire_files
+from services.upload.files.retire import retire_files
 from services.upload.sync.models import TOMBSTONED, synced_items, utcnow
 from services.upload.sync.purge import purge
 from services.upload.sync.settings import SyncSettings

@@ -23,10 +23,10 @@ from services.common.jobs import RuntimeOptions
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.upload.app import build_app as build_upload_app
-from services.upload.blob_store import BlobStore, open_blob_store
 from services.upload.components import build_components
 from services.upload.database import migrate
 from services.upload.settings import UploadSettings
+from services.upload.storage.blob_store import BlobStore, open_blob_store
 from services.upload.sync.settings import SyncSettings
 
 TOKENS = {"alice": "dev-alice", "bob": "dev-bob", "carol": "dev-carol", "mallory": "dev-mallory"}

@@ -21,8 +21,8 @@ from upload.upload_helpers import (
 
 from services.cli import main
 from services.common.db import create_engine, session_factory
-from services.upload.blob_store import content_key
 from services.upload.models import ChunkRow, UploadRow
+from services.upload.storage.blob_store import content_key
 
 CHUNK = 1024
 SERVICE = (("authorization", "Bearer dev-ops"),)  # AuditUploads needs the ops role

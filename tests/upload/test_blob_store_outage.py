@@ -18,7 +18,7 @@ from upload.upload_helpers import (
     wait_status,
 )
 
-from services.upload.blob_store import chunk_key, content_key
+from services.upload.storage.blob_store import chunk_key, content_key
 
 CHUNK = 1024
 

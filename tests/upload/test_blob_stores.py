@@ -13,15 +13,15 @@ import pytest
 from prometheus_client import REGISTRY
 
 import merge_core
-from services.upload.blob_store import (
+from services.upload.errors import BlobStoreUnavailable
+from services.upload.settings import UploadSettings
+from services.upload.storage.blob_store import (
     BlobStore,
     ChunkRef,
     LocalBlobStore,
     chunk_key,
     open_blob_store,
 )
-from services.upload.errors import BlobStoreUnavailable
-from services.upload.settings import UploadSettings
 
 MIB = 1024 * 1024
 

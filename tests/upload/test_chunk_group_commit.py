@@ -23,9 +23,9 @@ from upload.upload_helpers import chunk_store_over, create_request, sha256, spli
 
 from services.common.auth import Identity
 from services.common.db import create_engine, read_only, session_factory
-from services.upload.blob_store import LocalBlobStore, chunk_key
 from services.upload.errors import UploadNotActive
 from services.upload.models import ChunkRow, UploadRow
+from services.upload.storage.blob_store import LocalBlobStore, chunk_key
 
 CHUNK = 1024
 GATE_TIMEOUT_S = 20.0

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 from upload.upload_helpers import chunk_request, create_request, expect_error, split
 
 from services.common.db import create_engine, session_factory
-from services.upload.blob_store import chunk_key, upload_prefix
 from services.upload.models import ChunkRow, UploadRow
+from services.upload.storage.blob_store import chunk_key, upload_prefix
 
 CHUNK = 1024
 

@@ -1,4 +1,4 @@
-"""The per-chunk read (`services/upload/chunk_reads.py`): one statement on a connection the
+"""The per-chunk read (`services/upload/ingest/chunk_reads.py`): one statement on a connection the
 reader keeps, with no pre-ping. A PostgreSQL connection the server dropped is replaced and
 the chunk goes through; the read finds only the caller's own uploads; it sees every commit
 at once (a chunk after an abort is refused, a retry after a store is a duplicate).

@@ -21,9 +21,9 @@ from upload.upload_helpers import (
 )
 
 from services.common.auth import Identity
-from services.upload.blob_store import LocalBlobStore, chunk_key
 from services.upload.errors import ChecksumMismatch, ChunkConflict
 from services.upload.servicer import UploadServicer
+from services.upload.storage.blob_store import LocalBlobStore, chunk_key
 
 CHUNK = 1024
 GATE_TIMEOUT_S = 20.0

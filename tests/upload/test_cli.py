@@ -10,7 +10,7 @@ import signal
 import pytest
 from upload.cli_helpers import Run, cli_env, one_line_error, serentak, start
 
-from services.upload.blob_store import content_key
+from services.upload.storage.blob_store import content_key
 
 
 @pytest.fixture

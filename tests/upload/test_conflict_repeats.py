@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from upload.upload_helpers import chunk_request, create_request
 
-from services.upload.conflict_repeats import ConflictRepeats
+from services.upload.ingest.conflict_repeats import ConflictRepeats
 
 CHUNK = 1024
 METRIC = "serentak_upload_chunk_index_conflict_repeats_total"

@@ -23,9 +23,9 @@ from upload.upload_helpers import (
 
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
-from services.upload.blob_store import chunk_key
-from services.upload.expiry import expire_and_clean
+from services.upload.ingest.expiry import expire_and_clean
 from services.upload.models import UploadRow, utcnow
+from services.upload.storage.blob_store import chunk_key
 
 CHUNK = 1024
 

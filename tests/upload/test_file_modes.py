@@ -19,7 +19,7 @@ from upload.upload_helpers import (
     wait_status,
 )
 
-from services.upload.blob_store import LocalBlobStore
+from services.upload.storage.blob_store import LocalBlobStore
 
 CHUNK = 1024
 

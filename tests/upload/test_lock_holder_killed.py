@@ -20,8 +20,8 @@ from upload.upload_helpers import chunk_request, create_request, wait_status
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
 from services.upload.errors import StaleFencingToken
+from services.upload.files.versions import commit_fenced
 from services.upload.models import FileRow
-from services.upload.versions import commit_fenced
 
 TTL = 2
 HOLDER = """

@@ -33,12 +33,12 @@ from services.common.jobs.dead_letters import list_dead_letters, replay_dead_let
 from services.common.jobs.queue import claim_jobs
 from services.common.jobs.worker import Worker
 from services.locks.client import LockClient
-from services.upload.blob_store import chunk_key, content_key
 from services.upload.components import build_components
 from services.upload.database import migrate
-from services.upload.merge_job import MERGE_JOB
+from services.upload.merge.merge_job import MERGE_JOB
+from services.upload.merge.stuck_merges import fail_dead_merges
 from services.upload.models import UploadRow
-from services.upload.stuck_merges import fail_dead_merges
+from services.upload.storage.blob_store import chunk_key, content_key
 from services.upload.sync.settings import SyncSettings
 
 CHUNK = 1024

@@ -17,8 +17,8 @@ from upload.upload_helpers import chunk_request, create_request, sha256, split, 
 
 from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
-from services.upload.blob_store import content_key
 from services.upload.models import COMPLETED, ChunkRow, FileRow, UploadRow
+from services.upload.storage.blob_store import content_key
 
 UPLOADS = 200
 SENDERS = 24

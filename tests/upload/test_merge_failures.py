@@ -13,10 +13,10 @@ from upload.upload_helpers import chunk_request, create_request, put_chunks, spl
 
 from services.common.db import create_engine, session_factory
 from services.locks.client import LockClient
-from services.upload.blob_store import chunk_key, content_key
 from services.upload.errors import StaleFencingToken
+from services.upload.files.versions import commit_fenced
 from services.upload.models import FileRow
-from services.upload.versions import commit_fenced
+from services.upload.storage.blob_store import chunk_key, content_key
 
 CHUNK = 1024
 

@@ -11,7 +11,7 @@ from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import chunk_request, create_request, wait_status
 
 from services.common.db import create_engine, session_factory
-from services.upload.quota_use import refresh_quota_use
+from services.upload.storage.quota_use import refresh_quota_use
 
 CHUNK = 1024
 QUOTA = 10_000

@@ -1,5 +1,5 @@
 """Seed 004 repro harness, second half: a server-side delay between a chunk's write and the
-upload's status update (the test-only `services.upload.chunks.after_chunk_write` hook, off
+upload's status update (the test-only `services.upload.ingest.chunks.after_chunk_write` hook, off
 in every deployment), with retries of the same chunk racing into that window. For even
 indexes the client gives up on the delayed call (cancelled while the server sits between
 write and update), for odd ones it waits; either way two retries are sent while the first
@@ -21,7 +21,7 @@ from upload.upload_helpers import chunk_request, create_request, download, split
 
 from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
-from services.upload import chunks as chunk_module
+from services.upload.ingest import chunks as chunk_module
 from services.upload.models import ChunkRow
 
 CHUNK = 64 * 1024

@@ -23,10 +23,10 @@ from upload.upload_helpers import chunk_request, create_request, split, wait_sta
 from services.common.db import create_engine, session_factory
 from services.common.jobs import RuntimeOptions
 from services.locks.client import LockClient
-from services.upload.blob_store import chunk_key
+from services.upload.ingest.status_ages import refresh_status_ages
 from services.upload.metrics import index_bucket
 from services.upload.models import ChunkRow
-from services.upload.status_ages import refresh_status_ages
+from services.upload.storage.blob_store import chunk_key
 
 CHUNK = 1024
 

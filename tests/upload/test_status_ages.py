@@ -10,8 +10,8 @@ from sqlalchemy import update
 from upload.upload_helpers import create_request
 
 from services.common.db import create_engine, session_factory
+from services.upload.ingest.status_ages import refresh_status_ages
 from services.upload.models import MERGING, UploadRow, utcnow
-from services.upload.status_ages import refresh_status_ages
 
 CHUNK = 1024
 

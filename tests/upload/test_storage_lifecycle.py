@@ -26,13 +26,13 @@ from upload.upload_helpers import (
 
 from services.common.auth import Identity
 from services.common.page_tokens import PageTokens
-from services.upload.blob_store import content_key, upload_prefix
 from services.upload.errors import ContentReplaced
-from services.upload.files import Files
-from services.upload.lifecycle import ReclaimPolicy, reclaim
-from services.upload.listing_cache import ListingCache
+from services.upload.files.listing_cache import ListingCache
+from services.upload.files.retire import retire_files
+from services.upload.files.use_cases import Files
 from services.upload.models import FileRow, UploadRow, utcnow
-from services.upload.retire import retire_files
+from services.upload.storage.blob_store import content_key, upload_prefix
+from services.upload.storage.lifecycle import ReclaimPolicy, reclaim
 
 CHUNK = 1024
 DEADLINE_S = 30

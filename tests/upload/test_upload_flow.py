@@ -16,7 +16,7 @@ from upload.upload_helpers import (
     wait_status,
 )
 
-from services.upload.blob_store import content_key
+from services.upload.storage.blob_store import content_key
 
 CHUNK = 1024
 

@@ -17,8 +17,8 @@ from support.grpc_errors import error_info
 
 from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
-from services.upload.chunks import ChunkStore
-from services.upload.merge_job import enqueue_merge
+from services.upload.ingest.chunks import ChunkStore
+from services.upload.merge.merge_job import enqueue_merge
 from services.upload.models import ChunkRow, UploadRow
 
 DEADLINE_S = 60.0

@@ -34,9 +34,7 @@ def _status_on_arrival() -> Any:
     else 'queued' (why not behind one: runtime_0003)."""
     ahead = jobs.alias("ahead")
     two_ahead = (
-        select(ahead.c.id)
-        .where(ahead.c.partition_key == bindparam("arriving_partition"))
-        .limit(2)
+        select(ahead.c.id).where(ahead.c.partition_key == bindparam("arriving_partition")).limit(2)
     )
     counted = select(func.count()).select_from(two_ahead.subquery()).scalar_subquery()
     return case((counted >= 2, WAITING), else_=QUEUED)

@@ -24,16 +24,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.errors import InvalidArgument
 from services.common.logging import get_logger
-from services.upload.events import record_file_event
-from services.upload.models import FILE, FOLDER, FileRow, utcnow
-from services.upload.tree import (
+from services.upload.files.events import record_file_event
+from services.upload.files.tree import (
     MAX_NAME_LENGTH,
     free_name,
     lock_tree,
     new_id,
     validate_name,
 )
-from services.upload.versions import touch_folder
+from services.upload.files.versions import touch_folder
+from services.upload.models import FILE, FOLDER, FileRow, utcnow
 
 log = get_logger(__name__)
 

@@ -4,7 +4,7 @@ Runs in batches; each batch's rows are taken with FOR UPDATE SKIP LOCKED on Post
 (SQLite has one writer at a time), and the delete is conditional on TOMBSTONED, so
 several replicas purging at once neither block each other nor delete anything twice.
 A row that names a local file is deleted only when the upload service supplied
-`retire_files` (the upload app always does: `services/upload/retire.py` deletes the file
+`retire_files` (the upload app always does: `services/upload/files/retire.py` deletes the file
 with its version bump and `file.deleted` event) and retired that file, in the same
 transaction: the file and its tombstone go together, so the lifecycle ends with nothing
 left to show. Without the hook (or for a file it keeps, e.g. a folder) the row stays,

@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Authenticator, Identity
 from services.common.errors import AlreadyExists, InvalidArgument
-from services.upload import permissions
 from services.upload.errors import WrongKind
+from services.upload.files import permissions
 from services.upload.models import FOLDER
 from services.upload.sync import items
 from services.upload.sync.engine import SyncEngine

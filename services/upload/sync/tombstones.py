@@ -4,6 +4,7 @@ GetFile / Download / ListFolder of a tombstoned synced file answer FAILED_PRECON
 with reason FILE_RETENTION_EXPIRED and `status=expired` in the ErrorInfo metadata.
 Tombstoned files stay in the database (no hard delete); listings leave them out.
 Every lookup is scoped by tenant: only the file's own tenant's tombstone can hide it.
+The tree asks through `files.visibility`, where `TOMBSTONES` is registered (sync/__init__.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from sqlalchemy import ColumnElement, exists, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.upload.files.visibility import HidingRule
 from services.upload.sync.errors import FileRetentionExpired
 from services.upload.sync.models import TOMBSTONED, synced_items
 
@@ -66,3 +68,23 @@ def not_tombstoned(
         synced_items.c.tenant_id == tenant_id_column,
         synced_items.c.status == TOMBSTONED,
     )
+
+
+class _Tombstones:
+    """The tombstones as the tree's hiding rule (`files.visibility.HidingRule`)."""
+
+    async def raise_if_hidden(self, session: AsyncSession, tenant_id: str, file_id: str) -> None:
+        await raise_if_tombstoned(session, tenant_id, file_id)
+
+    async def hidden_ids(
+        self, session: AsyncSession, tenant_id: str, file_ids: Iterable[str] | None
+    ) -> set[str]:
+        return await hidden_file_ids(session, tenant_id, file_ids)
+
+    def visible(
+        self, file_id_column: ColumnElement[str], tenant_id_column: ColumnElement[str]
+    ) -> ColumnElement[bool]:
+        return not_tombstoned(file_id_column, tenant_id_column)
+
+
+TOMBSTONES: HidingRule = _Tombstones()

@@ -1,0 +1,64 @@
+"""Domain events of the file tree, built for the outbox (serentak.events.v1.Event).
+
+Each event carries the file's new version, an idempotency key naming the change, a dedupe
+key (renames of one file share one, so a burst collapses; content updates get one per
+version, so none is merged away), the correlation id and the audience at commit time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from serentak.events.v1 import events_pb2
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.correlation import current_correlation_id
+from services.common.outbox.store import record_event
+from services.upload.files.permissions import audience
+from services.upload.models import FOLDER, FileRow
+
+# event_type -> (payload field, dedupe key template)
+_KINDS: dict[str, tuple[str, str]] = {
+    "file.content.updated": ("file_content_updated", "file:{id}:content:v{version}"),
+    "file.renamed": ("file_renamed", "file:{id}:renamed"),
+    "file.moved": ("file_moved", "file:{id}:moved"),
+    "file.deleted": ("file_deleted", "file:{id}:deleted:v{version}"),
+    "file.restored": ("file_restored", "file:{id}:restored:v{version}"),
+    "file.shared": ("file_shared", "file:{id}:shared:{user}"),
+    "file.unshared": ("file_unshared", "file:{id}:unshared:{user}"),
+    "folder.created": ("folder_created", "folder:{id}:created"),
+}
+
+
+async def record_file_event(
+    session: AsyncSession,
+    event_type: str,
+    file: FileRow,
+    actor_user_id: str,
+    *,
+    idempotency_key: str | None = None,
+    **payload: Any,
+) -> events_pb2.Event:
+    """Write one event about `file` (at its current version) to the outbox, in `session`."""
+    field, dedupe = _KINDS[event_type]
+    event = events_pb2.Event(
+        event_id=uuid.uuid4().hex,
+        event_type=event_type,
+        aggregate_type="folder" if file.kind == FOLDER else "file",
+        aggregate_id=file.id,
+        tenant_id=file.tenant_id,
+        actor_user_id=actor_user_id,
+        version=file.version,
+        idempotency_key=idempotency_key or f"{event_type}:{file.id}:v{file.version}",
+        dedupe_key=dedupe.format(id=file.id, version=file.version, user=payload.get("user_id", "")),
+        correlation_id=current_correlation_id(),
+        audience_user_ids=await audience(session, file),
+    )
+    getattr(event, field).CopyFrom(getattr(events_pb2, _message_name(field))(**payload))
+    await record_event(session, event)
+    return event
+
+
+def _message_name(field: str) -> str:
+    return "".join(part.capitalize() for part in field.split("_"))

@@ -1,0 +1,227 @@
+"""The access rules (README "Access rules"), in one place: every use case asks this module.
+
+- The item's owner has the owner role.
+- A share on the item, or on a folder above it, gives the shared role (viewer or editor).
+  A folder's share reaches down only through items of the *same owner*: the walk up from
+  an item stops at the first folder owned by someone else. So moving an item never gives
+  anyone access its owner did not grant, and owning a folder gives no role on another
+  owner's item inside it.
+- Moving needs the editor role on the item and on the destination folder, and either the
+  owner role on the item or a destination owned by the item's owner: an editor cannot take
+  an item out of its owner's tree.
+- An item in another tenant, or one the caller has no role on, is NOT_FOUND: the answer
+  never reveals that it exists.
+
+Every walk up the tree is one bounded recursive query (`MAX_DEPTH`), so it ends even if
+the tree were ever corrupted into a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import and_, literal, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.auth import Identity
+from services.upload.errors import FileNotFound, NotAllowed
+from services.upload.models import EDITOR, OWNER, VIEWER, FileRow, ShareRow
+
+_RANK = {None: 0, VIEWER: 1, EDITOR: 2, OWNER: 3}
+# A folder has at most MAX_DEPTH - 1 folders above it (files one more): `tree` refuses
+# deeper creates and moves, and every walk up reads at most MAX_DEPTH + 1 items.
+MAX_DEPTH = 64
+
+
+def role_rank(role: str | None) -> int:
+    """Ordering of roles: none < viewer < editor < owner."""
+    return _RANK[role]
+
+
+def best(a: str | None, b: str | None) -> str | None:
+    """The higher of two roles."""
+    return a if role_rank(a) >= role_rank(b) else b
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One item on the way up: the item itself first, then its folders."""
+
+    id: str
+    parent_id: str | None
+    owner: str
+    share: str | None  # the caller's direct share on this item, if asked for
+
+
+async def chain(
+    session: AsyncSession, tenant_id: str, file_id: str, user_id: str | None = None
+) -> list[Link]:
+    """`file_id` and its folders up to the root (at most MAX_DEPTH + 1), in one query.
+
+    With `user_id`, each link carries that user's direct share. The depth bound makes the
+    query end even on a cycle; a chain that is still not at a root is cut there.
+    """
+    files = FileRow.__table__
+    start = (
+        select(files.c.id, files.c.parent_id, files.c.owner_user_id, literal(0).label("depth"))
+        .where(files.c.id == file_id, files.c.tenant_id == tenant_id)
+        .cte("chain", recursive=True)
+    )
+    up = files.alias("up")
+    walk = start.union_all(
+        select(up.c.id, up.c.parent_id, up.c.owner_user_id, start.c.depth + 1).where(
+            up.c.id == start.c.parent_id,
+            up.c.tenant_id == tenant_id,
+            start.c.depth < MAX_DEPTH,
+        )
+    )
+    if user_id is None:
+        query = select(walk.c.id, walk.c.parent_id, walk.c.owner_user_id, literal(None))
+    else:
+        shares = ShareRow.__table__
+        query = select(walk.c.id, walk.c.parent_id, walk.c.owner_user_id, shares.c.role).outerjoin(
+            shares, and_(shares.c.file_id == walk.c.id, shares.c.user_id == user_id)
+        )
+    rows = (await session.execute(query.order_by(walk.c.depth))).all()
+    return [Link(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+def reaches_root(links: list[Link]) -> bool:
+    """True if the chain ends at a root folder (it was not cut by the depth bound)."""
+    return bool(links) and links[-1].parent_id is None
+
+
+def inherited(links: Iterable[Link], owner: str) -> str | None:
+    """The best share along `links` from the start while the items belong to `owner`."""
+    role: str | None = None
+    for link in links:
+        if link.owner != owner:
+            break
+        role = best(role, link.share)
+    return role
+
+
+def role_in_chain(identity: Identity, links: list[Link]) -> str | None:
+    """The caller's role on `links[0]` given its chain (with the caller's shares)."""
+    if not links:
+        return None
+    if links[0].owner == identity.user_id:
+        return OWNER
+    return inherited(links, links[0].owner)
+
+
+def child_role(
+    identity: Identity,
+    folder_owner: str,
+    folder_shared: str | None,
+    child_owner: str,
+    child_share: str | None,
+) -> str | None:
+    """The caller's role on a child without walking up again.
+
+    `folder_shared` is `inherited(folder_links, folder_owner)`, worked out once per listing.
+    """
+    if child_owner == identity.user_id:
+        return OWNER
+    if child_owner == folder_owner:
+        return best(child_share, folder_shared)
+    return child_share
+
+
+async def shares_of(session: AsyncSession, user_id: str, file_ids: list[str]) -> dict[str, str]:
+    """The user's direct shares on `file_ids` (one query): file id -> role."""
+    if not file_ids:
+        return {}
+    rows = await session.execute(
+        select(ShareRow.file_id, ShareRow.role).where(
+            ShareRow.user_id == user_id, ShareRow.file_id.in_(file_ids)
+        )
+    )
+    return {file_id: role for file_id, role in rows.all()}
+
+
+async def load_file(session: AsyncSession, identity: Identity, file_id: str) -> FileRow:
+    """The file `file_id` in the caller's tenant (no role check), or FILE_NOT_FOUND."""
+    if not file_id:
+        raise FileNotFound("file not found", file_id=file_id)
+    row = (
+        await session.execute(
+            select(FileRow).where(FileRow.id == file_id, FileRow.tenant_id == identity.tenant_id)
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise FileNotFound("file not found", file_id=file_id)
+    return row
+
+
+async def role_of(session: AsyncSession, identity: Identity, file: FileRow) -> str | None:
+    """The caller's role on `file` (None: no access)."""
+    if file.tenant_id != identity.tenant_id:
+        return None
+    if file.owner_user_id == identity.user_id:
+        return OWNER
+    return role_in_chain(
+        identity, await chain(session, identity.tenant_id, file.id, identity.user_id)
+    )
+
+
+async def readable(session: AsyncSession, identity: Identity, file_id: str) -> tuple[FileRow, str]:
+    """The file and the caller's role if they may read it; else FILE_NOT_FOUND."""
+    file = await load_file(session, identity, file_id)
+    role = await role_of(session, identity, file)
+    if role is None:
+        raise FileNotFound("file not found", file_id=file_id)
+    return file, role
+
+
+async def writable(session: AsyncSession, identity: Identity, file_id: str) -> tuple[FileRow, str]:
+    """The file and role if the caller may change it (owner or editor); else an error."""
+    file = await load_file(session, identity, file_id)
+    return file, await writable_role(session, identity, file)
+
+
+async def writable_role(session: AsyncSession, identity: Identity, file: FileRow) -> str:
+    """`writable` for a file row loaded already: the caller's role, or the same errors."""
+    role = await role_of(session, identity, file)
+    if role is None:
+        raise FileNotFound("file not found", file_id=file.id)
+    if role_rank(role) < role_rank(EDITOR):
+        raise NotAllowed("changing this file needs the editor role", file_id=file.id, role=role)
+    return role
+
+
+async def owned(session: AsyncSession, identity: Identity, file_id: str) -> FileRow:
+    """The file if the caller owns it (sharing is the owner's call); else an error."""
+    file, role = await readable(session, identity, file_id)
+    if role != OWNER:
+        raise NotAllowed("only the owner can do this", file_id=file_id, role=role)
+    return file
+
+
+def check_move(role: str, file: FileRow, target: FileRow) -> None:
+    """Refuse a move that would take an item out of its owner's tree without owner rights.
+
+    The caller already holds the editor role on both `file` and the folder `target`.
+    """
+    if role != OWNER and target.owner_user_id != file.owner_user_id:
+        raise NotAllowed(
+            "only the owner can move an item into a folder of another owner",
+            reason="MOVE_NOT_ALLOWED",
+            file_id=file.id,
+            role=role,
+        )
+
+
+async def audience(session: AsyncSession, file: FileRow) -> list[str]:
+    """The file's owner and everyone with a share that reaches it, sorted: an event's audience."""
+    links = await chain(session, file.tenant_id, file.id)
+    ids: list[str] = []
+    for link in links:
+        if link.owner != file.owner_user_id:
+            break
+        ids.append(link.id)
+    users = {file.owner_user_id}
+    rows = await session.execute(select(ShareRow.user_id).where(ShareRow.file_id.in_(ids)))
+    users.update(rows.scalars())
+    return sorted(users)

@@ -1,0 +1,203 @@
+"""The folder tree's basics: names, each user's root folder, new ids, the tree lock.
+
+Names are NFC-normalised and unique among the live (not deleted) items of one folder.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+import uuid
+
+from sqlalchemy import func, literal, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common.auth import Identity
+from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.upload.files.permissions import role_of
+from services.upload.files.visibility import visible
+from services.upload.models import FOLDER, FileRow, utcnow
+
+# pg_advisory_xact_lock(namespace, hashtext(tenant)): the namespace keeps the tree lock
+# apart from any other advisory lock.
+_TREE_LOCK_NAMESPACE = 0x7EEE
+
+MAX_NAME_LENGTH = 255
+
+
+def new_id() -> str:
+    """A fresh random id (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+def validate_name(name: str, field: str = "name") -> str:
+    """A usable file or folder name (NFC-normalised), or INVALID_ARGUMENT naming `field`."""
+    name = unicodedata.normalize("NFC", name)
+    if not name or not name.strip():
+        raise InvalidArgument(field, "must not be empty", reason="INVALID_NAME")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidArgument(
+            field, f"longer than {MAX_NAME_LENGTH} characters", reason="INVALID_NAME"
+        )
+    if name in (".", "..") or "/" in name or "\x00" in name or not name.isprintable():
+        raise InvalidArgument(field, "has a forbidden character or form", reason="INVALID_NAME")
+    return name
+
+
+def new_folder(
+    tenant_id: str, parent_id: str | None, name: str, owner_user_id: str, **keys: str | None
+) -> FileRow:
+    """A new, empty folder row at version 1 (`keys`: root_of or create_request_key)."""
+    now = utcnow()
+    return FileRow(
+        id=new_id(),
+        tenant_id=tenant_id,
+        parent_id=parent_id,
+        name=name,
+        kind=FOLDER,
+        owner_user_id=owner_user_id,
+        version=1,
+        children_version=0,
+        size=0,
+        checksum="",
+        checksum_algorithm="",
+        last_lock_token=0,
+        created_at=now,
+        updated_at=now,
+        **keys,
+    )
+
+
+def root_key(identity: Identity) -> str:
+    """The unique marker of a user's root folder."""
+    return f"{identity.tenant_id}:{identity.user_id}"
+
+
+async def find_root(session: AsyncSession, identity: Identity) -> FileRow | None:
+    """The caller's root folder if it exists."""
+    return (
+        await session.execute(select(FileRow).where(FileRow.root_of == root_key(identity)))
+    ).scalar_one_or_none()
+
+
+async def ensure_root(sessions: async_sessionmaker[AsyncSession], identity: Identity) -> str:
+    """The id of the caller's root folder, created on first use (race-safe)."""
+    async with sessions() as session:
+        root = await find_root(session, identity)
+        if root is not None:
+            return root.id
+    try:
+        async with sessions.begin() as session:
+            root = new_folder(
+                identity.tenant_id, None, "", identity.user_id, root_of=root_key(identity)
+            )
+            session.add(root)
+            return root.id
+    except IntegrityError:
+        # Another request created it first: use theirs.
+        async with sessions() as session:
+            found = await find_root(session, identity)
+            assert found is not None
+            return found.id
+
+
+class NameTaken(AlreadyExists):
+    """A live item of the folder already has this name."""
+
+    reason = "NAME_TAKEN"
+
+
+class TreeTooDeep(FailedPrecondition):
+    """The change would nest folders deeper than the tree allows."""
+
+    reason = "TREE_TOO_DEEP"
+
+
+async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
+    """Serialise the tenant's tree changes (moves, names) until this transaction ends.
+
+    Call first in the transaction, before any row is written. SQLite needs nothing: every
+    transaction begins IMMEDIATE, so writers are serialised already.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"),
+            {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id},
+        )
+
+
+async def name_holder(
+    session: AsyncSession, tenant_id: str, parent_id: str, name: str, except_id: str = ""
+) -> str | None:
+    """The id of the live item named `name` in folder `parent_id`, if any."""
+    return (
+        await session.execute(
+            select(FileRow.id)
+            .where(
+                FileRow.tenant_id == tenant_id,
+                FileRow.parent_id == parent_id,
+                FileRow.name == name,
+                FileRow.deleted_at.is_(None),
+                FileRow.id != except_id,
+                visible(FileRow.__table__.c.id, FileRow.__table__.c.tenant_id),
+            )
+            .limit(1)
+        )
+    ).scalar_one_or_none()
+
+
+async def require_free_name(
+    session: AsyncSession,
+    identity: Identity,
+    parent_id: str,
+    name: str,
+    field: str,
+    except_id: str = "",
+) -> None:
+    """ALREADY_EXISTS / NAME_TAKEN if a live item of the folder has `name`.
+
+    The holder's id is named when the caller may see it (an item of another owner in a
+    shared folder stays unrevealed).
+    """
+    holder = await name_holder(session, identity.tenant_id, parent_id, name, except_id)
+    if holder is None:
+        return
+    row = await session.get(FileRow, holder)
+    visible = row is not None and await role_of(session, identity, row) is not None
+    raise NameTaken(
+        f"{field}: the folder already has an item named {name!r}",
+        field=field,
+        existing_file_id=holder if visible else None,
+    )
+
+
+async def free_name(session: AsyncSession, tenant_id: str, parent_id: str, name: str) -> str:
+    """`name`, or `name (2)`, `name (3)`... (before the extension): the first one not taken."""
+    stem, dot, ext = name.rpartition(".")
+    if not stem:
+        stem, dot, ext = name, "", ""
+    candidate, n = name, 1
+    while await name_holder(session, tenant_id, parent_id, candidate) is not None:
+        n += 1
+        # Past a hundred copies, a random tag ends the search in one more step.
+        tag = str(n) if n <= 100 else new_id()[:12]
+        suffix = f" ({tag}){dot}{ext}"
+        candidate = stem[: MAX_NAME_LENGTH - len(suffix)] + suffix
+    return candidate
+
+
+async def folder_height(session: AsyncSession, folder_id: str, limit: int) -> int:
+    """How many levels of folders lie below `folder_id` (0: none), counting up to `limit`."""
+    files = FileRow.__table__
+    start = (
+        select(files.c.id, literal(0).label("level"))
+        .where(files.c.id == folder_id)
+        .cte("below", recursive=True)
+    )
+    down = files.alias("down")
+    walk = start.union_all(
+        select(down.c.id, start.c.level + 1).where(
+            down.c.parent_id == start.c.id, down.c.kind == FOLDER, start.c.level < limit
+        )
+    )
+    return int(await session.scalar(select(func.max(walk.c.level))) or 0)

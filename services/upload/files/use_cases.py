@@ -1,0 +1,350 @@
+"""The file tree's use cases: folders, metadata changes, sharing (`sharing.py`), listing, download.
+
+Every change bumps the file's version (`versions.bump`) and records its outbox event in
+the same transaction (invariant 6); the parent folder's listing version moves with it and
+the listing cache is invalidated only after the commit (invariant 11).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from serentak.upload.v1 import upload_pb2
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common import validation
+from services.common.auth import Identity
+from services.common.db import read_only
+from services.common.errors import InvalidArgument
+from services.common.page_tokens import PageTokens
+from services.upload.errors import ContentReplaced, FileDeleted, WrongKind
+from services.upload.files import sharing
+from services.upload.files.events import record_file_event
+from services.upload.files.listing import list_page
+from services.upload.files.listing_cache import ListingCache
+from services.upload.files.permissions import (
+    MAX_DEPTH,
+    chain,
+    check_move,
+    reaches_root,
+    readable,
+    role_of,
+    writable,
+)
+from services.upload.files.shared import list_shared_with_me
+from services.upload.files.tree import (
+    TreeTooDeep,
+    ensure_root,
+    folder_height,
+    lock_tree,
+    new_folder,
+    require_free_name,
+    validate_name,
+)
+from services.upload.files.versions import bump, touch_folder
+from services.upload.files.visibility import raise_if_hidden
+from services.upload.models import FILE, FOLDER, FileRow, ShareRow, utcnow
+from services.upload.storage.blob_store import BlobStore
+
+DOWNLOAD_BLOCK = 1024 * 1024
+
+# A check run inside a change's transaction, after the file is loaded with the caller's role.
+Check = Callable[[AsyncSession, FileRow, str], Awaitable[None]]
+
+
+class Files:
+    """FileService use cases, scoped to the caller's tenant and role."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        blobs: BlobStore,
+        cache: ListingCache,
+        tokens: PageTokens,
+    ) -> None:
+        self._sessions = sessions
+        self._blobs = blobs
+        self._cache = cache
+        self._tokens = tokens
+
+    async def create_folder(
+        self, identity: Identity, request: upload_pb2.CreateFolderRequest
+    ) -> tuple[FileRow, str]:
+        """A new folder (idempotent per client_request_id; ALREADY_EXISTS on a taken name)."""
+        name = validate_name(request.name)
+        validation.resource_id(request.parent_id, "parent_id", required=False)
+        crid = validation.client_request_id(request.client_request_id)
+        parent_id = request.parent_id or await ensure_root(self._sessions, identity)
+        key = f"{identity.tenant_id}:{identity.user_id}:{crid}" if crid else None
+        try:
+            async with self._sessions.begin() as session:
+                await lock_tree(session, identity.tenant_id)
+                if key is not None:
+                    found = (
+                        await session.execute(
+                            select(FileRow).where(FileRow.create_request_key == key)
+                        )
+                    ).scalar_one_or_none()
+                    if found is not None:
+                        return found, await role_of(session, identity, found) or ""
+                parent, _ = await writable(session, identity, parent_id)
+                _require_live_folder(parent, "parent_id")
+                links = await chain(session, identity.tenant_id, parent.id)
+                if len(links) >= MAX_DEPTH or not reaches_root(links):
+                    raise TreeTooDeep(f"folders nest at most {MAX_DEPTH} deep", file_id=parent.id)
+                await require_free_name(session, identity, parent.id, name, "name")
+                folder = new_folder(
+                    identity.tenant_id,
+                    parent.id,
+                    name,
+                    parent.owner_user_id,
+                    create_request_key=key,
+                )
+                session.add(folder)
+                await session.flush()
+                await touch_folder(session, parent.id)
+                await record_file_event(
+                    session,
+                    "folder.created",
+                    folder,
+                    identity.user_id,
+                    folder_id=folder.id,
+                    parent_id=parent.id,
+                    name=name,
+                )
+                role = await role_of(session, identity, folder) or ""
+        except IntegrityError:
+            return await self.create_folder(identity, request)
+        self._cache.invalidate_folder(parent_id)
+        return folder, role
+
+    async def get(self, identity: Identity, file_id: str) -> tuple[FileRow, str]:
+        """The file and the caller's role (FILE_RETENTION_EXPIRED once tombstoned upstream)."""
+        async with self._sessions() as session:
+            await read_only(session)
+            # Permission first: another tenant learns nothing about the file.
+            found = await readable(session, identity, _required(file_id, "file_id"))
+            await raise_if_hidden(session, identity.tenant_id, file_id)
+            return found
+
+    async def list_folder(
+        self, identity: Identity, request: upload_pb2.ListFolderRequest
+    ) -> upload_pb2.ListFolderResponse:
+        """One page of a folder's children the caller may see, with the caller's role on each."""
+        validation.resource_id(request.folder_id, "folder_id", required=False)
+        folder_id = request.folder_id or await ensure_root(self._sessions, identity)
+        async with self._sessions() as session:
+            # A snapshot without SQLite's write lock: a listing never holds up writers.
+            await read_only(session)
+            return await list_page(session, self._cache, self._tokens, identity, folder_id, request)
+
+    async def _change(
+        self,
+        identity: Identity,
+        file_id: str,
+        expected_version: int,
+        event_type: str,
+        *,
+        check: Check | None = None,
+        **values: object,
+    ) -> tuple[FileRow, str, set[str | None]]:
+        """Apply a metadata change with its event; returns the file, role and touched folders.
+
+        The tree lock is taken first, so `check` (names, cycles) and the write are one step
+        for every other change of the tenant's tree.
+        """
+        _required(file_id, "file_id")
+        async with self._sessions.begin() as session:
+            await lock_tree(session, identity.tenant_id)
+            file, role = await writable(session, identity, file_id)
+            if check is not None:
+                await check(session, file, role)
+            old = (file.name, file.parent_id)
+            file = await bump(session, file, expected_version, **values)
+            touched = {old[1], file.parent_id}
+            for folder in touched:
+                await touch_folder(session, folder)
+            payload: dict[str, Any] = {"file_id": file.id}
+            if event_type == "file.renamed":
+                payload.update(old_name=old[0], new_name=file.name)
+            elif event_type == "file.moved":
+                payload.update(
+                    old_parent_id=old[1] or "", new_parent_id=file.parent_id or "", name=file.name
+                )
+            else:
+                payload["name"] = file.name
+            await record_file_event(session, event_type, file, identity.user_id, **payload)
+        for folder in touched:
+            self._cache.invalidate_folder(folder)
+        return file, role, touched
+
+    async def rename(
+        self, identity: Identity, request: upload_pb2.RenameFileRequest
+    ) -> tuple[FileRow, str]:
+        """Rename a file or folder."""
+        name = validate_name(request.new_name, "new_name")
+
+        async def name_free(session: AsyncSession, file: FileRow, _role: str) -> None:
+            if file.parent_id is not None and file.deleted_at is None:
+                await require_free_name(
+                    session, identity, file.parent_id, name, "new_name", except_id=file.id
+                )
+
+        file, role, _ = await self._change(
+            identity,
+            request.file_id,
+            request.expected_version,
+            "file.renamed",
+            check=name_free,
+            name=name,
+        )
+        return file, role
+
+    async def move(
+        self, identity: Identity, request: upload_pb2.MoveFileRequest
+    ) -> tuple[FileRow, str]:
+        """Move into another folder (README "Access rules"; never into itself or below it).
+
+        The cycle check and the write are one transaction under the tenant's tree lock, so
+        two racing moves (A into B, B into A) cannot both pass the check.
+        """
+        target_id = _required(request.new_parent_id, "new_parent_id")
+
+        async def allowed(session: AsyncSession, file: FileRow, role: str) -> None:
+            if file.parent_id is None:
+                raise InvalidArgument(
+                    "file_id", "a root folder cannot be moved", reason="ROOT_FOLDER"
+                )
+            target, _ = await writable(session, identity, target_id)
+            _require_live_folder(target, "new_parent_id")
+            check_move(role, file, target)
+            links = await chain(session, identity.tenant_id, target.id)
+            if any(link.id == file.id for link in links):
+                raise InvalidArgument(
+                    "new_parent_id", "is the file itself or inside it", reason="MOVE_CYCLE"
+                )
+            below = await folder_height(session, file.id, MAX_DEPTH) if file.kind == FOLDER else -1
+            if not reaches_root(links) or len(links) + 1 + below > MAX_DEPTH:
+                raise TreeTooDeep(f"folders nest at most {MAX_DEPTH} deep", file_id=target.id)
+            if file.deleted_at is None:
+                await require_free_name(
+                    session, identity, target.id, file.name, "new_parent_id", except_id=file.id
+                )
+
+        file, role, _ = await self._change(
+            identity,
+            request.file_id,
+            request.expected_version,
+            "file.moved",
+            check=allowed,
+            parent_id=target_id,
+        )
+        return file, role
+
+    async def delete(
+        self, identity: Identity, request: upload_pb2.DeleteFileRequest
+    ) -> tuple[FileRow, str]:
+        """Soft delete (restorable)."""
+        file, _ = await self.get(identity, request.file_id)
+        if file.deleted_at is not None:
+            raise FileDeleted("the file is already deleted", file_id=file.id)
+        if file.parent_id is None:
+            raise InvalidArgument(
+                "file_id", "a root folder cannot be deleted", reason="ROOT_FOLDER"
+            )
+        file, role, _ = await self._change(
+            identity, request.file_id, request.expected_version, "file.deleted", deleted_at=utcnow()
+        )
+        return file, role
+
+    async def restore(
+        self, identity: Identity, request: upload_pb2.RestoreFileRequest
+    ) -> tuple[FileRow, str]:
+        """Undo a soft delete."""
+        file, _ = await self.get(identity, request.file_id)
+        if file.deleted_at is None:
+            raise FileDeleted("the file is not deleted", file_id=file.id, reason="FILE_NOT_DELETED")
+
+        async def name_free(session: AsyncSession, file: FileRow, _role: str) -> None:
+            if file.parent_id is not None:
+                await require_free_name(
+                    session, identity, file.parent_id, file.name, "file_id", except_id=file.id
+                )
+
+        file, role, _ = await self._change(
+            identity,
+            request.file_id,
+            request.expected_version,
+            "file.restored",
+            check=name_free,
+            deleted_at=None,
+        )
+        return file, role
+
+    async def share(
+        self, identity: Identity, request: upload_pb2.ShareFileRequest
+    ) -> tuple[FileRow, str]:
+        """Grant `user_id` viewer or editor (owner only)."""
+        file = await sharing.share(self._sessions, identity, request)
+        self._cache.invalidate_folder(file.parent_id)
+        return file, "owner"
+
+    async def unshare(
+        self, identity: Identity, request: upload_pb2.UnshareFileRequest
+    ) -> tuple[FileRow, str]:
+        """Revoke a collaborator (owner only); the revoked user is still told (audience)."""
+        file = await sharing.unshare(self._sessions, identity, request)
+        self._cache.invalidate_folder(file.parent_id)
+        return file, "owner"
+
+    async def shared_with_me(
+        self, identity: Identity, request: upload_pb2.ListSharedWithMeRequest
+    ) -> upload_pb2.ListSharedWithMeResponse:
+        """A page of the items shared directly with the caller (services/upload/files/shared.py)."""
+        return await list_shared_with_me(self._sessions, self._tokens, identity, request)
+
+    async def collaborators(self, identity: Identity, file_id: str) -> list[ShareRow]:
+        """Direct shares of a file the caller can read."""
+        return await sharing.collaborators(self._sessions, identity, file_id)
+
+    async def open_download(
+        self, identity: Identity, request: upload_pb2.DownloadRequest
+    ) -> tuple[FileRow, AsyncIterator[bytes]]:
+        """The file row and an iterator over its content from `offset`."""
+        file, _ = await self.get(identity, request.file_id)
+        if file.kind != FILE:
+            raise WrongKind("cannot download a folder", file_id=file.id)
+        if file.deleted_at is not None:
+            raise FileDeleted("the file is deleted", file_id=file.id)
+        if not 0 <= request.offset <= file.size:
+            raise InvalidArgument("offset", f"must be 0..{file.size}")
+        assert file.blob_key is not None
+        return file, _replaced_is_aborted(
+            self._blobs.iter_read(file.blob_key, request.offset, DOWNLOAD_BLOCK), file.id
+        )
+
+
+async def _replaced_is_aborted(blocks: AsyncIterator[bytes], file_id: str) -> AsyncIterator[bytes]:
+    """A version deleted by the retention policy while being read ends the download
+    ABORTED/CONTENT_REPLACED (the bytes sent so far were that version's)."""
+    try:
+        async for block in blocks:
+            yield block
+    except FileNotFoundError as exc:
+        raise ContentReplaced(
+            "this version of the file was replaced and deleted; download again", file_id=file_id
+        ) from exc
+
+
+def _required(value: str, field: str) -> str:
+    return validation.resource_id(value, field)
+
+
+def _require_live_folder(row: FileRow, field: str) -> None:
+    if row.kind != FOLDER:
+        raise WrongKind(f"{field} is not a folder", file_id=row.id)
+    if row.deleted_at is not None:
+        raise FileDeleted("the folder is deleted", file_id=row.id)

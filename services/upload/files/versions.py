@@ -1,0 +1,86 @@
+"""Committing a file change: bump the monotonic version, check fencing or expected_version.
+
+Invariant 6: every metadata change bumps `files.version` in the transaction that also
+writes the change's outbox event (the caller records the event in the same session).
+Invariant 7, fencing: storage, not the lock, has the last word. A lock can be lost without
+its holder noticing in time (a GC pause, a stalled disk, a partition longer than the TTL);
+the next holder's token (an etcd revision) is strictly greater. So a content commit made
+under the file lock carries the lock's token, and the UPDATE itself refuses a token lower
+than `last_lock_token` (equal: the same holder writing again). This is the one fencing check:
+every commit under a lock goes through `commit_fenced`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.upload.errors import FileNotFound, StaleFencingToken, VersionMismatch
+from services.upload.models import FileRow, utcnow
+
+
+async def _reload(session: AsyncSession, file_id: str) -> FileRow | None:
+    return await session.get(FileRow, file_id, populate_existing=True)
+
+
+async def bump(
+    session: AsyncSession, file: FileRow, expected_version: int, **values: Any
+) -> FileRow:
+    """Apply `values` and `version = version + 1`; ABORTED/VERSION_MISMATCH on a stale expectation.
+
+    UPDATE files SET ..., version = version + 1
+     WHERE id = :id AND (:expected = 0 OR version = :expected)
+    """
+    stmt = update(FileRow).where(FileRow.id == file.id)
+    if expected_version:
+        stmt = stmt.where(FileRow.version == expected_version)
+    result = await session.execute(
+        stmt.values(version=FileRow.version + 1, updated_at=utcnow(), **values)
+    )
+    fresh = await _reload(session, file.id)
+    if fresh is None:
+        raise FileNotFound("file not found", file_id=file.id)
+    if not result.rowcount:  # type: ignore[attr-defined]
+        raise VersionMismatch(
+            f"the file is at version {fresh.version}, not {expected_version}",
+            file_id=file.id,
+            expected_version=expected_version,
+            current_version=fresh.version,
+        )
+    return fresh
+
+
+async def commit_fenced(session: AsyncSession, file_id: str, token: int, **values: Any) -> FileRow:
+    """Apply a content change under lock `token`; ABORTED/STALE_FENCING_TOKEN if stale.
+
+    UPDATE files SET ..., version = version + 1, last_lock_token = :token
+     WHERE id = :id AND last_lock_token <= :token   -- equal: the same holder again
+    """
+    result = await session.execute(
+        update(FileRow)
+        .where(FileRow.id == file_id, FileRow.last_lock_token <= token)
+        .values(version=FileRow.version + 1, last_lock_token=token, updated_at=utcnow(), **values)
+    )
+    fresh = await _reload(session, file_id)
+    if fresh is None:
+        raise FileNotFound("file not found", file_id=file_id)
+    if not result.rowcount:  # type: ignore[attr-defined]
+        raise StaleFencingToken(
+            f"lock token {token} is older than the file's {fresh.last_lock_token}",
+            file_id=file_id,
+            token=token,
+            last_lock_token=fresh.last_lock_token,
+        )
+    return fresh
+
+
+async def touch_folder(session: AsyncSession, folder_id: str | None) -> None:
+    """Bump a folder's children_version: its cached listings are now outdated."""
+    if folder_id:
+        await session.execute(
+            update(FileRow)
+            .where(FileRow.id == folder_id)
+            .values(children_version=FileRow.children_version + 1)
+        )

@@ -1,0 +1,458 @@
+"""Upload sessions: create (idempotent per client_request_id), read, abort, list, expire.
+
+Status only moves forward (invariant 5): `uploading -> merging -> completed | failed`, and
+`aborted` / `expired` only from `uploading`. Every move is one conditional UPDATE naming
+the status it leaves, so two racing moves cannot both win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from serentak.upload.v1 import upload_pb2
+from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from services.common import validation
+from services.common.auth import Identity
+from services.common.db import read_only
+from services.common.errors import AlreadyExists, InvalidArgument
+from services.common.logging import get_logger
+from services.common.page_tokens import PageTokens
+from services.upload import checksums, pagination
+from services.upload.convert import STATUS_NAME
+from services.upload.errors import (
+    FileDeleted,
+    FileNotFound,
+    NotAllowed,
+    UploaderNotAllowed,
+    UploadNotActive,
+    UploadNotFound,
+    WrongKind,
+)
+from services.upload.files.permissions import writable, writable_role
+from services.upload.files.tree import ensure_root, new_id, require_free_name, validate_name
+from services.upload.ingest.allowance import check_allowance, check_size
+from services.upload.ingest.chunk_reads import ChunkRead, ChunkReads
+from services.upload.models import (
+    ABORTED,
+    EXPIRED,
+    FILE,
+    FOLDER,
+    UPLOADING,
+    ChunkRow,
+    FileRow,
+    UploadRow,
+    utcnow,
+)
+from services.upload.ranges import missing_ranges
+from services.upload.settings import UploadSettings
+
+MAX_CLIENT_REQUEST_ID = 128
+
+# Legal moves (invariant 5); anything else is a bug in the caller.
+_FORWARD = {
+    "uploading": {"merging", "aborted", "expired"},
+    "merging": {"completed", "failed"},
+}
+
+MergeEnqueuer = Callable[[AsyncSession, UploadRow], Awaitable[None]]
+
+log = get_logger(__name__)
+
+
+def expected_chunk_size(upload: UploadRow, index: int) -> int:
+    """Bytes chunk `index` must hold: chunk_size, except the last one takes the remainder."""
+    if index < upload.total_chunks - 1:
+        return upload.chunk_size
+    return upload.total_size - upload.chunk_size * (upload.total_chunks - 1)
+
+
+async def transition(
+    session: AsyncSession, upload_id: str, from_status: str, to_status: str, **values: Any
+) -> bool:
+    """Move `upload_id` from `from_status` to `to_status` if it is still there; True if moved.
+
+    UPDATE uploads SET status = :to WHERE id = :id AND status = :from -- a lost race
+    updates 0 rows, so exactly one of several racing callers wins.
+    """
+    if to_status not in _FORWARD.get(from_status, set()):
+        raise ValueError(f"illegal upload transition {from_status} -> {to_status}")
+    result = await session.execute(
+        update(UploadRow)
+        .where(UploadRow.id == upload_id, UploadRow.status == from_status)
+        .values(status=to_status, updated_at=utcnow(), **values)
+    )
+    moved = bool(result.rowcount)  # type: ignore[attr-defined]
+    if moved:
+        log_transition(upload_id, from_status, to_status)
+    return moved
+
+
+def takes_chunks(upload: UploadRow) -> bool:
+    """Whether `upload` (as read) still takes chunks: `uploading`, not past its expires_at."""
+    return upload.status == UPLOADING and upload.expires_at > utcnow()
+
+
+def log_transition(upload_id: str, from_status: str, to_status: str) -> None:
+    """The lifecycle log line of an upload's status move. Written in the moving
+    transaction (a rollback after it undoes the move), so it precedes whatever the
+    commit sets off, e.g. the merge job's start."""
+    log.info(
+        "upload_status_changed",
+        upload_id=upload_id,
+        from_status=from_status,
+        to_status=to_status,
+        transition=f"{from_status} → {to_status}",
+    )
+
+
+def validate_shape(
+    settings: UploadSettings, total_chunks: int, total_size: int, chunk_size: int
+) -> None:
+    """Check the chunk layout: counts, bounds, and that the sizes add up."""
+    if not 1 <= total_chunks <= settings.max_total_chunks:
+        raise InvalidArgument("total_chunks", f"must be 1..{settings.max_total_chunks}")
+    if chunk_size < 1 or chunk_size > settings.max_chunk_size:
+        raise InvalidArgument("chunk_size", f"must be 1..{settings.max_chunk_size} bytes")
+    if total_chunks > 1 and chunk_size < settings.min_chunk_size:
+        raise InvalidArgument(
+            "chunk_size",
+            f"must be at least {settings.min_chunk_size} bytes for a multi-chunk upload",
+        )
+    if total_size < 0:
+        raise InvalidArgument("total_size", "must not be negative")
+    # Every chunk but the last is full; the last holds 1..chunk_size bytes (0 for an empty file).
+    low = chunk_size * (total_chunks - 1) + (1 if total_chunks > 1 else 0)
+    high = chunk_size * total_chunks
+    if not low <= total_size <= high:
+        raise InvalidArgument(
+            "total_size",
+            f"{total_chunks} chunks of {chunk_size} bytes hold {low}..{high} bytes",
+        )
+
+
+def upload_target_id(upload: UploadRow) -> str:
+    """The file an upload writes: the folder of a new file, else the file itself."""
+    return upload.folder_id if upload.is_new_file else upload.file_id
+
+
+async def check_uploader(
+    session: AsyncSession, upload: UploadRow, *, target: FileRow | None = None
+) -> None:
+    """Refuse unless the upload's creator may still write its target, which still exists.
+
+    Roles change while an upload is open (an unshare, a move out of a shared folder): the
+    rights checked at CreateUpload are checked again for every chunk and, under the file
+    lock, when the merge commits. UPLOADER_NOT_ALLOWED or FILE_DELETED otherwise. `target`:
+    the target's row if the caller loaded it already (in the upload's tenant), saving a query.
+    """
+    uploader = Identity(tenant_id=upload.tenant_id, user_id=upload.owner_user_id)
+    try:
+        if target is None:
+            row, _ = await writable(session, uploader, upload_target_id(upload))
+        else:
+            row = target
+            await writable_role(session, uploader, row)
+    except (FileNotFound, NotAllowed):
+        raise UploaderNotAllowed(
+            "the uploader may no longer write to this file", upload_id=upload.id
+        ) from None
+    _refuse_deleted_target(row.id, row.deleted_at)
+
+
+def _refuse_deleted_target(file_id: str, deleted_at: datetime | None) -> None:
+    """FILE_DELETED when the upload's target is deleted (trash): no chunk, no merge."""
+    if deleted_at is not None:
+        raise FileDeleted("the upload's file or folder is deleted", file_id=file_id)
+
+
+class Uploads:
+    """The upload-session use cases, scoped to the caller's tenant."""
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: UploadSettings,
+        tokens: PageTokens,
+    ) -> None:
+        self._sessions = sessions
+        self._settings = settings
+        self._tokens = tokens
+        self._chunk_reads = ChunkReads(sessions.kw["bind"])
+
+    async def create(
+        self, identity: Identity, request: upload_pb2.CreateUploadRequest
+    ) -> UploadRow:
+        """A new upload (or the one an earlier try with the same client_request_id made)."""
+        crid = request.client_request_id
+        if len(crid) > MAX_CLIENT_REQUEST_ID or (crid and not crid.isprintable()):
+            raise InvalidArgument(
+                "client_request_id", f"at most {MAX_CLIENT_REQUEST_ID} printable characters"
+            )
+        request_key = f"{identity.tenant_id}:{identity.user_id}:{crid}" if crid else None
+        if request_key is not None:
+            existing = await self._by_request_key(request_key)
+            if existing is not None:
+                return await self._same_request(identity, existing, request)
+        validate_shape(self._settings, request.total_chunks, request.total_size, request.chunk_size)
+        check_size(self._settings, request.total_size)
+        algorithm = checksums.algorithm_name(request.checksum_algorithm)
+        expected = ""
+        if request.expected_checksum:
+            expected = checksums.normalize_hex(
+                request.expected_checksum, algorithm, "expected_checksum"
+            )
+        file_id, folder_id, name, is_new = await self._target(identity, request)
+        now = utcnow()
+        row = UploadRow(
+            id=new_id(),
+            tenant_id=identity.tenant_id,
+            owner_user_id=identity.user_id,
+            request_key=request_key,
+            client_request_id=crid,
+            file_id=file_id,
+            is_new_file=is_new,
+            folder_id=folder_id,
+            name=name,
+            status=UPLOADING,
+            total_chunks=request.total_chunks,
+            total_size=request.total_size,
+            chunk_size=request.chunk_size,
+            checksum_algorithm=algorithm,
+            expected_checksum=expected,
+            received_chunk_count=0,
+            created_at=now,
+            updated_at=now,
+            expires_at=now + timedelta(seconds=self._settings.upload_ttl_seconds),
+            file_version=0,
+            final_checksum="",
+            failure_reason="",
+        )
+        try:
+            async with self._sessions.begin() as session:
+                await check_allowance(session, self._settings, identity, request.total_size)
+                session.add(row)
+        except IntegrityError:
+            # A concurrent retry with the same client_request_id committed first.
+            assert request_key is not None
+            existing = await self._by_request_key(request_key)
+            if existing is None:
+                raise
+            return await self._same_request(identity, existing, request)
+        return row
+
+    async def _by_request_key(self, key: str) -> UploadRow | None:
+        async with self._sessions() as session:
+            return (
+                await session.execute(select(UploadRow).where(UploadRow.request_key == key))
+            ).scalar_one_or_none()
+
+    async def _same_request(
+        self, identity: Identity, existing: UploadRow, request: upload_pb2.CreateUploadRequest
+    ) -> UploadRow:
+        """The earlier upload of this client_request_id, if the request asks for the same one.
+
+        A retry must name the same target (new name in the same folder, or the same file)
+        and the same layout; anything else is CLIENT_REQUEST_ID_REUSED, so a client never
+        gets another upload's result back for a different file.
+        """
+        same = (
+            existing.total_chunks == request.total_chunks
+            and existing.total_size == request.total_size
+            and existing.chunk_size == request.chunk_size
+            and await self._same_target(identity, existing, request)
+        )
+        if not same:
+            raise AlreadyExists(
+                "client_request_id was used for a different upload",
+                reason="CLIENT_REQUEST_ID_REUSED",
+                upload_id=existing.id,
+            )
+        return existing
+
+    async def _same_target(
+        self, identity: Identity, existing: UploadRow, request: upload_pb2.CreateUploadRequest
+    ) -> bool:
+        which = request.WhichOneof("target")
+        if which == "file_id":
+            return not existing.is_new_file and existing.file_id == request.file_id
+        if which != "new_file" or not existing.is_new_file:
+            return False
+        name = validate_name(request.new_file.name, "new_file.name")
+        folder_id = request.new_file.folder_id
+        if not folder_id:
+            folder_id = await ensure_root(self._sessions, identity)
+        return existing.name == name and existing.folder_id == folder_id
+
+    async def _target(
+        self, identity: Identity, request: upload_pb2.CreateUploadRequest
+    ) -> tuple[str, str, str, bool]:
+        """(file_id, folder_id, name, is_new_file) after checking the caller may write there."""
+        which = request.WhichOneof("target")
+        if which is None:
+            raise InvalidArgument("target", "set new_file or file_id")
+        if which == "new_file":
+            name = validate_name(request.new_file.name, "new_file.name")
+            validation.resource_id(request.new_file.folder_id, "new_file.folder_id", required=False)
+            folder_id = request.new_file.folder_id or await ensure_root(self._sessions, identity)
+            async with self._sessions() as session:
+                folder, _ = await writable(session, identity, folder_id)
+                if folder.kind != FOLDER:
+                    raise WrongKind("new_file.folder_id is not a folder", file_id=folder_id)
+                if folder.deleted_at is not None:
+                    raise FileDeleted("the folder is deleted", file_id=folder_id)
+                # A new version of an existing file is an upload to its file_id.
+                await require_free_name(session, identity, folder_id, name, "new_file.name")
+            return new_id(), folder_id, name, True
+        validation.resource_id(request.file_id, "file_id")
+        async with self._sessions() as session:
+            file, _ = await writable(session, identity, request.file_id)
+            if file.kind != FILE:
+                raise WrongKind("file_id is a folder", file_id=file.id)
+            if file.deleted_at is not None:
+                raise FileDeleted("the file is deleted", file_id=file.id)
+            return file.id, file.parent_id or "", file.name, False
+
+    async def load(self, session: AsyncSession, identity: Identity, upload_id: str) -> UploadRow:
+        """The caller's upload `upload_id` in their tenant, or UPLOAD_NOT_FOUND."""
+        row = (
+            await session.execute(select(UploadRow).where(*_callers(identity, upload_id)))
+        ).scalar_one_or_none()
+        if row is None:
+            raise UploadNotFound("upload not found", upload_id=upload_id)
+        return row
+
+    async def read_for_chunk(self, identity: Identity, upload_id: str, index: int) -> ChunkRead:
+        """The caller's upload `upload_id` (UPLOAD_NOT_FOUND otherwise), checked for its
+        uploader's rights (`check_uploader`), and the row stored for chunk `index`: a
+        chunk's hot path, one statement (`chunk_reads`).
+
+        When the uploader owns the target (the common case) the read has answered the
+        rights check already: an owner may write, so only a deleted target refuses. Any
+        other case (a shared target, or one gone from the tenant) runs the full check,
+        which names the error."""
+        _check_upload_id(upload_id)
+        found = await self._chunk_reads.read(identity, upload_id, index)
+        if found is None:
+            raise UploadNotFound("upload not found", upload_id=upload_id)
+        upload, target = found.upload, found.target
+        if target is not None and target.owner_user_id == upload.owner_user_id:
+            _refuse_deleted_target(target.id, target.deleted_at)
+            return found
+        async with self._sessions() as session:
+            await read_only(session)
+            await check_uploader(session, upload)
+        return found
+
+    async def close(self) -> None:
+        """Return the chunk reader's connection (service shutdown)."""
+        await self._chunk_reads.close()
+
+    async def expire_if_due(self, upload: UploadRow) -> UploadRow:
+        """Move an idle `uploading` upload past its expires_at to `expired`; the fresh row."""
+        if upload.status != UPLOADING or takes_chunks(upload):
+            return upload
+        async with self._sessions.begin() as session:
+            await transition(session, upload.id, UPLOADING, EXPIRED)
+        async with self._sessions() as session:
+            fresh = await session.get(UploadRow, upload.id)
+            assert fresh is not None
+            return fresh
+
+    async def get(
+        self, identity: Identity, upload_id: str
+    ) -> tuple[UploadRow, list[tuple[int, int]]]:
+        """The upload and its missing index ranges (pure reads: no SQLite write lock)."""
+        async with self._sessions() as session:
+            await read_only(session)
+            upload = await self.load(session, identity, upload_id)
+        upload = await self.expire_if_due(upload)
+        async with self._sessions() as session:
+            await read_only(session)
+            indexes = (
+                await session.execute(
+                    select(ChunkRow.chunk_index).where(ChunkRow.upload_id == upload.id)
+                )
+            ).scalars()
+            return upload, missing_ranges(upload.total_chunks, indexes)
+
+    async def abort(self, identity: Identity, upload_id: str) -> UploadRow:
+        """Abort an `uploading` upload; any other status is UPLOAD_NOT_ACTIVE."""
+        async with self._sessions() as session:
+            upload = await self.load(session, identity, upload_id)
+        upload = await self.expire_if_due(upload)
+        async with self._sessions.begin() as session:
+            moved = await transition(session, upload.id, UPLOADING, ABORTED)
+        async with self._sessions() as session:
+            fresh = await session.get(UploadRow, upload.id)
+            assert fresh is not None
+        if not moved:
+            raise UploadNotActive(
+                f"cannot abort an upload that is {fresh.status}",
+                upload_id=upload.id,
+                status=fresh.status,
+            )
+        return fresh
+
+    async def list(
+        self, identity: Identity, request: upload_pb2.ListUploadsRequest
+    ) -> tuple[list[UploadRow], str]:
+        """The caller's uploads (or all uploads of a file they can write), newest last."""
+        size = pagination.page_size(request.page_size)
+        # Bound to the listing asked for: the caller's own uploads, or one file's.
+        purpose = f"ListUploads:{request.file_id}:{request.status}"
+        position = self._tokens.decode(request.page_token, purpose, 2)
+        query = select(UploadRow).where(UploadRow.tenant_id == identity.tenant_id)
+        async with self._sessions() as session:
+            if request.file_id:
+                await writable(session, identity, request.file_id)
+                query = query.where(UploadRow.file_id == request.file_id)
+            else:
+                query = query.where(UploadRow.owner_user_id == identity.user_id)
+            if request.status:
+                if request.status not in STATUS_NAME:
+                    raise InvalidArgument("status", f"unknown upload status {request.status}")
+                query = query.where(UploadRow.status == STATUS_NAME[request.status])
+            if position is not None:
+                at = datetime.fromisoformat(str(position[0]))
+                query = query.where(
+                    or_(
+                        UploadRow.created_at > at,
+                        and_(UploadRow.created_at == at, UploadRow.id > str(position[1])),
+                    )
+                )
+            rows = list(
+                (
+                    await session.execute(
+                        query.order_by(UploadRow.created_at, UploadRow.id).limit(size + 1)
+                    )
+                ).scalars()
+            )
+        token = ""
+        if len(rows) > size:
+            rows = rows[:size]
+            last = rows[-1]
+            token = self._tokens.encode(purpose, [last.created_at.isoformat(), last.id])
+        return rows, token
+
+
+def _callers(identity: Identity, upload_id: str) -> tuple[ColumnElement[bool], ...]:
+    """The conditions that find `upload_id` only among the caller's own uploads in their
+    tenant (after checking the id's shape)."""
+    _check_upload_id(upload_id)
+    return (
+        UploadRow.id == upload_id,
+        UploadRow.tenant_id == identity.tenant_id,
+        UploadRow.owner_user_id == identity.user_id,
+    )
+
+
+def _check_upload_id(upload_id: str) -> None:
+    """Refuse an empty or malformed upload id before any statement."""
+    if not upload_id:
+        raise InvalidArgument("upload_id", "must not be empty")
+    validation.resource_id(upload_id, "upload_id")

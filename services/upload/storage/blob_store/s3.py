@@ -1,0 +1,366 @@
+"""The S3-compatible blob store (AWS S3, MinIO, Ceph RGW, R2...) through obstore.
+
+How bytes are laid out (measured and argued in the README, "Blob store"):
+
+- One object per chunk (`{prefix}/uploads/{upload_id}/{index}`), written by one PUT, which
+  S3 makes visible all at once or not at all. Not multipart parts begun at CreateUpload:
+  S3 requires parts of at least 5 MiB except the last, and chunks may be as small as
+  `min_chunk_size` (256 KiB); and the whole-file checksum needs every byte read once anyway.
+- `stage` keeps the (already received) bytes in memory; `publish` is the PUT. It runs
+  after the chunk row's insert won (`chunks.py`), so only the row's inserter writes the key,
+  and inside that transaction, as the local rename does: on PostgreSQL (what a replicated,
+  S3-backed deployment runs) it holds only that chunk's unique key; on SQLite it would hold
+  the database's write lock for the PUT, one more reason S3 goes with PostgreSQL.
+- The merge reads the chunk objects (`concurrency` GETs in flight, in index order) through
+  `merge_core.StreamingMerge` (every chunk's size and checksum, and the whole file's,
+  verified as bytes pass; hashing
+  on a worker thread with the GIL released) into a multipart upload of the final key. The
+  upload is completed only after the last chunk and the whole file verified: a failure
+  raises inside the byte stream, obstore stops and aborts the upload, and no object ever
+  appears. Memory: `concurrency` x (a chunk, at most `max_chunk_size`, + a part of
+  `part_size`) plus the chunk being hashed, whatever the file's size.
+- Downloads are range reads (`offset` onwards), split into blocks of at most `block`.
+
+Some servers refuse AbortMultipartUpload (s3s-fs answers 403): the failed merge still
+raises its own error and the parts stay invisible; a bucket lifecycle rule
+(AbortIncompleteMultipartUpload) removes them.
+
+Settings: the SERENTAK_S3_* values are passed explicitly and win. obstore's S3 client also
+consults the standard AWS chain (AWS_* variables, web identity, instance metadata) for what
+they leave unset: the one deliberate exception to "only settings read the environment",
+so a deployment on AWS can use its workload identity instead of static keys.
+
+Store errors become `BlobStoreUnavailable` (UNAVAILABLE, retryable): a chunk PUT that
+fails leaves the caller free to retry; a merge that fails is retried by the job runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import obstore
+from obstore import Bytes
+from obstore.exceptions import BaseError
+from obstore.store import S3Store
+
+import merge_core
+from services.common.logging import get_logger
+from services.upload import checksums, metrics
+from services.upload.errors import BlobStoreUnavailable
+from services.upload.settings import UploadSettings
+from services.upload.storage.blob_store.base import ChunkRef, Merged, StoredObject
+
+log = get_logger(__name__)
+
+# Blocks read from the store at a time (merge, audit); hashing one releases the GIL.
+READ_BLOCK = 8 * 1024 * 1024
+# Below this a block is hashed on the event loop: a thread hop costs more.
+_THREAD_FROM = 256 * 1024
+# A request (and its retries) gives up after this long: a chunk PUT must not hang an RPC
+# for obstore's default three minutes.
+_RETRY: Any = {"max_retries": 3, "retry_timeout": timedelta(seconds=30)}
+_CONNECT_TIMEOUT = timedelta(seconds=5)
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """A chunk's bytes between the checks and the PUT (nothing written yet)."""
+
+    key: str
+    data: bytes
+
+
+@contextlib.contextmanager
+def _store_errors(operation: str, key: str) -> Iterator[None]:
+    """obstore's failures as BlobStoreUnavailable (FileNotFoundError passes through)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except (BaseError, OSError) as exc:
+        # The detail (endpoint, bucket, server answer) is for the operator's log, not for
+        # the caller, who only needs to know to retry.
+        metrics.BLOB_STORE_ERRORS.labels(operation).inc()
+        log.warning("blob_store_error", operation=operation, key=key, error=_first_line(exc))
+        raise BlobStoreUnavailable(
+            f"the object store failed to {operation} a blob; retry later", operation=operation
+        ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+async def _hash(target: Any, block: Any) -> None:
+    """`target.update(block)`, off the event loop for large blocks (GIL released)."""
+    if len(block) >= _THREAD_FROM:
+        await asyncio.to_thread(target.update, block)
+    else:
+        target.update(block)
+
+
+def _size_mismatch(chunk: ChunkRef, actual: int) -> merge_core.ChunkSizeMismatch:
+    """merge_core's exception for a chunk object of the wrong size, attributes set."""
+    err = merge_core.ChunkSizeMismatch(
+        f"chunk {chunk.index} ({chunk.key}): size mismatch: expected {chunk.size} bytes, "
+        f"got {actual}"
+    )
+    err.index, err.path, err.expected, err.actual = chunk.index, chunk.key, chunk.size, actual
+    return err
+
+
+class _ReadAhead:
+    """Reads chunk objects with up to `window` GETs in flight, handed out in index order,
+    so the next chunks' reads overlap hashing and uploading this one. Memory: `window`
+    whole chunks (each at most max_chunk_size) plus the one being consumed."""
+
+    def __init__(self, store: S3Store, chunks: Sequence[ChunkRef], window: int) -> None:
+        self._store = store
+        self._chunks = iter(chunks)
+        self._window = max(1, window)
+        self._pending: deque[asyncio.Task[Bytes]] = deque()
+
+    async def __aenter__(self) -> _ReadAhead:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._pending:
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+
+    def _fill(self) -> None:
+        while len(self._pending) < self._window:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return
+            self._pending.append(asyncio.create_task(self._get(chunk)))
+
+    async def _get(self, chunk: ChunkRef) -> Bytes:
+        with _store_errors("get", chunk.key):
+            try:
+                result = await obstore.get_async(self._store, chunk.key)
+                stored = int(result.meta["size"])
+                if stored != chunk.size:
+                    # Checked before reading the body: an oversized object must not be
+                    # pulled into memory (merge_core's file merge checks sizes first too).
+                    raise _size_mismatch(chunk, stored)
+                return await result.bytes_async()
+            except FileNotFoundError as missing:
+                raise BlobStoreUnavailable(
+                    f"chunk {chunk.index} object {chunk.key!r} is missing",
+                    operation="get",
+                    key=chunk.key,
+                ) from missing
+
+    async def next(self) -> Bytes:
+        """The next chunk's bytes (raises the error reading it)."""
+        self._fill()
+        data = await self._pending.popleft()
+        self._fill()
+        return data
+
+
+class S3BlobStore:
+    """Objects in one bucket under one key prefix."""
+
+    def __init__(
+        self,
+        store: S3Store,
+        *,
+        part_size: int = 8 * 1024 * 1024,
+        concurrency: int = 4,
+        description: str = "s3",
+    ) -> None:
+        self._store = store
+        self._part_size = part_size
+        self._concurrency = concurrency
+        self.description = description
+
+    @classmethod
+    def from_settings(cls, settings: UploadSettings) -> S3BlobStore:
+        """The store `settings.blob_url` (s3://bucket/prefix) and the SERENTAK_S3_* name."""
+        assert settings.blob_url is not None
+        url = urlsplit(settings.blob_url)
+        prefix = url.path.strip("/") or None
+        secret = settings.s3_secret_access_key
+        config: dict[str, Any] = {
+            "region": settings.s3_region,
+            "virtual_hosted_style_request": not settings.s3_path_style,
+        }
+        if settings.s3_endpoint:
+            config["endpoint"] = settings.s3_endpoint
+        if settings.s3_access_key_id:
+            config["access_key_id"] = settings.s3_access_key_id
+        if secret is not None:
+            config["secret_access_key"] = secret.get_secret_value()
+        store = S3Store(
+            url.netloc,
+            prefix=prefix,
+            client_options={
+                "connect_timeout": _CONNECT_TIMEOUT,
+                "allow_http": settings.s3_allow_http,
+            },
+            retry_config=_RETRY,
+            **config,
+        )
+        return cls(
+            store,
+            part_size=settings.s3_part_size,
+            concurrency=settings.s3_merge_concurrency,
+            description=f"s3://{url.netloc}/{prefix or ''}",
+        )
+
+    async def stage(self, key: str, data: bytes) -> object:
+        """Nothing to write yet: the PUT in `publish` is the atomic step."""
+        return _Staged(key, data)
+
+    async def stage_checked(
+        self, key: str, data: bytes, algorithm: str, expected: str
+    ) -> tuple[object | None, str]:
+        """The digest (on a worker thread), then `stage` when it is `expected`."""
+        actual = await checksums.digest_async(data, algorithm)
+        return (_Staged(key, data) if actual == expected else None), actual
+
+    async def publish(self, staged: object, key: str) -> None:
+        """One PUT of the staged bytes: all of them become visible at once, or none."""
+        assert isinstance(staged, _Staged)
+        with _store_errors("put", key):
+            await obstore.put_async(self._store, key, staged.data, use_multipart=False)
+
+    async def publish_many(self, items: Sequence[tuple[object, str]]) -> None:
+        """One PUT per staged object, all in flight at once (every one is awaited)."""
+        results = await asyncio.gather(
+            *(self.publish(staged, key) for staged, key in items), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def discard(self, staged: object) -> None:
+        """Nothing was written by `stage`."""
+
+    async def exists(self, key: str) -> bool:
+        """True if an object is stored under `key` (a HEAD)."""
+        try:
+            with _store_errors("head", key):
+                await obstore.head_async(self._store, key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    async def size(self, key: str) -> int:
+        """Size of the object under `key` (a HEAD)."""
+        with _store_errors("head", key):
+            meta = await obstore.head_async(self._store, key)
+        return int(meta["size"])
+
+    async def read(self, key: str, offset: int = 0, length: int = -1) -> bytes:
+        """Bytes of `key` from `offset` (a range read)."""
+        parts = [block async for block in self._blocks(key, offset, length, READ_BLOCK)]
+        return b"".join(parts)
+
+    async def iter_read(self, key: str, offset: int, block: int) -> AsyncIterator[bytes]:
+        """`key`'s bytes from `offset` in blocks of at most `block` (one range read)."""
+        async for data in self._blocks(key, offset, -1, block):
+            yield data
+
+    async def _blocks(self, key: str, offset: int, length: int, block: int) -> AsyncIterator[bytes]:
+        if offset > 0 or length >= 0:
+            size = await self.size(key)
+            end = size if length < 0 else min(size, offset + length)
+            if offset >= end:
+                return
+            options: Any = {"range": (offset, end)}
+        else:
+            options = None
+        with _store_errors("get", key):
+            result = await obstore.get_async(self._store, key, options=options)
+            async for piece in result.stream(min_chunk_size=block):
+                view = memoryview(piece)
+                for start in range(0, len(view), block):
+                    yield bytes(view[start : start + block])
+
+    async def delete(self, key: str) -> None:
+        """Delete the object under `key` (missing is fine)."""
+        with contextlib.suppress(FileNotFoundError), _store_errors("delete", key):
+            await obstore.delete_async(self._store, key)
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under `prefix/` (listed, then deleted in batches)."""
+        count = 0
+        with _store_errors("delete", prefix):
+            async for batch in obstore.list(self._store, prefix.rstrip("/") + "/"):
+                paths = [meta["path"] for meta in batch]
+                if paths:
+                    await obstore.delete_async(self._store, paths)
+                    count += len(paths)
+        return count
+
+    async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
+        """Every object under `prefix/` (S3 has no temp objects: an unfinished multipart
+        upload is not an object; a bucket lifecycle rule aborts those)."""
+        with _store_errors("list", prefix):
+            async for batch in obstore.list(self._store, prefix.rstrip("/") + "/"):
+                for meta in batch:
+                    modified = meta["last_modified"]
+                    if modified.tzinfo is None:
+                        modified = modified.replace(tzinfo=UTC)
+                    yield StoredObject(str(meta["path"]), int(meta["size"]), modified)
+
+    async def merge(
+        self,
+        chunks: Sequence[ChunkRef],
+        key: str,
+        algorithm: str,
+        expected_checksum: str | None,
+    ) -> Merged:
+        """Chunk objects, in index order and verified, into a multipart upload of `key`,
+        completed only once everything verified (module docstring)."""
+        verifier = merge_core.StreamingMerge(
+            [merge_core.Chunk(c.index, c.key, c.size, c.checksum) for c in chunks],
+            algorithm,
+            expected_checksum,
+        )
+        finished: list[tuple[int, str, str, int]] = []
+        ordered = sorted(chunks, key=lambda c: c.index)
+
+        async def verified_blocks() -> AsyncIterator[Any]:
+            async with _ReadAhead(self._store, ordered, self._concurrency) as reader:
+                for chunk in ordered:
+                    assert verifier.next_index == chunk.index
+                    data = await reader.next()
+                    await _hash(verifier, data)
+                    verifier.end_chunk()
+                    yield data
+            # Raises on a whole-file mismatch *inside* the stream: the upload is never
+            # completed. Only a clean end of this generator completes it.
+            finished.append(verifier.finish())
+
+        with _store_errors("multipart put", key):
+            await obstore.put_async(
+                self._store,
+                key,
+                verified_blocks(),
+                use_multipart=True,
+                chunk_size=self._part_size,
+                max_concurrency=self._concurrency,
+            )
+        size, checksum, algorithm_name, count = finished[0]
+        return Merged(key, size, checksum, algorithm_name, count)
+
+    async def checksum(self, key: str, algorithm: str) -> str:
+        """Read the object back through merge_core's hasher (GIL released per block)."""
+        hasher = merge_core.Hasher(algorithm)
+        async for block in self._blocks(key, 0, -1, READ_BLOCK):
+            await _hash(hasher, block)
+        return hasher.hexdigest()
+
+    async def close(self) -> None:
+        """obstore's client pool needs no explicit close."""
