@@ -21,7 +21,7 @@ from support.s3 import S3Server, s3s_binary
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 # Services built or started by tests upgrade their own fresh databases, as under `make run`
-# (production runs `serentak-migrate` as a step instead; tests/foundation covers both).
+# (production runs `serentak-migrate` as a step instead; tests/common covers both).
 os.environ.setdefault("SERENTAK_MIGRATE_ON_START", "true")
 # Services refuse to start without an auth mode. The suite runs on loopback with the dev
 # token tables (tests of jwt mode and of the refusal set their own settings explicitly);

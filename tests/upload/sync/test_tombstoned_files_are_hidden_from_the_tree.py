@@ -13,7 +13,7 @@ import grpc
 import pytest
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import select
-from sync.fake_provider import FakeProvider
+from upload.sync.fake_provider import FakeProvider
 from upload.upload_helpers import (
     chunk_request,
     create_request,

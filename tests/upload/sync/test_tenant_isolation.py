@@ -17,8 +17,8 @@ import pytest
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
 from sqlalchemy import select
 from support.grpc_errors import error_info
-from sync.sync_server import ALICE, BOB, MALLORY, sync_server
-from sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld
+from upload.sync.sync_server import ALICE, BOB, MALLORY, sync_server
+from upload.sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld
 
 from services.upload.sync import items
 from services.upload.sync.models import SYNCED, linked_drives, synced_items, utcnow

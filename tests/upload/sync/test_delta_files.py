@@ -20,8 +20,8 @@ from serentak.events.v1 import events_pb2
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
 from sqlalchemy import select, update
 from support.grpc_errors import error_info
-from sync.sync_server import ALICE, BOB, MALLORY, sync_server
-from sync.sync_world import ACCOUNT, DRIVE, SyncWorld
+from upload.sync.sync_server import ALICE, BOB, MALLORY, sync_server
+from upload.sync.sync_world import ACCOUNT, DRIVE, SyncWorld
 
 from services.common.outbox.models import outbox_events
 from services.upload.files.retire import retire_files

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
 from support.services import running_app
-from sync.sync_world import SyncWorld
+from upload.sync.sync_world import SyncWorld
 
 from services.common.auth import Authenticator
 from services.common.grpc_server import ServiceApp, Servicer

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sync.fake_provider import FakeProvider
-from sync.sync_world import TOKENS, SyncWorld, settings
+from upload.sync.fake_provider import FakeProvider
+from upload.sync.sync_world import TOKENS, SyncWorld, settings
 
 from services.common.db import create_engine, session_factory
 from services.common.jobs.registry import JobRegistry

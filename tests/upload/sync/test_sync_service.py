@@ -10,8 +10,8 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
-from sync.sync_server import ALICE, MALLORY, sync_server
-from sync.sync_world import DRIVE, SyncWorld
+from upload.sync.sync_server import ALICE, MALLORY, sync_server
+from upload.sync.sync_world import DRIVE, SyncWorld
 
 from services.common.auth import Authenticator
 

@@ -68,7 +68,7 @@ def test_index_buckets() -> None:
     ]
 
 
-async def test_seed_metrics_move(cluster, locks_address) -> None:
+async def test_each_upload_metric_moves_with_what_it_counts(cluster, locks_address) -> None:
     alice = cluster["alice"]
     md = alice.metadata
     uploading = _value("serentak_upload_status_seconds_count", {"status": "uploading"})

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from sync.sync_world import DRIVE, SyncWorld
+from upload.sync.sync_world import DRIVE, SyncWorld
 
 from services.upload.sync.jobs import DELTA_JOB
 from services.upload.sync.webhooks import MAX_BODY_BYTES, MAX_VALIDATION_TOKEN, WebhookServer

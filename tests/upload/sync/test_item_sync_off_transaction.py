@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from sqlalchemy import update
-from sync.sync_world import DRIVE, SyncWorld
+from upload.sync.sync_world import DRIVE, SyncWorld
 
 from services.upload.sync import items
 from services.upload.sync.jobs import enqueue_item_sync

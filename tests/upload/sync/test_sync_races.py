@@ -20,8 +20,8 @@ import pytest
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc, upload_pb2, upload_pb2_grpc
 from sqlalchemy import func, select, update
 from support.grpc_errors import error_info
-from sync.sync_server import ALICE, sync_server
-from sync.sync_world import ACCOUNT, DRIVE, SyncWorld, settings
+from upload.sync.sync_server import ALICE, sync_server
+from upload.sync.sync_world import ACCOUNT, DRIVE, SyncWorld, settings
 
 from services.common.outbox.models import outbox_events
 from services.upload.files.retire import retire_files

@@ -22,8 +22,8 @@ from prometheus_client import REGISTRY
 from serentak.upload.v1 import sync_pb2, sync_pb2_grpc
 from sqlalchemy import select, update
 from support.ports import free_port
-from sync.sync_server import ALICE, sync_server
-from sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld, settings
+from upload.sync.sync_server import ALICE, sync_server
+from upload.sync.sync_world import ACCOUNT, DRIVE, OTHER_TENANT, TENANT, TOKENS, SyncWorld, settings
 
 from services.common.jobs.periodic import PeriodicScheduler
 from services.upload.sync.jobs import SUBSCRIPTIONS_JOB, enqueue_unsubscribe, periodic_schedules

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import select
-from sync.sync_world import DRIVE, SyncWorld
+from upload.sync.sync_world import DRIVE, SyncWorld
 
 from services.upload.sync.models import SYNCED, TOMBSTONED, linked_drives, synced_items
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sync.sync_world import DRIVE, SyncWorld
+from upload.sync.sync_world import DRIVE, SyncWorld
 
 from services.upload.sync.jobs import enqueue_item_sync
 from services.upload.sync.models import PENDING_RETRY, SYNCED, TOMBSTONED, utcnow

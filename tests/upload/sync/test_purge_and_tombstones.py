@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, update
-from sync.sync_world import SyncWorld
+from upload.sync.sync_world import SyncWorld
 
 from services.upload.sync.errors import FileRetentionExpired
 from services.upload.sync.models import SYNCED, TOMBSTONED, synced_items, utcnow

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from sync.fake_provider import FakeProvider
+from upload.sync.fake_provider import FakeProvider
 
 from services.common.jobs.models import dead_letters, jobs
 from services.common.jobs.worker import Worker

@@ -91,7 +91,7 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
             for i in range(3):
                 assert not await cluster.blobs.exists(chunk_key(ups[name].upload_id, i))
         # The expiry sweep never takes a merging upload's chunks (a completed upload's go
-        # by its own purge job: tests/upload/test_storage_lifecycle.py).
+        # by its own purge job: tests/upload/storage/test_storage_lifecycle.py).
         assert await chunk_row_count(sessions, ups["merging"].upload_id) == 3
         for i in range(3):
             assert await cluster.blobs.exists(chunk_key(ups["merging"].upload_id, i))

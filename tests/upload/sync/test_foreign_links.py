@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import select
-from sync.fake_provider import FakeProvider
-from sync.sync_world import DRIVE, SyncWorld
+from upload.sync.fake_provider import FakeProvider
+from upload.sync.sync_world import DRIVE, SyncWorld
 
 from services.upload.sync.graph import origin
 from services.upload.sync.models import linked_drives, synced_items
