@@ -50,9 +50,12 @@ test: setup
 bench: setup
 	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(if $(QUICK),--quick); done
 
+# Style, types, the architecture's import contracts (pyproject [tool.importlinter]), the
+# contracts' lint, and the Rust core's. CI runs it before the tests.
 lint: setup
 	$(VENV)/bin/ruff check services tests deploy merge_core/python
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/buf lint
 	cd merge_core && cargo clippy --all-targets -- -D warnings && cargo test -q
 	cd merge_core && ../$(PY) -m mypy.stubtest merge_core

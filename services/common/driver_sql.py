@@ -34,7 +34,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-_DIALECT = PGDialect_psycopg()
+_DIALECT: Dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 _DRIVER = "serentak.driver_connection"  # session.info: (transaction, its connection, psycopg)
 
 

@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -197,7 +198,7 @@ async def _reclaim_versions(run: _Run) -> None:
                 .order_by(UploadRow.file_id, UploadRow.file_version.desc())
             )
         ).all()
-    by_file: dict[str, list] = defaultdict(list)
+    by_file: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
         by_file[row.file_id].append(row)
     for file_id, versions in by_file.items():
