@@ -9,14 +9,18 @@ pub mod checksum;
 pub mod chunk;
 pub mod chunk_file;
 pub mod errors;
+mod failure;
 pub mod handover;
 pub mod merge;
 mod merge_feeder;
+mod messages;
+pub mod options;
 pub mod output;
 mod pair_hasher;
 pub mod pool;
 pub mod sha256x2;
 pub mod stream;
+mod window;
 mod writer;
 
 #[cfg(feature = "python")]
@@ -34,7 +38,7 @@ fn _merge_core(m: &pyo3::Bound<'_, pyo3::types::PyModule>) -> pyo3::PyResult<()>
     m.add("ALGORITHMS", ("sha256", "blake3", "crc32c"))?;
     m.add_function(wrap_pyfunction!(bindings::merge::merge, m)?)?;
     m.add_class::<bindings::stream::PyStreamingMerge>()?;
-    m.add("BUFFER_BUDGET", merge::MergeOptions::default().buffer_budget())?;
-    m.add("DROP_BEHIND_FROM", merge::DROP_BEHIND_FROM)?;
+    m.add("BUFFER_BUDGET", options::MergeOptions::default().buffer_budget())?;
+    m.add("DROP_BEHIND_FROM", options::DROP_BEHIND_FROM)?;
     Ok(())
 }

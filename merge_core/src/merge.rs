@@ -35,111 +35,30 @@
 //! The output is a temporary file beside `output_path`, renamed into place
 //! only after every check passed.
 //!
-//! This file holds the options, the hasher loop and the failure ordering;
-//! the feeder is `merge_feeder.rs`, the fused checksum pair `pair_hasher.rs`,
-//! the output writes `writer.rs`.
+//! This file holds the merge itself and the hasher loop; the options are
+//! `options.rs`, the feeder `merge_feeder.rs`, the windows it hands over
+//! `window.rs`, its messages to the hasher `messages.rs`, the failure
+//! ordering `failure.rs`, the fused checksum pair `pair_hasher.rs`, the
+//! output writes `writer.rs`.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::aligned::PAGE;
 use crate::checksum::Algorithm;
 use crate::chunk::{order_chunks, Chunk};
 use crate::errors::MergeError;
+use crate::failure::Failure;
 pub use crate::handover::{ChunkHashing, MergeStats};
 use crate::handover::{Planner, Split};
-use crate::merge_feeder::{window_size, Bytes, Feeder};
+use crate::merge_feeder::Feeder;
+use crate::messages::Msg;
+pub use crate::options::{MergeOptions, DROP_BEHIND_FROM};
 use crate::output::TempOutput;
 use crate::pair_hasher::PairHasher;
 use crate::pool::Pool;
+use crate::window::window_size;
 use crate::writer::Writer;
-
-/// How a merge runs. `Default` is what the Python API uses.
-#[derive(Clone, Debug)]
-pub struct MergeOptions {
-    pub algorithm: Algorithm,
-    /// Checksum the merged file must have (hex), if the caller knows it.
-    pub expected_checksum: Option<String>,
-    /// fsync the file and its directory (and start writeback while merging).
-    pub fsync: bool,
-    /// Map chunk files (`true`) rather than read() them into buffers (the
-    /// default). Needs chunk files that are not modified or truncated during
-    /// the merge; an I/O error on a mapped page is SIGBUS, not an error.
-    pub mmap: bool,
-    /// Size of each window (mapping or buffer) of a chunk file.
-    pub block_size: usize,
-    /// Windows in flight: memory (buffers, or mapped pages counted in RSS)
-    /// is bounded by `blocks * block_size`.
-    pub blocks: usize,
-    /// Largest single `write()`.
-    pub write_size: usize,
-    /// With `fsync`, ask for writeback after this many bytes, so the disk
-    /// works while we hash rather than all at the final fsync.
-    pub writeback_every: u64,
-    /// Write back and drop from the page cache (`POSIX_FADV_DONTNEED`) the
-    /// output written more than this many bytes ago (0: never). Reusing the
-    /// same few page-cache pages is far cheaper than taking fresh ones on
-    /// this VM (~2x at 4 GiB); the output is then not cached afterwards.
-    pub drop_behind: u64,
-    /// Without `fsync`, use `drop_behind` only in merges of at least this
-    /// many bytes (0: always; `u64::MAX`: never). A merged upload is cold
-    /// data; dropping it behind the writer only starts its writeback sooner
-    /// (nothing waits for it to be durable; `fsync: false` promises nothing
-    /// more or less) and leaves it uncached. Below this size the output
-    /// stays in the page cache, where small merges are cheapest.
-    pub drop_behind_from: u64,
-    /// Without `fsync`, wait for the dropped range's writeback (else drop
-    /// only what is already clean, so the merge is not paced by the disk:
-    /// the default). Durable merges always wait.
-    pub drop_waits: bool,
-    /// Least time between two progress reports.
-    pub progress_interval: Duration,
-    /// Reserve the output's size up front (`fallocate`), so a full disk fails
-    /// before any work. Off by default: on ext4 it made page-cache merges ~4x
-    /// slower (writes into unwritten extents).
-    pub preallocate: bool,
-    /// Which thread computes the per-chunk checksums.
-    pub chunk_hashing: ChunkHashing,
-    /// Where the time went (benchmarks, profiling); `None` in production.
-    pub stats: Option<Arc<MergeStats>>,
-}
-
-/// Default `drop_behind_from`. README "Measured": at 4 GiB a page-cache
-/// merge that drops behind was ~2x faster on this VM (which faults every
-/// fresh page-cache page in from the host); at 1 GiB it was slightly slower.
-pub const DROP_BEHIND_FROM: u64 = 2 << 30;
-
-impl Default for MergeOptions {
-    fn default() -> Self {
-        MergeOptions {
-            algorithm: Algorithm::Sha256,
-            expected_checksum: None,
-            fsync: true,
-            mmap: false,
-            block_size: 1 << 20,
-            blocks: 8,
-            write_size: 128 << 10,
-            writeback_every: 4 << 20,
-            drop_behind: 64 << 20,
-            drop_behind_from: DROP_BEHIND_FROM,
-            drop_waits: false,
-            progress_interval: Duration::from_millis(250),
-            preallocate: false,
-            chunk_hashing: ChunkHashing::Auto,
-            stats: None,
-        }
-    }
-}
-
-impl MergeOptions {
-    /// The most memory the pipeline's windows take.
-    pub fn buffer_budget(&self) -> usize {
-        self.blocks.max(2) * self.block_size.max(PAGE).div_ceil(PAGE) * PAGE
-    }
-}
 
 /// What a successful merge produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,43 +68,6 @@ pub struct MergeOutcome {
     pub checksum: String,
     pub algorithm: Algorithm,
     pub chunk_count: u64,
-}
-
-pub(crate) enum Msg {
-    /// Bytes of the current chunk, already written to the output, and
-    /// whether the feeder already hashed them into the chunk's checksum.
-    Data(Bytes, bool),
-    /// All bytes of the chunk at this position (in index order) were sent,
-    /// with the chunk's checksum if the feeder computed it.
-    ChunkEnd(usize, Option<String>),
-    /// The chunk at this position failed (or the output write failed while
-    /// copying it); nothing follows.
-    Fail(usize, MergeError),
-}
-
-/// The first failure by chunk position, so the error reported does not
-/// depend on thread timing: the lowest failing chunk wins.
-pub(crate) struct Failure {
-    abort: AtomicBool,
-    first: Mutex<Option<(usize, MergeError)>>,
-}
-
-impl Failure {
-    pub(crate) fn record(&self, position: usize, err: MergeError) {
-        self.abort.store(true, Ordering::Release);
-        let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
-        if first.as_ref().is_none_or(|(p, _)| position < *p) {
-            *first = Some((position, err));
-        }
-    }
-
-    pub(crate) fn aborted(&self) -> bool {
-        self.abort.load(Ordering::Acquire)
-    }
-
-    fn take(&self) -> Option<MergeError> {
-        self.first.lock().unwrap_or_else(|p| p.into_inner()).take().map(|(_, e)| e)
-    }
 }
 
 /// Merges `chunks` in index order into `output_path`.
@@ -213,7 +95,7 @@ pub fn merge(
         output.preallocate(total)?;
     }
 
-    let failure = Failure { abort: AtomicBool::new(false), first: Mutex::new(None) };
+    let failure = Failure::new();
     let blocks = options.blocks.max(2);
     // Windows alive at once: `blocks - 2` queued, one being written, one
     // being hashed. Read mode also bounds them by its pool.

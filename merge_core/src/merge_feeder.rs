@@ -7,16 +7,17 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::Arc;
 use std::time::Instant;
 
-use crate::aligned::PAGE;
 use crate::checksum::Hasher;
 use crate::chunk::Chunk;
 use crate::errors::MergeError;
+use crate::failure::Failure;
 use crate::handover::{MergeStats, Planner};
-use crate::merge::{Failure, MergeOptions, Msg};
-use crate::pool::{Block, Pool};
+use crate::messages::Msg;
+use crate::options::MergeOptions;
+use crate::pool::Pool;
+use crate::window::{window_size, Bytes, Mapping};
 use crate::writer::Writer;
 
 /// The feeder (a spawned thread): opens each chunk in order, checks its size,
@@ -166,11 +167,6 @@ impl Feeder<'_> {
     }
 }
 
-/// The window (mapping or buffer) size: `block_size` rounded up to a page.
-pub(crate) fn window_size(options: &MergeOptions) -> usize {
-    options.block_size.max(PAGE).div_ceil(PAGE) * PAGE
-}
-
 /// `pread` until `buf` is full or end of file.
 fn read_full(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
@@ -183,63 +179,4 @@ fn read_full(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<us
         }
     }
     Ok(filled)
-}
-
-/// Bytes on their way from the feeder to the hasher.
-pub(crate) enum Bytes {
-    Mapped(Mapping),
-    Buffer(Arc<Block>),
-}
-
-impl Bytes {
-    pub(crate) fn data(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m.data(),
-            Bytes::Buffer(b) => b.data(),
-        }
-    }
-}
-
-/// A read-only shared mapping of part of a chunk file, unmapped on drop (so
-/// its pages stop counting toward RSS). Only sound while nobody truncates
-/// the file: Serentak chunk files are immutable once written (temp + rename).
-pub(crate) struct Mapping {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only and owned by this value alone.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    fn new(fd: libc::c_int, offset: u64, len: usize) -> std::io::Result<Self> {
-        // SAFETY: a fresh read-only mapping; offset is page-aligned (windows
-        // are whole pages) and len > 0.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                offset as libc::off_t,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr, len })
-    }
-
-    fn data(&self) -> &[u8] {
-        // SAFETY: ptr maps len readable bytes until drop.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping what `new` mapped.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
 }

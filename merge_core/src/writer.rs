@@ -17,7 +17,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use crate::errors::MergeError;
-use crate::merge::MergeOptions;
+use crate::options::MergeOptions;
 use crate::output::TempOutput;
 
 pub(crate) struct Writer<'a> {
