@@ -11,7 +11,7 @@ PROTOS := $(shell find protos -name '*.proto')
 MERGE_CORE_SRC := $(shell find merge_core/src merge_core/python -type f 2>/dev/null) merge_core/Cargo.toml merge_core/pyproject.toml
 SITE := $(VENV)/lib/python3.11/site-packages
 
-.PHONY: setup run test bench protos lint clean
+.PHONY: setup run test bench protos lint clean docs
 
 setup: $(VENV)/.installed $(VENV)/.merge_core $(GEN)/.stamp
 
@@ -50,10 +50,15 @@ test: setup
 bench: setup
 	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b $(if $(QUICK),--quick); done
 
+# docs/api.md (from the protos' comments) and docs/settings.md (from the settings classes);
+# `$(PY) tools/gen_docs.py --check` says whether the committed ones are stale.
+docs: setup
+	$(PY) tools/gen_docs.py
+
 # Style, types, the architecture's import contracts (pyproject [tool.importlinter]), the
 # contracts' lint, and the Rust core's. CI runs it before the tests.
 lint: setup
-	$(VENV)/bin/ruff check services tests deploy merge_core/python
+	$(VENV)/bin/ruff check services tests deploy tools merge_core/python
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/buf lint
