@@ -93,3 +93,27 @@ def test_every_relative_link_points_at_a_file_that_exists(document: Path) -> Non
         if not (document.parent / path).exists():
             broken.append(target)
     assert broken == [], f"{document.relative_to(REPO)} links to missing files: {broken}"
+
+
+# A path in the tree: after a space, backtick, parenthesis or line start (not `kubectl ...
+# deploy/notify`, a Kubernetes name); `*` globs, files an operator makes and Kubernetes
+# object names are not checked.
+_REPO_PATH = re.compile(r"(?:^|[\s`(])((?:services|tests|client|tools|deploy)/[\w/.*-]*\w)")
+_MADE_BY_OPERATOR = {"deploy/compose/.env", "deploy/notify"}
+
+
+@pytest.mark.parametrize(
+    "document",
+    [p for p in _documents() if p.name != "CHANGELOG.md"],
+    ids=lambda p: str(p.relative_to(REPO)),
+)
+def test_every_repository_path_the_docs_name_exists(document: Path) -> None:
+    """A module or test moved without its docs fails here (history, in CHANGELOG.md, keeps
+    the paths of its time)."""
+    if not document.exists():
+        pytest.skip(f"{document.name} not written")
+    named = {m.split("::", 1)[0] for m in _REPO_PATH.findall(document.read_text())}
+    missing = sorted(
+        p for p in named - _MADE_BY_OPERATOR if "*" not in p and not (REPO / p).exists()
+    )
+    assert missing == [], f"{document.relative_to(REPO)} names missing paths: {missing}"
