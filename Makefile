@@ -1,26 +1,30 @@
 # Serentak: `make run` starts everything on the embedded default; `make test` runs the suite.
 # Both set up from nothing: virtualenv, pinned packages, merge_core build, generated code.
+# Three distributions: the client `serentak` (client/: contracts, SDK, CLI), the server
+# `serentak-server` (this folder, depends on the client) and merge_core.
 
 SHELL := /bin/bash
 PYTHON_BOOT ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-GEN := gen
 PROTOS := $(shell find protos -name '*.proto')
+# What client/protogen.py writes into the client's source tree (gitignored).
+GEN_STAMP := client/serentak/descriptors.binpb
 MERGE_CORE_SRC := $(shell find merge_core/src merge_core/python -type f 2>/dev/null) merge_core/Cargo.toml merge_core/pyproject.toml
-SITE := $(VENV)/lib/python3.11/site-packages
 
 .PHONY: setup run test bench protos lint clean docs
 
-setup: $(VENV)/.installed $(VENV)/.merge_core $(GEN)/.stamp
+setup: $(VENV)/.installed $(VENV)/.merge_core $(GEN_STAMP)
 
-# The virtualenv with every pinned dependency, and this repo installed editable.
-$(VENV)/.installed: pyproject.toml
+# The virtualenv with every pinned dependency; the client, then the server, installed
+# editable (the server's `serentak==0.1.0` is the editable client). Installing the client
+# editable generates its stubs into client/serentak (its setup.py, client/protogen.py).
+$(VENV)/.installed: pyproject.toml client/pyproject.toml client/setup.py client/protogen.py
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==26.3
+	$(PIP) install -q -e ./client
 	$(PIP) install -q -e '.[dev]'
-	echo "$(CURDIR)/$(GEN)" > $(SITE)/serentak_gen.pth
 	touch $@
 
 # The Rust merge core, built in release mode and installed into the same virtualenv.
@@ -28,15 +32,13 @@ $(VENV)/.merge_core: $(VENV)/.installed $(MERGE_CORE_SRC)
 	cd merge_core && ../$(VENV)/bin/maturin develop --release -q
 	touch $@
 
-# Generated protobuf/gRPC code and typed stubs; never edited by hand. The descriptor set (with
-# the protos' comments) is what server reflection serves.
-protos: $(GEN)/.stamp
-$(GEN)/.stamp: $(VENV)/.installed $(PROTOS)
-	rm -rf $(GEN) && mkdir -p $(GEN)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos \
-	  --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) --mypy_grpc_out=$(GEN) \
-	  --include_source_info --include_imports \
-	  --descriptor_set_out=$(GEN)/serentak/descriptors.binpb $(PROTOS)
+# Generated protobuf/gRPC code and typed stubs, by the client's one generator (the same the
+# wheel build runs); never edited by hand. The descriptor set (with the protos' comments) is
+# what server reflection serves.
+protos: $(VENV)/.installed
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) client/protogen.py
+$(GEN_STAMP): $(VENV)/.installed $(PROTOS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) client/protogen.py
 	touch $@
 
 run: setup
@@ -58,12 +60,14 @@ docs: setup
 # Style, types, the architecture's import contracts (pyproject [tool.importlinter]), the
 # contracts' lint, and the Rust core's. CI runs it before the tests.
 lint: setup
-	$(VENV)/bin/ruff check services tests deploy tools merge_core/python
+	$(VENV)/bin/ruff check services tests deploy tools merge_core/python client
 	$(VENV)/bin/mypy
+	cd client && ../$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/buf lint
 	cd merge_core && cargo clippy --all-targets -- -D warnings && cargo test -q
 	cd merge_core && ../$(PY) -m mypy.stubtest merge_core
 
 clean:
-	rm -rf $(GEN) $(VENV) merge_core/target .data
+	rm -rf $(VENV) merge_core/target .data client/build
+	cd client/serentak && rm -rf admin events locks notify upload descriptors.binpb

@@ -80,7 +80,7 @@ def start_service(name: str, logs: Path) -> subprocess.Popen[bytes]:
         "SERENTAK_MIGRATE_ON_START": "true",
         **os.environ,
         "SERENTAK_AUTH_MODE": "dev",
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+        "PYTHONPATH": str(REPO_ROOT),
     }
     return subprocess.Popen(
         [sys.executable, "-m", f"services.{name}"],

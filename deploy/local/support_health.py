@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from services.common.channels import ClientSecurity, open_sync_channel
+from serentak.channels import open_sync_channel
+from serentak.credentials import ClientSecurity
 
 
 def wait_all_serving(

@@ -12,6 +12,8 @@ from typing import Literal, TypeVar
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from serentak.errors import ConfigError as ConfigError
+from serentak.settings import DEFAULT_SERVICE_TOKENS
 
 DEFAULT_DATA_DIR = Path(".data")
 
@@ -22,18 +24,10 @@ DEFAULT_AUTH_TOKENS: dict[str, dict[str, str]] = {
     "dev-carol": {"tenant_id": "acme", "user_id": "carol"},
     "dev-mallory": {"tenant_id": "evil", "user_id": "mallory"},
 }
-# Dev-mode service principals: bearer token -> principal (each service calls the others as
-# itself; `ops` is the operator role for admin RPCs). Production uses `jwt` mode instead.
-DEFAULT_SERVICE_TOKENS: dict[str, str] = {
-    "dev-service-upload": "upload",
-    "dev-service-notify": "notify",
-    "dev-service-locks": "locks",
-    "dev-ops": "ops",
-}
-
-
-class ConfigError(ValueError):
-    """Settings that cannot work together; the service refuses to start and says why."""
+# Dev-mode service principals (token -> principal, `ops` the operator role): the client
+# package's table (serentak.settings), which its command line reads too.
+# ConfigError (settings that cannot work together; the service refuses to start and says
+# why) is the client package's, so a bad address refused by serentak.channels is one too.
 
 
 class CommonSettings(BaseSettings):

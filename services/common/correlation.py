@@ -1,27 +1,21 @@
 """The correlation id of the work in progress, carried in a context variable.
 
 It arrives as `x-correlation-id` gRPC metadata (or is generated), is bound to every log
-line through structlog's contextvars, and is copied into outbox rows, jobs and locks.
+line through structlog's contextvars, and is copied into outbox rows, jobs and locks. The
+variable is the client package's (`serentak.correlation`), so the calls a service makes
+with it (the lock client) carry the id of the work they serve.
 """
 
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
-from contextvars import ContextVar
 
 import structlog
+from serentak.correlation import METADATA_KEY, current_correlation_id, new_correlation_id
+from serentak.correlation import correlation_id as _current
 
-METADATA_KEY = "x-correlation-id"
 _MAX_LEN = 128
-
-_current: ContextVar[str | None] = ContextVar("correlation_id", default=None)
-
-
-def new_correlation_id() -> str:
-    """A fresh random id (32 hex characters)."""
-    return uuid.uuid4().hex
 
 
 def sanitize(value: str | None) -> str | None:
@@ -29,11 +23,6 @@ def sanitize(value: str | None) -> str | None:
     if not value or len(value) > _MAX_LEN or not value.isascii() or not value.isprintable():
         return None
     return value
-
-
-def current_correlation_id() -> str:
-    """The bound id, or a new one when nothing is bound (background work)."""
-    return _current.get() or new_correlation_id()
 
 
 def bound_or_none() -> str | None:
@@ -66,3 +55,14 @@ def bind_for_call(correlation_id: str | None) -> str:
     _current.set(cid)
     structlog.contextvars.bind_contextvars(correlation_id=cid)
     return cid
+
+
+__all__ = [
+    "METADATA_KEY",
+    "bind_for_call",
+    "bound_correlation_id",
+    "bound_or_none",
+    "current_correlation_id",
+    "new_correlation_id",
+    "sanitize",
+]

@@ -15,9 +15,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from services.common.channels import ClientSecurity, open_sync_channel
-from services.common.tls import ClientTls
+from serentak.channels import open_sync_channel
+from serentak.credentials import ClientSecurity, ClientTls
 
 
 class ProbeSettings(BaseSettings):
@@ -31,7 +30,7 @@ class ProbeSettings(BaseSettings):
 
 
 def channel(address: str, settings: ProbeSettings, server_name: str = "") -> grpc.Channel:
-    """A plaintext channel, or a TLS one when a CA file is configured (services.common.channels)."""
+    """A plaintext channel, or a TLS one when a CA file is configured (serentak.channels)."""
     if settings.tls_ca_file is None:
         return open_sync_channel(address, ClientSecurity())
     tls = ClientTls(

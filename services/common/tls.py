@@ -1,4 +1,4 @@
-"""TLS for every gRPC server and client: one place that turns certificate files into credentials.
+"""TLS for every gRPC server: one place that turns certificate files into server credentials.
 
 Servers: `server_credentials` serves the certificate in `SERENTAK_TLS_CERT_FILE` /
 `SERENTAK_TLS_KEY_FILE` and, with `SERENTAK_TLS_CLIENT_CA_FILE`, requires client
@@ -7,9 +7,8 @@ every new handshake; the fetcher re-reads the files only when their mtime or siz
 changed, so a renewed certificate (cert-manager, certbot: replace the files atomically)
 is served to new connections without a restart.
 
-Clients: `ClientTls` (CA, optional client certificate and key) becomes SSL channel
-credentials; without it a channel is plaintext, which gRPC only lets reach loopback
-(local credentials), so a token never crosses a network in clear.
+Clients: the client package's `serentak.credentials` (`ClientTls`, `channel_credentials`),
+which the services use for their own calls too (services.common.channels).
 """
 
 from __future__ import annotations
@@ -35,17 +34,6 @@ class ServerTls:
     client_ca_file: Path | None = None
 
 
-@dataclass(frozen=True)
-class ClientTls:
-    """What a client trusts (`ca_file`) and, for mTLS, the certificate it presents."""
-
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    # The name the server certificate carries, when it does not list the dialled address.
-    server_name: str = ""
-
-
 def server_tls(settings: CommonSettings) -> ServerTls | None:
     """The server TLS files from settings, None for plaintext; both or neither of cert/key."""
     cert, key, ca = settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
@@ -58,20 +46,6 @@ def server_tls(settings: CommonSettings) -> ServerTls | None:
     tls = ServerTls(cert, key, ca)
     _read_server_config(tls)  # fail at start, not at the first handshake
     return tls
-
-
-def client_tls(settings: CommonSettings) -> ClientTls | None:
-    """The client TLS files from settings, None for plaintext (loopback only)."""
-    ca, cert, key = (
-        settings.tls_ca_file,
-        settings.tls_client_cert_file,
-        settings.tls_client_key_file,
-    )
-    if (cert is None) != (key is None):
-        raise ConfigError("set both SERENTAK_TLS_CLIENT_CERT_FILE and SERENTAK_TLS_CLIENT_KEY_FILE")
-    if ca is None and cert is None:
-        return None
-    return ClientTls(ca, cert, key)
 
 
 def _stamp(paths: list[Path]) -> tuple[tuple[int, int, int], ...]:
@@ -120,19 +94,3 @@ def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
         _CertificateReloader(tls),
         require_client_authentication=tls.client_ca_file is not None,
     )
-
-
-def channel_credentials(tls: ClientTls | None) -> grpc.ChannelCredentials:
-    """SSL credentials for `tls`, or local (loopback-only, plaintext) credentials."""
-    if tls is None:
-        # Plaintext, but still "secure" to gRPC so call credentials (tokens) may ride on
-        # it; gRPC refuses a non-loopback peer with these.
-        return grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
-    try:
-        return grpc.ssl_channel_credentials(
-            root_certificates=tls.ca_file.read_bytes() if tls.ca_file else None,
-            private_key=tls.key_file.read_bytes() if tls.key_file else None,
-            certificate_chain=tls.cert_file.read_bytes() if tls.cert_file else None,
-        )
-    except OSError as exc:
-        raise ConfigError(f"cannot read client TLS files: {exc}") from exc

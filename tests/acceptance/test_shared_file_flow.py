@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from serentak.channels import open_channel
+from serentak.credentials import ClientSecurity, ClientTls
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from support.jwks import JwksServer, SigningKey, claims, jwt_settings
@@ -18,9 +20,7 @@ from support.pki import Pki, client_tls_settings, server_tls_settings
 from support.services import running_app
 from upload.upload_helpers import chunk_request, create_request, split, wait_status
 
-from services.common.channels import ClientSecurity, open_channel
 from services.common.jobs import RuntimeOptions
-from services.common.tls import ClientTls
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.notify.app import build_app as build_notify_app

@@ -21,19 +21,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "gen"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from serentak.channels import open_channel  # noqa: E402
+from serentak.credentials import ClientSecurity, ClientTls  # noqa: E402
 from support.jwks import JwksServer, SigningKey, claims, jwt_settings  # noqa: E402
 from support.pki import Pki  # noqa: E402
 
 from services.common.auth import Authenticator, build_authenticator  # noqa: E402
-from services.common.channels import ClientSecurity, open_channel  # noqa: E402
 from services.common.config import CommonSettings  # noqa: E402
 from services.common.grpc_server import ServiceApp, start  # noqa: E402
 from services.common.logging import configure_logging  # noqa: E402
 from services.common.security import ServerSecurity  # noqa: E402
-from services.common.tls import ClientTls, ServerTls  # noqa: E402
+from services.common.tls import ServerTls  # noqa: E402
 
 
 class _Call:

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests"), str(REPO / "tests/benchmarks")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests/benchmarks")]
 
 import obstore
 from bench_upload import (

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen")]
+sys.path[:0] = [str(REPO)]
 
 import psycopg  # noqa: E402
 from sqlalchemy import func, select, text  # noqa: E402
@@ -83,7 +83,7 @@ async def remaining(sessions) -> int:  # type: ignore[no-untyped-def]
 
 
 async def throughput(url: str, sessions, n: int, processes: int) -> float:  # type: ignore[no-untyped-def]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'gen'}"}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", url, f"b{i}"],

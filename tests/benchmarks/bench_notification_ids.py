@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psycopg
 from sqlalchemy.engine import make_url

@@ -48,7 +48,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests"), str(Path(__file__).parent)]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).parent)]
 
 import grpc
 import psycopg
@@ -56,6 +56,7 @@ from notify_floor import serve
 from notify_replica import replica_process, replica_settings
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from serentak.sdk import notifications_in
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 from support.services import running_app
@@ -68,7 +69,6 @@ from services.common.runtime_migrations import migration_location
 from services.notify.app import build_app
 from services.notify.database import prepare
 from services.notify.fanout_writer import FanOutWriter
-from services.sdk import notifications_in
 
 DEFAULT_DSN = "postgresql://postgres:serentak@127.0.0.1:5432/postgres"
 TARGET_RATE = 10_000  # notifications/s

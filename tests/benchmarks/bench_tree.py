@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import grpc
 import psycopg

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import grpc
 import psycopg

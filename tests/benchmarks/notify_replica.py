@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "gen"), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from support.services import running_app  # noqa: E402
 

@@ -8,8 +8,9 @@ thread hand-offs and the `to_thread` calls, and the median prepare / commit late
         [--chunk-kib 4096] [--chunks 32] [--rounds 4]
 
 `--repo`: another checkout (e.g. `git archive` of an older commit, with this tree's
-`.venv` and `gen/`) to compare its code in the same window. The first round warms up
-and is not printed. A profile aid, not a target: issue #15's numbers are bench_upload.py's.
+`.venv`, whose editable client holds the stubs) to compare its code in the same window.
+The first round warms up and is not printed. A profile aid, not a target: issue #15's
+numbers are bench_upload.py's.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def parse() -> argparse.Namespace:
 
 
 ARGS = parse()
-sys.path[:0] = [str(ARGS.repo), str(ARGS.repo / "gen"), str(ARGS.repo / "tests")]
+sys.path[:0] = [str(ARGS.repo), str(ARGS.repo / "tests")]
 os.environ.setdefault("SERENTAK_AUTH_MODE", "dev")
 
 import aiosqlite

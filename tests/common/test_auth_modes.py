@@ -27,7 +27,7 @@ def _run(name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[s
         cwd=REPO_ROOT,
         env={
             **base,
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+            "PYTHONPATH": str(REPO_ROOT),
             "SERENTAK_DATA_DIR": str(tmp_path),
             f"SERENTAK_{name.upper()}_PORT": str(free_port()),
             f"SERENTAK_{name.upper()}_METRICS_PORT": str(free_port()),

@@ -7,11 +7,11 @@ from __future__ import annotations
 import grpc
 import pytest
 from grpc_status import rpc_status
+from serentak.channels import channel_options
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 from support.services import lock_service_app, running_app
 
 from services.common import correlation, errors
-from services.common.channels import channel_options
 from services.common.grpc_server import ServiceApp
 
 KEY = correlation.METADATA_KEY

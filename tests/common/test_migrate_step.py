@@ -37,7 +37,7 @@ def _env(url: str) -> dict[str, str]:
         "SERENTAK_UPLOAD_DATABASE_URL": url,
         "SERENTAK_NOTIFY_DATABASE_URL": url,
         "SERENTAK_MIGRATE_ON_START": "false",
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+        "PYTHONPATH": str(REPO_ROOT),
     }
 
 

@@ -1,6 +1,7 @@
 """deploy/docker/Dockerfile parses, copies only paths that exist and the build context
-keeps, runs as a non-root user with a gRPC health check; the project wheel it installs
-carries the migrations."""
+keeps, runs as a non-root user with a gRPC health check, and installs three wheels (the
+client `serentak`, `serentak-server`, merge_core); the server wheel carries the migrations
+and none of the client."""
 
 from __future__ import annotations
 
@@ -70,10 +71,23 @@ def test_multi_stage_non_root_one_image_with_grpc_healthcheck() -> None:
 
 
 def test_dockerignore_keeps_local_state_and_secrets_out() -> None:
-    for path in (".venv/bin/python", ".data/upload.db", "gen/x.py", "tls/server.key", ".git/HEAD"):
+    generated = "client/serentak/upload/v1/upload_pb2.py"  # made again by the image's build
+    for path in (".venv/bin/python", ".data/upload.db", generated, "tls/server.key", ".git/HEAD"):
         assert _ignored(path), path
-    for path in ("services/upload/app.py", "protos", "merge_core/src"):
+    for path in (
+        "services/upload/app.py",
+        "protos",
+        "merge_core/src",
+        "client/protogen.py",
+        "client/serentak/sdk/client.py",
+    ):
         assert not _ignored(path), path
+
+
+def test_the_image_builds_the_client_and_the_server_wheels_and_installs_the_server() -> None:
+    runs = " ".join(i["value"] for i in _instructions() if i["instruction"] == "RUN")
+    assert "pip wheel" in runs and "./client" in runs
+    assert "--find-links /tmp/wheels serentak-server merge_core" in runs
 
 
 def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
@@ -93,8 +107,12 @@ def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("serentak-*.whl")
+    (wheel,) = tmp_path.glob("serentak_server-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
+    # The contracts, SDK and CLI are the client's wheel (serentak), which this one requires.
+    assert not any(n.startswith("serentak/") for n in names)
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    assert "Requires-Dist: serentak==0.1.0" in zipfile.ZipFile(wheel).read(metadata).decode()
     for service in ("upload", "notify", "upload/sync"):
         assert any(
             n.startswith(f"services/{service}/migrations/versions/") and n.endswith(".py")

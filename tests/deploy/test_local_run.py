@@ -37,7 +37,7 @@ def test_run_starts_everything_and_ctrl_c_leaves_no_orphans(tmp_path: Path) -> N
         **os.environ,
         "SERENTAK_DATA_DIR": str(data_dir),
         "SERENTAK_ETCD_ENDPOINT": f"127.0.0.1:{free_port()}",
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+        "PYTHONPATH": str(REPO_ROOT),
     }
     for name in ("upload", "locks", "notify"):
         port = free_port()
@@ -87,7 +87,7 @@ def test_run_refuses_to_start_when_a_port_is_taken(tmp_path: Path) -> None:
             "SERENTAK_UPLOAD_PORT": str(busy_port),
             "SERENTAK_LOCKS_PORT": str(free_port()),
             "SERENTAK_NOTIFY_PORT": str(free_port()),
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+            "PYTHONPATH": str(REPO_ROOT),
         }
         for name in ("UPLOAD", "LOCKS", "NOTIFY"):
             env[f"SERENTAK_{name}_METRICS_PORT"] = str(free_port())

@@ -17,11 +17,11 @@ import pytest
 from etcd3aio._protobuf import rpc_pb2, rpc_pb2_grpc
 from prometheus_client import REGISTRY
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+from serentak.sdk.locks import LockClient
 from support.etcd import EtcdCluster
 from support.services import running_app
 
 from services.locks.app import build_app
-from services.locks.client import LockClient
 from services.locks.errors import EtcdAuthFailed, EtcdPermissionDenied, EtcdUnavailable
 from services.locks.etcd_client import Etcd
 from services.locks.etcd_connection import EtcdOptions, options_from_settings

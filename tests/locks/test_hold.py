@@ -9,13 +9,13 @@ import uuid
 import grpc
 import pytest
 from locks.principals import USER_TOKEN
+from serentak.errors import LockHeld, LockLost
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+from serentak.sdk.locks import LockClient
 from support.bearer import bearer_channel
 from support.services import running_app
 
 from services.locks.app import build_app
-from services.locks.client import LockClient
-from services.locks.errors import LockHeld, LockLost
 from services.locks.settings import LocksSettings
 
 pytestmark = pytest.mark.etcd

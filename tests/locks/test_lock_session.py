@@ -18,12 +18,12 @@ from locks.lock_assertions import wait_for_waiters
 from locks.principals import OTHER_TENANT_TOKEN, USER_TOKEN, bearer
 from prometheus_client import REGISTRY
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+from serentak.sdk.locks import LockClient
 from support.grpc_errors import error_info
 from support.jwks import JwksServer, SigningKey, claims, jwt_settings
 from support.services import running_app
 
 from services.locks.app import build_app
-from services.locks.client import LockClient
 from services.locks.session import LockSession
 from services.locks.settings import LocksSettings
 

@@ -8,8 +8,7 @@ import pytest
 from locks.lock_assertions import wait_for_waiters
 from locks.principals import USER_TOKEN
 from serentak.locks.v1 import locks_pb2
-
-from services.locks.client import LockClient
+from serentak.sdk.locks import LockClient
 
 pytestmark = pytest.mark.etcd
 

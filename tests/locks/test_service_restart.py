@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 from locks.principals import USER_TOKEN
+from serentak.errors import LockLost
 from serentak.locks.v1 import locks_pb2
+from serentak.sdk.locks import LockClient
 from support.ports import free_port
 from support.services import REPO_ROOT, service_process, wait_serving
-
-from services.locks.client import LockClient
-from services.locks.errors import LockLost
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
@@ -33,7 +32,7 @@ def _start_locks(port: int, env: dict[str, str], log_path: Path) -> subprocess.P
     """`python -m services.locks` on a fixed port (so a restart keeps its address)."""
     full_env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+        "PYTHONPATH": str(REPO_ROOT),
         "SERENTAK_LOCKS_PORT": str(port),
         "SERENTAK_LOCKS_METRICS_PORT": "0",
         **env,

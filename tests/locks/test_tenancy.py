@@ -20,9 +20,9 @@ from locks.principals import (
     bearer,
 )
 from serentak.locks.v1 import locks_pb2
+from serentak.sdk.locks import LockClient
 from support.grpc_errors import error_info
 
-from services.locks.client import LockClient
 from services.locks.etcd_client import Etcd
 from services.locks.keys import KeySpace
 

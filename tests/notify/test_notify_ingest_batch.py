@@ -9,10 +9,9 @@ import random
 import grpc
 import pytest
 from notify.harness import SERVICE, error_reason, event, user_md
+from serentak.credentials import ClientSecurity, ClientToken
 from serentak.notify.v1 import notify_pb2
 
-from services.common.auth.client_token import ClientToken
-from services.common.channels import ClientSecurity
 from services.common.outbox import subscribers
 
 pb = notify_pb2

@@ -13,14 +13,14 @@ import grpc
 import pytest
 from notify.harness import event
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
+from serentak.channels import open_channel
+from serentak.cli import main as serentak_cli
+from serentak.credentials import ClientSecurity, ClientTls, user_client_security
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from support.grpc_errors import error_info
 from support.pki import CertFiles, Pki, server_tls_settings
 
-from services.cli import main as serentak_cli
 from services.common.admin.cli import main as admin_cli
-from services.common.channels import ClientSecurity, open_channel, user_client_security
-from services.common.tls import ClientTls
 
 PRINCIPALS = {
     "upload.serentak.test": "upload",
@@ -160,7 +160,7 @@ async def test_a_renewed_certificate_is_served_without_restart(
 
 
 def test_user_client_security_needs_cert_and_key_together() -> None:
-    from services.common.config import ConfigError
+    from serentak.errors import ConfigError
 
     with pytest.raises(ConfigError):
         user_client_security("t", cert_file="c.pem")

@@ -38,7 +38,7 @@ async def start(*argv: str, env: dict[str, str] | None = None) -> asyncio.subpro
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.cli",
+        "serentak.cli",
         *argv,
         cwd=REPO,
         env=env or cli_env(),

@@ -9,6 +9,7 @@ import os
 
 import grpc
 import pytest
+from serentak.cli import main
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from sqlalchemy import delete, update
 from upload.upload_helpers import (
@@ -19,7 +20,6 @@ from upload.upload_helpers import (
     upload_completed,
 )
 
-from services.cli import main
 from services.common.db import create_engine, session_factory
 from services.upload.models import ChunkRow, UploadRow
 from services.upload.storage.blob_store import content_key

@@ -16,13 +16,13 @@ from typing import Any
 import grpc
 import pytest
 from prometheus_client import REGISTRY
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import delete
 from upload.upload_helpers import chunk_request, create_request, split, wait_status
 
 from services.common.db import create_engine, session_factory
 from services.common.jobs import RuntimeOptions
-from services.locks.client import LockClient
 from services.upload.ingest.status_ages import refresh_status_ages
 from services.upload.metrics import index_bucket
 from services.upload.models import ChunkRow

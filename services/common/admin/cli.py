@@ -24,12 +24,11 @@ from grpc_status import rpc_status
 from rich.console import Console
 from rich.table import Table
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
+from serentak.channels import open_sync_channel
+from serentak.credentials import ClientSecurity, operator_security
 
-from services.common.auth import OPS
-from services.common.auth.client_token import service_token
-from services.common.channels import ClientSecurity, open_sync_channel, user_client_security
-from services.common.config import ConfigError
-from services.common.tls import client_tls
+from services.common.channels import client_settings
+from services.common.config import CommonSettings, ConfigError, load
 
 EXIT_RPC_ERROR = 2
 
@@ -149,25 +148,10 @@ def _purge(stub, args, md, console) -> None:  # type: ignore[no-untyped-def]
 
 
 def _security(args: argparse.Namespace) -> ClientSecurity:
-    """Flags first; the settings (TLS files, the ops principal's token) for what is not given.
-
-    A client certificate given on the command line is the credential: no settings token.
-    """
-    from services.common.config import CommonSettings, load
-
-    flags = user_client_security(args.token, args.ca, args.cert, args.key)
-    settings = load(CommonSettings)
-    tls = flags.tls or client_tls(settings)
-    token = flags.token
-    cert_given = flags.tls is not None and flags.tls.cert_file is not None
-    if token is None and not cert_given:
-        token = service_token(settings, OPS)
-    if token is None and (tls is None or tls.cert_file is None):
-        raise ConfigError(
-            "no credentials: pass --token (or --cert/--key), or set "
-            "SERENTAK_CLIENT_TOKEN[_FILE] (or SERENTAK_AUTH_MODE=dev for the dev ops token)"
-        )
-    return ClientSecurity(tls=tls, token=token)
+    """Flags first; the settings (TLS files, the ops principal's token) for what is not
+    given (`serentak.credentials.operator_security`, as `serentak admin` does)."""
+    settings = client_settings(load(CommonSettings))
+    return operator_security(settings, args.token, args.ca, args.cert, args.key)
 
 
 _COMMANDS = {"stats": _stats, "dead-letters": _dead_letters, "replay": _replay, "purge": _purge}

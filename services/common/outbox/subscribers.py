@@ -13,10 +13,11 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import grpc
+from serentak.channels import open_channel
+from serentak.credentials import ClientSecurity
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
-from services.common.channels import ClientSecurity, open_channel
 from services.common.correlation import METADATA_KEY
 
 # Bytes of events per IngestBatch call: well under notify's 1 MiB message limit (an event

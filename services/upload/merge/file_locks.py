@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
-from services.common.channels import ClientSecurity
-from services.locks.client import HeldLock, LockClient
+from serentak.credentials import ClientSecurity
+from serentak.sdk.locks import HeldLock, LockClient
 
 
 class FileLocks:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import serentak.errors
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -297,7 +298,7 @@ class MergeHandler:
             # A newer holder committed first (ours was lost): retry under a fresh lock.
             metrics.MERGE_FAILURES.labels("lock").inc()
             raise ConflictError(str(exc)) from exc
-        except SerentakError as exc:
+        except (SerentakError, serentak.errors.SerentakError) as exc:  # ours, the lock client's
             metrics.MERGE_FAILURES.labels("lock").inc()
             # LOCK_HELD past the wait, lock service or etcd unavailable: try again later.
             raise TransientError(f"file lock: {exc}") from exc

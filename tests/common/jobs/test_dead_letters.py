@@ -189,7 +189,7 @@ async def test_cli_prints_tables_and_purges(runtime_db) -> None:  # type: ignore
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
             env = {
-                "PYTHONPATH": f"{REPO}:{REPO / 'gen'}",
+                "PYTHONPATH": str(REPO),
                 "COLUMNS": "200",
                 "PATH": "/usr/bin",
                 "SERENTAK_AUTH_MODE": "dev",  # the CLI then calls as `ops` with dev-ops

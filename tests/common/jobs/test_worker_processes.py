@@ -25,7 +25,7 @@ DEADLINE_S = 120.0
 
 
 def _env() -> dict[str, str]:
-    paths = [str(REPO), str(REPO / "gen"), str(REPO / "tests")]
+    paths = [str(REPO), str(REPO / "tests")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 

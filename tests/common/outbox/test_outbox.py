@@ -135,7 +135,7 @@ async def test_relay_killed_between_publish_and_mark_republishes_applied_once(ru
         await record_event(session, event)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "gen"), str(REPO / "tests")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

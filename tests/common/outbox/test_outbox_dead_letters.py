@@ -11,6 +11,7 @@ import uuid
 
 import grpc
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
+from serentak.credentials import ClientSecurity, ClientToken
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from sqlalchemy import func, select
@@ -18,8 +19,6 @@ from support.services import running_app
 
 from services.common.admin import admin_servicer
 from services.common.auth import Authenticator
-from services.common.auth.client_token import ClientToken
-from services.common.channels import ClientSecurity
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.jobs import JobRegistry, Worker

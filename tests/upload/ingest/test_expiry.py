@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import (
     chunk_row_count,
@@ -22,7 +23,6 @@ from upload.upload_helpers import (
 )
 
 from services.common.db import create_engine, session_factory
-from services.locks.client import LockClient
 from services.upload.ingest.expiry import expire_and_clean
 from services.upload.models import UploadRow, utcnow
 from services.upload.storage.blob_store import chunk_key

@@ -13,12 +13,12 @@ import sys
 import uuid
 
 import pytest
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from support.services import REPO_ROOT
 from upload.upload_helpers import chunk_request, create_request, wait_status
 
 from services.common.db import create_engine, session_factory
-from services.locks.client import LockClient
 from services.upload.errors import StaleFencingToken
 from services.upload.files.versions import commit_fenced
 from services.upload.models import FileRow
@@ -26,7 +26,7 @@ from services.upload.models import FileRow
 TTL = 2
 HOLDER = """
 import asyncio, sys
-from services.locks.client import LockClient
+from serentak.sdk.locks import LockClient
 
 async def main() -> None:
     client = LockClient(sys.argv[1], owner="doomed", token="dev-alice")
@@ -56,7 +56,7 @@ async def test_killed_holders_lock_frees_and_its_token_is_refused(
 
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "gen")]),
+        "PYTHONPATH": str(REPO_ROOT),
     }
     holder = await asyncio.create_subprocess_exec(
         sys.executable,

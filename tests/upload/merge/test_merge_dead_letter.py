@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import pytest
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from upload.conftest import upload_settings
 from upload.upload_helpers import (
@@ -32,7 +33,6 @@ from services.common.db import create_engine, session_factory
 from services.common.jobs.dead_letters import list_dead_letters, replay_dead_letter
 from services.common.jobs.queue import claim_jobs
 from services.common.jobs.worker import Worker
-from services.locks.client import LockClient
 from services.upload.components import build_components
 from services.upload.database import migrate
 from services.upload.merge.merge_job import MERGE_JOB

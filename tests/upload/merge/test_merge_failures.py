@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 from prometheus_client import REGISTRY
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import chunk_request, create_request, put_chunks, split, wait_status
 
 from services.common.db import create_engine, session_factory
-from services.locks.client import LockClient
 from services.upload.errors import StaleFencingToken
 from services.upload.files.versions import commit_fenced
 from services.upload.models import FileRow

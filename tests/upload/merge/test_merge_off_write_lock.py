@@ -8,6 +8,7 @@ import os
 import time
 import uuid
 
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import (
     chunk_request,
@@ -17,8 +18,6 @@ from upload.upload_helpers import (
     split,
     wait_status,
 )
-
-from services.locks.client import LockClient
 
 CHUNK = 1024
 # Longer than the SQLite busy timeout: a put blocked behind the merge would fail, not wait.

@@ -13,6 +13,7 @@ import time
 import uuid
 
 import grpc
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import select
 from upload.upload_helpers import (
@@ -27,7 +28,6 @@ from upload.upload_helpers import (
 
 from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
-from services.locks.client import LockClient
 
 CHUNK = 1024
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import uuid
 
+from serentak.sdk.locks import LockClient
 from upload.upload_helpers import chunk_request, content_updated_uploads, create_request, split
 from upload.upload_process import ALICE, kill, upload_env, upload_process, wait_completed, wait_for
-
-from services.locks.client import LockClient
 
 CHUNK = 4096
 

@@ -1,10 +1,11 @@
 """`SerentakClient`: the async SDK over the upload, file, lock and notify services.
 
-Channels come from `services.common.channels` (TLS, call token, round_robin, keepalive);
+Channels come from `serentak.channels` (TLS, call token, round_robin, keepalive);
 the calls that are safe to repeat (reads, PutChunk, CreateUpload with its request id)
 are retried by gRPC on UNAVAILABLE with backoff from the channel's service config.
 Errors are the server's `grpc.aio.AioRpcError` (status + ErrorInfo reason), plus
-`UploadFailed` and `ChecksumMismatch` for what the client itself finds.
+`UploadFailed` and `ChecksumMismatch` for what the client itself finds; `hold` is the lock
+client's (`serentak.sdk.locks`) and raises its typed errors (`LockHeld`, `LockLost`).
 """
 
 # Client-side file I/O of one user's process: blocking reads and writes are fine here.
@@ -13,26 +14,27 @@ Errors are the server's `grpc.aio.AioRpcError` (status + ErrorInfo reason), plus
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import grpc
+
+from serentak.channels import open_channel
+from serentak.credentials import ClientSecurity, user_client_security
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
-from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
-
-from services.common.channels import ClientSecurity, open_channel, user_client_security
-from services.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed, rpc_reason
-from services.sdk.transfer import (
+from serentak.sdk.locks import HeldLock, LockClient
+from serentak.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed, rpc_reason
+from serentak.sdk.transfer import (
     DEFAULT_CHUNK_SIZE,
     atomic_destination,
     chunk_count,
     chunk_length,
     upload_request_id,
 )
+from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 # (bytes done, bytes in all): called after every chunk sent or block received.
 ProgressCallback = Callable[[int, int], None]
@@ -80,6 +82,7 @@ class SerentakClient:
     ) -> None:
         self._security = security or user_client_security(token, ca_file, cert_file, key_file)
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._lock_clients: dict[str, LockClient] = {}  # by owner, over the locks channel
         self._addresses = {"upload": address, "locks": locks_address, "notify": notify_address}
 
     def _channel(self, which: str) -> grpc.aio.Channel:
@@ -110,6 +113,9 @@ class SerentakClient:
 
     async def close(self) -> None:
         """Close every channel opened so far."""
+        lock_clients, self._lock_clients = list(self._lock_clients.values()), {}
+        for lock_client in lock_clients:
+            await lock_client.close()
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             await channel.close()
@@ -158,11 +164,15 @@ class SerentakClient:
             request.new_file.name = name or path.name
             target = f"folder:{folder_id}/{request.new_file.name}"
         request.client_request_id = client_request_id or upload_request_id(path, chunk_size, target)
-        return await self.uploads.CreateUpload(request)
+        created: upload_pb2.Upload = await self.uploads.CreateUpload(request)
+        return created
 
     async def get_upload(self, upload_id: str) -> upload_pb2.Upload:
         """One of your uploads."""
-        return await self.uploads.GetUpload(upload_pb2.GetUploadRequest(upload_id=upload_id))
+        upload: upload_pb2.Upload = await self.uploads.GetUpload(
+            upload_pb2.GetUploadRequest(upload_id=upload_id)
+        )
+        return upload
 
     async def list_uploads(self, status: int = 0) -> list[upload_pb2.Upload]:
         """Your uploads (all pages), optionally only those in `status`."""
@@ -179,7 +189,10 @@ class SerentakClient:
 
     async def abort_upload(self, upload_id: str) -> upload_pb2.Upload:
         """Abort an open upload."""
-        return await self.uploads.AbortUpload(upload_pb2.AbortUploadRequest(upload_id=upload_id))
+        upload: upload_pb2.Upload = await self.uploads.AbortUpload(
+            upload_pb2.AbortUploadRequest(upload_id=upload_id)
+        )
+        return upload
 
     async def send_missing(
         self,
@@ -270,7 +283,8 @@ class SerentakClient:
 
     async def get_file(self, file_id: str) -> upload_pb2.File:
         """One file or folder you can see."""
-        return await self.files.GetFile(upload_pb2.GetFileRequest(file_id=file_id))
+        file: upload_pb2.File = await self.files.GetFile(upload_pb2.GetFileRequest(file_id=file_id))
+        return file
 
     async def list_folder(self, folder_id: str = "") -> list[upload_pb2.File]:
         """A folder's items (all pages); empty `folder_id`: your root."""
@@ -287,15 +301,17 @@ class SerentakClient:
 
     async def share(self, file_id: str, user_id: str, role: int) -> upload_pb2.File:
         """Give `user_id` (same tenant) `role` on a file or folder."""
-        return await self.files.ShareFile(
+        file: upload_pb2.File = await self.files.ShareFile(
             upload_pb2.ShareFileRequest(file_id=file_id, user_id=user_id, role=role)  # type: ignore[arg-type]
         )
+        return file
 
     async def unshare(self, file_id: str, user_id: str) -> upload_pb2.File:
         """Take `user_id`'s share on a file or folder away."""
-        return await self.files.UnshareFile(
+        file: upload_pb2.File = await self.files.UnshareFile(
             upload_pb2.UnshareFileRequest(file_id=file_id, user_id=user_id)
         )
+        return file
 
     async def collaborators(self, file_id: str) -> list[upload_pb2.Collaborator]:
         """Who has which role on a file or folder."""
@@ -351,36 +367,30 @@ class SerentakClient:
 
     # -- locks and notifications ---------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def hold(
+    def hold(
         self, key: str, *, owner: str = "sdk", ttl_seconds: int = 10, wait_timeout_ms: int = 0
-    ) -> AsyncIterator[locks_pb2.Lock]:
-        """Acquire `key` and keep its lease alive (a Hold stream) while the block runs.
+    ) -> HeldLock:
+        """`async with` this to hold `key` while the block runs (`serentak.sdk.locks`).
 
-        Yields the Lock; its `token` fences writes made under it. The lock is released on
-        exit. If the lock is lost meanwhile (the server ends the Hold stream), the block is
-        not interrupted: the fencing token is what makes a stale holder's writes fail.
-        LOCK_HELD (ABORTED) when another holder has it past `wait_timeout_ms`.
+        Acquires (`LockHeld` when another holder keeps it past `wait_timeout_ms`), keeps its
+        lease alive over a Hold stream and releases it on exit. The `HeldLock` has the
+        fencing `token` (and the Lock message as `lock`): carry it into writes made under
+        the lock. If the lock is lost meanwhile, the block is cancelled and the `async with`
+        raises `LockLost`.
         """
-        stub = locks_pb2_grpc.LockServiceStub(self._channel("locks"))
-        lock = await stub.Acquire(
-            locks_pb2.AcquireRequest(
-                key=key, owner=owner, ttl_seconds=ttl_seconds, wait_timeout_ms=wait_timeout_ms
-            )
+        if owner not in self._lock_clients:
+            self._lock_clients[owner] = LockClient(self._channel("locks"), owner=owner)
+        return self._lock_clients[owner].hold(
+            key, ttl=ttl_seconds, wait_timeout=wait_timeout_ms / 1000
         )
-        stream = stub.Hold()
-        await stream.write(locks_pb2.HoldRequest(key=key, token=lock.token))
-        try:
-            yield lock
-        finally:
-            stream.cancel()
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.Release(locks_pb2.ReleaseRequest(key=key, token=lock.token))
 
     async def describe_lock(self, key: str) -> locks_pb2.DescribeResponse:
         """The holder and waiters of `key`."""
         stub = locks_pb2_grpc.LockServiceStub(self._channel("locks"))
-        return await stub.Describe(locks_pb2.DescribeRequest(key=key))
+        described: locks_pb2.DescribeResponse = await stub.Describe(
+            locks_pb2.DescribeRequest(key=key)
+        )
+        return described
 
     async def subscribe(
         self, cursor: str = "", *, device_id: str = "", max_batch: int = 0

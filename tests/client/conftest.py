@@ -1,4 +1,5 @@
-"""A running stack for SDK and CLI tests: locks (etcd), notify and upload in-process."""
+"""A running stack for the client's SDK and CLI tests: locks (etcd), notify and upload,
+in-process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from serentak.sdk import SerentakClient
 from support.services import running_app
 
 from services.common.jobs import RuntimeOptions
@@ -15,7 +17,6 @@ from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.notify.app import build_app as build_notify_app
 from services.notify.settings import NotifySettings
-from services.sdk import SerentakClient
 from services.upload.app import build_app as build_upload_app
 from services.upload.settings import UploadSettings
 from services.upload.sync.settings import SyncSettings

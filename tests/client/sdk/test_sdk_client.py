@@ -1,6 +1,6 @@
 """The SDK's SerentakClient against real services (upload, locks on etcd, notify): upload
-with resume and progress, verified atomic download, a held lock, a subscription resumed
-from its cursor. Both databases."""
+with resume and progress, verified atomic download, a held lock (and its loss, which
+cancels the block), a subscription resumed from its cursor. Both databases."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 from serentak.notify.v1 import notify_pb2
+from serentak.sdk import ChecksumMismatch, LockHeld, LockLost, notifications_in
 from serentak.upload.v1 import upload_pb2
 
-from services.sdk import ChecksumMismatch, notifications_in
+from services.locks.etcd_client import Etcd
 from services.upload.storage.blob_store import content_key, open_blob_store
 
 CHUNK = 1024
@@ -88,10 +89,10 @@ async def test_hold_keeps_the_lock_and_subscribe_resumes_from_a_cursor(stack, tm
             await asyncio.sleep(3)
             held = await alice.describe_lock(key)
             assert held.held and held.lock.token == lock.token
-            with pytest.raises(grpc.aio.AioRpcError) as busy:
+            with pytest.raises(LockHeld) as busy:
                 async with alice.hold(key, owner="other"):
                     pass
-            assert busy.value.code() == grpc.StatusCode.ABORTED
+            assert busy.value.code == grpc.StatusCode.ABORTED
         assert not (await alice.describe_lock(key)).held
 
         stream = bob.subscribe()
@@ -132,3 +133,27 @@ async def test_hold_keeps_the_lock_and_subscribe_resumes_from_a_cursor(stack, tm
         assert together.cursor == carried[-1].cursor
         assert notifications_in(first) == [first.notification]
         assert notifications_in(marker) == []
+
+
+async def test_hold_cancels_the_block_and_raises_lock_lost_when_the_lock_is_lost(
+    stack, etcd
+) -> None:
+    direct = Etcd(etcd.endpoint, call_timeout=5)
+    body_cancelled = False
+    try:
+        async with stack.client("dev-alice") as alice:
+            with pytest.raises(LockLost) as caught:
+                async with alice.hold("user:alice:lost", ttl_seconds=5) as lock:
+                    await direct.revoke_lease(lock.lock.lease_id)
+                    try:
+                        await asyncio.sleep(DEADLINE_S)
+                    except asyncio.CancelledError:
+                        body_cancelled = True
+                        raise
+            assert body_cancelled
+            assert caught.value.metadata["lost_reason"] == "LOST_REASON_LEASE_EXPIRED"
+            # The client stays usable: the same key can be held again.
+            async with alice.hold("user:alice:lost", ttl_seconds=5) as again:
+                assert again.token > lock.token
+    finally:
+        await direct.close()

@@ -1,10 +1,10 @@
-"""`serentak`: the command line over the SDK (`services.sdk`).
+"""`serentak`: the command line over the SDK (`serentak.sdk`).
 
     serentak [global flags] COMMAND [args] [global flags]
 
 Commands: upload, uploads, abort, status, ls, shared, download, share, unshare,
 collaborators, admin. `--json` prints one JSON document on stdout; messages and
-progress go to stderr. Exit codes: see `services.cli.output` and `serentak --help`.
+progress go to stderr. Exit codes: see `serentak.cli.output` and `serentak --help`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from services.cli import admin, commands
-from services.cli.output import (
+from serentak.cli import admin, commands
+from serentak.cli.output import (
     EXIT_CORRUPT,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -25,10 +25,10 @@ from services.cli.output import (
     Output,
     exit_code_for,
 )
-from services.cli.parser import parse
-from services.common.config import ConfigError
-from services.sdk import ChecksumMismatch, SerentakClient
-from services.sdk.results import rpc_reason
+from serentak.cli.parser import parse
+from serentak.errors import ConfigError
+from serentak.sdk import ChecksumMismatch, SerentakClient
+from serentak.sdk.results import rpc_reason
 
 Command = Callable[[argparse.Namespace, SerentakClient, Output], Awaitable[int]]
 

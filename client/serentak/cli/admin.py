@@ -9,41 +9,43 @@ Output fits 80 columns; `--json` prints the responses as JSON.
 from __future__ import annotations
 
 import argparse
-from datetime import UTC
+from datetime import datetime, timezone
 
 import grpc
+
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
+from serentak.channels import open_channel
+from serentak.cli.output import EXIT_FAILED, EXIT_OK, Output, message_dict
+from serentak.credentials import operator_security
+from serentak.settings import ClientSettings
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
-from services.cli.output import EXIT_FAILED, EXIT_OK, Output, message_dict
-from services.common.admin.cli import _security as admin_security
-from services.common.channels import open_channel
-from services.common.config import CommonSettings, load
 
-
-def _address(args: argparse.Namespace) -> str:
+def _address(args: argparse.Namespace, settings: ClientSettings) -> str:
     if "address" in args.given:
         return str(args.address)
-    settings = load(CommonSettings)
     return settings.notify_address if args.service == "notify" else settings.upload_address
 
 
 def _when(ts: object) -> str:
     if not getattr(ts, "seconds", 0):
         return "-"
-    return ts.ToDatetime(tzinfo=UTC).strftime("%m-%d %H:%M")  # type: ignore[attr-defined]
+    # timezone.utc: datetime.UTC is 3.11+.
+    when: datetime = ts.ToDatetime(tzinfo=timezone.utc)  # type: ignore[attr-defined]
+    return when.strftime("%m-%d %H:%M")
 
 
 async def run(args: argparse.Namespace, out: Output) -> int:
     """Execute one `serentak admin` command."""
-    flags = argparse.Namespace(
+    settings = ClientSettings.from_environ()
+    security = operator_security(
+        settings,
         token=args.token if "token" in args.given else None,
-        ca=args.ca if "ca" in args.given else None,
-        cert=args.cert if "cert" in args.given else None,
-        key=args.key if "key" in args.given else None,
+        ca_file=args.ca if "ca" in args.given else None,
+        cert_file=args.cert if "cert" in args.given else None,
+        key_file=args.key if "key" in args.given else None,
     )
-    security = admin_security(flags)
-    async with open_channel(_address(args), security) as channel:
+    async with open_channel(_address(args, settings), security) as channel:
         if args.admin_command == "audit":
             return await _audit(args, channel, out)
         stub = admin_pb2_grpc.AdminServiceStub(channel)

@@ -1,25 +1,39 @@
-"""`LockClient`: how other services take a lock, keep it alive and learn that it is gone.
+"""`LockClient`: how a program takes a lock, keeps it alive and learns that it is gone.
 
     locks = LockClient("127.0.0.1:50052", owner="upload-worker-7", security=as_upload)
     async with locks.hold("file:123", tenant_id="acme", ttl=30, wait_timeout=10) as lock:
-        await commit_fenced(session, file_id, lock.token, ...)   # see fencing.py
+        await commit_fenced(session, file_id, lock.token, ...)   # writes carry the token
+
+This is the one lock-hold client: the upload service's merge takes its file locks with it
+(services/upload/file_locks.py), and `SerentakClient.hold` is this client's `hold`.
 
 Every call carries a credential (the lock service refuses anonymous callers): the
-principal's call credentials in `security` (`channels.service_client_security(settings,
-"upload")`: its token and TLS files), or a bearer `token` added to each call's metadata.
-A service principal names the tenant whose key space holds the lock (`tenant_id`); a
-user principal may leave it empty (its own tenant).
+principal's call credentials in `security` (a `serentak.credentials.ClientSecurity`: its
+token and TLS files), or a bearer `token` added to each call's metadata. A service
+principal names the tenant whose key space holds the lock (`tenant_id`); a user principal
+may leave it empty (its own tenant).
 
 `hold()` acquires (raising `LockHeld` when the wait runs out), opens a `Hold` stream so
-the service renews the lease, and exposes `lock.token` for fencing. If the lock is lost
-(lease expired, key deleted, etcd unreachable longer than the TTL), the body is
-cancelled and the `async with` raises `LockLost`. On exit the lock is released.
+the service renews the lease, and exposes `lock.token` for fencing.
+
+When the lock is lost (lease expired, key deleted, etcd unreachable longer than the TTL,
+or no renewal reached this client within its local deadline), the block is cancelled
+where it stands (its task gets CancelledError at its next await), and the `async with`
+raises `LockLost` instead of the cancellation, with `lost_reason` the Hold stream's
+LostReason. A body that swallows CancelledError still ends in `LockLost` at the exit.
+Writes the body made before the loss may still reach storage: the fencing token is what
+makes a stale holder's commit fail. On every exit the lock is released (best effort: the
+lease expires on its own once the Hold stream is closed).
 
 When the lock service itself goes away (restart, network), the client re-attaches to
 the same lock with `Hold(key, token)` as long as its local deadline has not passed: the
 lease lives in etcd, not in the service, so a quick restart costs nothing. The local
 deadline is the arrival of the last renewal plus the TTL minus a margin (10%, at least
 0.2 s) for the renewal's own travel time; past it, the lock is treated as lost.
+
+Errors are `serentak.errors` classes picked by the status's ErrorInfo reason (`LockHeld`,
+`LockLost`, `SessionInFlightLimit`, `Unavailable`); another refusal is the call's
+`grpc.aio.AioRpcError` (or `LockServiceError` when it came on the Session stream).
 """
 
 from __future__ import annotations
@@ -32,14 +46,22 @@ from types import TracebackType
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
-from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
-from services.common.channels import ClientSecurity, open_channel
-from services.common.correlation import METADATA_KEY, current_correlation_id
-from services.common.errors import SerentakError, Unavailable
-from services.common.logging import get_logger
-from services.locks.errors import LockHeld, LockLost, SessionInFlightLimit
-from services.locks.session_client import SessionBusy, SessionStream, SessionUnsupported
+from serentak._compat import DeadlineExceeded, timeout, uncancel
+from serentak._logging import get_logger
+from serentak.channels import open_channel
+from serentak.correlation import METADATA_KEY, current_correlation_id
+from serentak.credentials import ClientSecurity
+from serentak.errors import (
+    LockHeld,
+    LockLost,
+    LockServiceError,
+    SerentakError,
+    SessionInFlightLimit,
+    Unavailable,
+)
+from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
+from serentak.sdk.lock_session import SessionBusy, SessionStream, SessionUnsupported
 
 log = get_logger(__name__)
 
@@ -72,8 +94,8 @@ class LockClient:
         tenant_id: str = "",
         security: ClientSecurity | None = None,
     ) -> None:
-        """`target` an address (see `channels.target`) or a channel; `security` the TLS
-        files and principal call credentials (default: plaintext loopback, none)."""
+        """`target` an address (see `serentak.channels.target`) or a channel; `security`
+        the TLS files and principal call credentials (default: plaintext loopback, none)."""
         self._own_channel = isinstance(target, str)
         self.channel = (
             open_channel(
@@ -130,11 +152,12 @@ class LockClient:
             answer = await self.session.request(wait_timeout + 30, acquire=request)
             return answered(answer).lock
         try:
-            return await self.stub.Acquire(
+            lock: locks_pb2.Lock = await self.stub.Acquire(
                 request, timeout=wait_timeout + 30, metadata=self.metadata()
             )
         except grpc.aio.AioRpcError as exc:
             raise typed_error(exc) from exc
+        return lock
 
     async def release(self, key: str, token: int, tenant_id: str | None = None) -> bool:
         """Release if `token` is still the holder's; False when nothing changed."""
@@ -153,9 +176,12 @@ class LockClient:
         """Holder and waiters of `key`."""
         request = locks_pb2.DescribeRequest(key=key, tenant_id=self.tenant(tenant_id))
         try:
-            return await self.stub.Describe(request, timeout=10, metadata=self.metadata())
+            described: locks_pb2.DescribeResponse = await self.stub.Describe(
+                request, timeout=10, metadata=self.metadata()
+            )
         except grpc.aio.AioRpcError as exc:
             raise typed_error(exc) from exc
+        return described
 
 
 class HeldLock:
@@ -229,7 +255,7 @@ class HeldLock:
                 self._call.cancel()
         if self._cancelled_body:
             assert self._body is not None
-            self._body.uncancel()
+            uncancel(self._body)
             lost = self.lost
             raise LockLost(
                 f"lock {self.key} lost: {lost.detail if lost else 'unknown'}",
@@ -241,15 +267,16 @@ class HeldLock:
 
     async def _open_hold(self, wait_for_ready: bool) -> locks_pb2.HoldEvent:
         """Open a Hold stream for my key and token; returns its first event."""
-        timeout = max(0.05, self._deadline - time.monotonic())
+        remaining = max(0.05, self._deadline - time.monotonic())
         call = self.client.stub.Hold(metadata=self.client.metadata(), wait_for_ready=wait_for_ready)
         self._call = call
         first = locks_pb2.HoldRequest(key=self.key, token=self.token, tenant_id=self.tenant_id)
-        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that races
-        # the result, and the watcher would then renew forever after __aexit__ cancels it.
-        async with asyncio.timeout(timeout):
+        # asyncio.timeout (serentak._compat), not wait_for: on 3.11 wait_for swallows a
+        # cancel that races the result, and the watcher would then renew forever after
+        # __aexit__ cancels it.
+        async with timeout(remaining):
             await call.write(first)
-            event = await call.read()
+            event: locks_pb2.HoldEvent = await call.read()
         if event is grpc.aio.EOF:
             raise Unavailable("the lock service closed the Hold stream")
         self._note(event)
@@ -267,12 +294,12 @@ class HeldLock:
                 assert self._call is not None
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError
-                async with asyncio.timeout(remaining):
+                    raise DeadlineExceeded
+                async with timeout(remaining):
                     event = await self._call.read()
                 if event is grpc.aio.EOF:
                     raise Unavailable("the lock service closed the Hold stream")
-            except (grpc.aio.AioRpcError, Unavailable, TimeoutError):
+            except (grpc.aio.AioRpcError, Unavailable, DeadlineExceeded):
                 event = await self._reattach()
             self._note(event)
             if event.HasField("lost"):
@@ -286,7 +313,7 @@ class HeldLock:
                 self._call.cancel()
             try:
                 event = await self._open_hold(wait_for_ready=True)
-            except (grpc.aio.AioRpcError, Unavailable, TimeoutError):
+            except (grpc.aio.AioRpcError, Unavailable, DeadlineExceeded):
                 # A refused connection fails fast; pace the retries (retry timer).
                 await asyncio.sleep(0.1)
                 continue
@@ -312,14 +339,6 @@ class HeldLock:
         if self._in_body and self._body is not None:
             self._cancelled_body = True
             self._body.cancel()
-
-
-class LockServiceError(SerentakError):
-    """A lock service refusal with no class of its own here (its code and reason kept)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str, **metadata: str) -> None:
-        super().__init__(message, reason=reason or code.name, **metadata)
-        self.code = code  # type: ignore[misc]
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -354,7 +373,7 @@ def known_error(
 def typed_error(exc: grpc.aio.AioRpcError) -> SerentakError | grpc.aio.AioRpcError:
     """The lock service's typed error for a failed call (by ErrorInfo reason)."""
     reason, metadata = "", {}
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    status = rpc_status.from_call(exc)
     if status is not None:
         for detail in status.details:
             info = error_details_pb2.ErrorInfo()

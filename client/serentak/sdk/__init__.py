@@ -5,14 +5,20 @@ async with SerentakClient("127.0.0.1:50051", token="dev-alice") as client:
     await client.download(done.file_id, Path("copy.bin"))
 """
 
-from services.sdk.client import ProgressCallback, SerentakClient
-from services.sdk.notifications import notifications_in
-from services.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed
-from services.sdk.transfer import upload_request_id
+from serentak.errors import LockHeld, LockLost
+from serentak.sdk.client import ProgressCallback, SerentakClient
+from serentak.sdk.locks import HeldLock, LockClient
+from serentak.sdk.notifications import notifications_in
+from serentak.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed
+from serentak.sdk.transfer import upload_request_id
 
 __all__ = [
     "ChecksumMismatch",
     "DownloadResult",
+    "HeldLock",
+    "LockClient",
+    "LockHeld",
+    "LockLost",
     "ProgressCallback",
     "SerentakClient",
     "UploadFailed",

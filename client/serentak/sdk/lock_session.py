@@ -1,4 +1,4 @@
-"""The client side of the `Session` stream: many lock requests over one open stream.
+"""The lock client's `Session` stream: many lock requests over one open stream.
 
 `LockClient` sends Acquire, Refresh and Release through one `SessionStream` (a message on an
 open stream costs a fraction of a new call). The stream opens on first use with the
@@ -17,10 +17,11 @@ import itertools
 from collections.abc import Callable
 
 import grpc
-from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
-from services.common.correlation import current_correlation_id
-from services.common.errors import Unavailable
+from serentak._compat import DeadlineExceeded, timeout
+from serentak.correlation import current_correlation_id
+from serentak.errors import Unavailable
+from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -89,11 +90,12 @@ class SessionStream:
             **op,  # type: ignore[arg-type]
         )
         try:
-            async with asyncio.timeout(answer_within):
+            async with timeout(answer_within):
                 async with self._write_lock:
                     await stream.call.write(request)
-                return await answer
-        except TimeoutError:
+                response: locks_pb2.SessionResponse = await answer
+                return response
+        except DeadlineExceeded:
             failure = Unavailable(
                 "no answer from the lock service in time", reason="LOCK_SERVICE_UNAVAILABLE"
             )

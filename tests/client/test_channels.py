@@ -13,10 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-from services.common.auth.client_token import ClientToken
-from services.common.channels import ClientSecurity, open_channel, target
-from services.common.config import ConfigError
+from serentak.channels import open_channel, target
+from serentak.credentials import ClientSecurity, ClientToken
+from serentak.errors import ConfigError
 
 CHECK = "grpc.health.v1.Health/Check"
 

@@ -9,7 +9,7 @@ import re
 import sys
 from importlib import metadata
 
-from services.cli.output import EXIT_CODES_HELP
+from serentak.cli.output import EXIT_CODES_HELP
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_CHUNK = 8 * 1024 * 1024

@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+
 from serentak.upload.v1 import upload_pb2
 
 
@@ -40,7 +41,7 @@ class DownloadResult:
 
 def rpc_reason(exc: grpc.aio.AioRpcError) -> tuple[str, dict[str, str]]:
     """The ErrorInfo reason and metadata of a failed call ("" and {} when absent)."""
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    status = rpc_status.from_call(exc)
     for detail in status.details if status else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()

@@ -1,4 +1,4 @@
-"""The user commands of `serentak`, each built on the SDK (`services.sdk`).
+"""The user commands of `serentak`, each built on the SDK (`serentak.sdk`).
 
 Each command takes the parsed arguments, an open `SerentakClient` and an `Output`; it
 fills `out.document` (the `--json` result) and prints human lines; failures raise
@@ -14,9 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from serentak.upload.v1 import upload_pb2
-
-from services.cli.output import (
+from serentak.cli.output import (
     EXIT_CONFLICT,
     EXIT_FAILED,
     EXIT_OK,
@@ -27,19 +25,20 @@ from services.cli.output import (
     binary_size,
     message_dict,
 )
-from services.sdk import SerentakClient, UploadFailed
+from serentak.sdk import SerentakClient, UploadFailed
+from serentak.upload.v1 import upload_pb2
 
 ROLES = {"viewer": upload_pb2.ROLE_VIEWER, "editor": upload_pb2.ROLE_EDITOR}
 
 
 def status_name(status: int) -> str:
     """`completed`, `uploading`, ... for an UploadStatus value."""
-    return upload_pb2.UploadStatus.Name(status).removeprefix("UPLOAD_STATUS_").lower()  # type: ignore[arg-type]
+    return upload_pb2.UploadStatus.Name(status).removeprefix("UPLOAD_STATUS_").lower()
 
 
 def role_name(role: int) -> str:
     """`viewer`, `editor`, `owner` for a Role value."""
-    return upload_pb2.Role.Name(role).removeprefix("ROLE_").lower()  # type: ignore[arg-type]
+    return upload_pb2.Role.Name(role).removeprefix("ROLE_").lower()
 
 
 def _upload_dict(u: upload_pb2.Upload) -> dict[str, Any]:

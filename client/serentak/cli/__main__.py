@@ -1,0 +1,7 @@
+"""`python -m serentak.cli`."""
+
+import sys
+
+from serentak.cli import main
+
+sys.exit(main())
