@@ -7,6 +7,7 @@ fallback re-read is set to a minute except in the two-replica test, which is abo
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -17,6 +18,7 @@ from prometheus_client import REGISTRY
 from serentak.sdk import SerentakClient
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from support.services import running_app
+from upload.cli_helpers import serentak, start
 from upload.upload_helpers import (
     chunk_request,
     create_request,
@@ -305,3 +307,43 @@ async def test_signals_fire_only_after_the_commit_and_never_for_a_rollback(parts
     # Still aborted once, by the committed transaction.
     upload, _ = await parts.uploads.get(alice, row.id)
     assert upload.status == ABORTED
+
+
+@pytest.mark.parametrize(
+    "settings_overrides",
+    [{"upload_wait_max_ms": 0}, {"upload_wait_max_waiters": 0}],
+    ids=["server-does-not-wait", "waiter-cap-reached"],
+)
+async def test_the_sdk_still_finishes_when_the_server_does_not_wait(cluster) -> None:
+    """A server that answers at once (an older one, or waits turned off) or refuses the wait
+    (UPLOAD_WAITER_LIMIT): the SDK asks again after a pause, never in a tight loop."""
+    alice = cluster["alice"]
+    data = os.urandom(CHUNK + 10)
+    upload = await _half_sent(alice, data)
+    async with SerentakClient(cluster.address, token="dev-alice") as client:
+        waiting = asyncio.ensure_future(client.wait_finished(upload.upload_id, poll_seconds=0.05))
+        await _send_last(alice, upload.upload_id, data)
+        done = await asyncio.wait_for(waiting, SETTLE_S)
+    assert done.status == upload_pb2.UPLOAD_STATUS_COMPLETED
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("settings_overrides", [NO_FALLBACK])
+async def test_cli_status_waits_for_the_upload(cluster) -> None:
+    """`serentak status ID --wait SECONDS` (SQLite only: the CLI is a client)."""
+    alice = cluster["alice"]
+    data = os.urandom(CHUNK + 10)
+    upload = await _half_sent(alice, data)
+    argv = ["--address", cluster.address, "--token", "dev-alice", "--json", "status"]
+    started = time.monotonic()
+    still = await serentak(*argv, upload.upload_id, "--wait", "0.5")
+    assert still.code == 0, still.err
+    assert still.json()["upload"]["status"] == "uploading"
+    assert time.monotonic() - started >= 0.5
+
+    proc = await start(*argv, upload.upload_id, "--wait", "60")
+    await _until(lambda: _waiters() == 1, "the CLI's wait never registered")
+    await _send_last(alice, upload.upload_id, data)
+    out, err = await asyncio.wait_for(proc.communicate(), SETTLE_S)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["upload"]["status"] == "completed"
