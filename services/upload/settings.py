@@ -112,7 +112,7 @@ class UploadSettings(CommonSettings):
         500,
         ge=0,
         description="GetUpload calls one replica lets wait at once (UPLOAD_WAITER_LIMIT past"
-        " it); keep it well below max_concurrent_rpcs.",
+        " it); keep it well below SERENTAK_MAX_CONCURRENT_RPCS.",
     )
     expiry_interval_seconds: float = Field(60.0, gt=0, description="Cleanup sweep period.")
     reclaim_interval_seconds: float = Field(
