@@ -46,6 +46,8 @@ def build_app(
             settings.metrics_sample_seconds,
         )
     )
+    # A graceful stop first answers the GetUpload calls waiting for their upload.
+    background.append(parts.signals.serve)
     if parts.sync.engine.settings.enabled:
         background.append(parts.sync.webhook_server)
     return ServiceApp(

@@ -117,7 +117,7 @@ UPLOAD_WAITERS = Gauge(
 UPLOAD_WAIT_SECONDS = Histogram(
     "serentak_upload_wait_seconds",
     "Time one GetUpload call waited for its upload to finish, by outcome (finished,"
-    " timed_out, cancelled).",
+    " timed_out, cancelled, stopped: the replica stopped).",
     ["outcome"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )

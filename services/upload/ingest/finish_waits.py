@@ -24,7 +24,8 @@ user's upload is NOT_FOUND before any waiting), then the wait, cut to
 it runs out the upload's current state is the answer, not an error. At most
 `upload_wait_max_waiters` calls wait at once on a replica (each holds one of the server's
 concurrent RPCs); past it the call is RESOURCE_EXHAUSTED / UPLOAD_WAITER_LIMIT. A
-cancelled call (client gone, deadline) leaves nothing registered.
+cancelled call (client gone, deadline) leaves nothing registered. A stopping replica
+answers its waits at once (`FinishSignals.serve`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class FinishSignals:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._count = 0
         self._rechecks: asyncio.Task[None] | None = None
+        # Set when the service stops: waits answer at once (see `serve`).
+        self.stopping = False
 
     @property
     def waiting(self) -> int:
@@ -180,6 +183,17 @@ class FinishSignals:
         async with self._sessions() as session:
             return list((await session.execute(query)).scalars())
 
+    async def serve(self) -> None:
+        """Background task of the service: when it is cancelled (the first step of a
+        graceful stop), every wait answers its current state at once and new ones do not
+        wait, so the server's grace period is not spent holding waiters; their clients ask
+        again (elsewhere)."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.stopping = True
+            self.wake_all()
+
     async def close(self) -> None:
         """Stop the fallback re-reads (service shutdown)."""
         task, self._rechecks = self._rechecks, None
@@ -222,7 +236,7 @@ class UploadWaits:
         # Rights first: NOT_FOUND before any waiting (or any waiter-cap refusal).
         upload, missing = await self._uploads.get(identity, upload_id)
         seconds = self.budget(wait_ms, time_remaining)
-        if is_finished(upload) or seconds <= 0:
+        if is_finished(upload) or seconds <= 0 or self._signals.stopping:
             return upload, missing
         with self._signals.watch(upload.id) as woken:
             started = time.monotonic()
@@ -234,6 +248,9 @@ class UploadWaits:
                     upload, missing = await self._uploads.get(identity, upload_id)
                     if is_finished(upload):
                         outcome = "finished"
+                        return upload, missing
+                    if self._signals.stopping:
+                        outcome = "stopped"
                         return upload, missing
                     left = deadline - time.monotonic()
                     if left <= 0:

@@ -11,13 +11,13 @@ import json
 import os
 import time
 import uuid
+from dataclasses import replace
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 from serentak.sdk import SerentakClient
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
-from support.services import running_app
 from upload.cli_helpers import serentak, start
 from upload.upload_helpers import (
     chunk_request,
@@ -28,6 +28,7 @@ from upload.upload_helpers import (
 )
 
 from services.common.auth import Identity
+from services.common.grpc_server import start as start_app
 from services.common.jobs import RuntimeOptions
 from services.upload.app import build_app as build_upload_app
 from services.upload.ingest.finish_waits import FinishSignals
@@ -241,7 +242,9 @@ async def test_a_finish_committed_by_another_replica_is_seen_through_the_recheck
         stats_interval=60,
     )
     replica_b = build_upload_app(cluster.settings, other, SyncSettings(webhook_port=0))
-    async with running_app(replica_b) as service:
+    service = await start_app(replace(replica_b, port=0, metrics_port=0))
+    stopped = False
+    try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{service.app.bound_port}") as channel:
             stub = upload_pb2_grpc.UploadServiceStub(channel)
             rechecks = _value("serentak_upload_wait_rechecks_total")
@@ -260,6 +263,26 @@ async def test_a_finish_committed_by_another_replica_is_seen_through_the_recheck
             got = await asyncio.wait_for(waiting, SETTLE_S)
             assert got.status == upload_pb2.UPLOAD_STATUS_ABORTED
             assert _value("serentak_upload_wait_rechecks_total") > rechecks
+
+            # B stops while a call waits on it: the call is answered (as the upload is),
+            # not held for the grace period and then cut off.
+            second = await _half_sent(alice, os.urandom(2 * CHUNK))
+            waiting = asyncio.ensure_future(
+                stub.GetUpload(
+                    upload_pb2.GetUploadRequest(
+                        upload_id=second.upload_id, wait_finished_ms=30_000
+                    ),
+                    metadata=alice.metadata,
+                )
+            )
+            await _until(lambda: _waiters() == 1, "the second wait on B never registered")
+            stopped = True
+            await service.stop()
+            got = await asyncio.wait_for(waiting, SETTLE_S)
+            assert got.status == upload_pb2.UPLOAD_STATUS_UPLOADING
+    finally:
+        if not stopped:
+            await service.stop()
     assert _waiters() == 0
 
 
