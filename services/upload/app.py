@@ -46,6 +46,8 @@ def build_app(
             settings.metrics_sample_seconds,
         )
     )
+    # A graceful stop first answers the GetUpload calls waiting for their upload.
+    background.append(parts.signals.serve)
     if parts.sync.engine.settings.enabled:
         background.append(parts.sync.webhook_server)
     return ServiceApp(
@@ -57,7 +59,12 @@ def build_app(
             Servicer(
                 upload_pb2_grpc.add_UploadServiceServicer_to_server,
                 UploadServicer(
-                    parts.auth, parts.uploads, parts.chunks, parts.limiter, parts.runtime.wake
+                    parts.auth,
+                    parts.uploads,
+                    parts.chunks,
+                    parts.limiter,
+                    parts.runtime.wake,
+                    waits=parts.waits,
                 ),
                 _SERVICES["UploadService"].full_name,
             ),

@@ -6,6 +6,7 @@ runtime (e.g. to run a worker they can kill).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -24,6 +25,7 @@ from services.upload.files.retire import retire_files
 from services.upload.files.use_cases import Files
 from services.upload.ingest.chunks import ChunkStore
 from services.upload.ingest.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
+from services.upload.ingest.finish_waits import FinishSignals, UploadWaits
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
@@ -53,6 +55,9 @@ class UploadComponents:
     blobs: BlobStore
     locks: FileLocks
     uploads: Uploads
+    # GetUpload's wait_finished_ms: the in-process notifier and the waiting use case.
+    signals: FinishSignals
+    waits: UploadWaits
     chunks: ChunkStore
     files: Files
     # Per-caller limit on the expensive RPCs (one limiter: counters per RPC and caller).
@@ -67,6 +72,7 @@ class UploadComponents:
         # First: the chunk reader's kept connection must be back before anything below
         # can fail (a pooled connection never returned is terminated by the collector).
         await self.uploads.close()
+        await self.signals.close()
         await self.sync.close()
         for subscriber in self.subscribers:
             await subscriber.close()
@@ -111,7 +117,12 @@ def build_components(
         settings.locks_address, owner=f"upload-merge:{options.node_id}", security=as_upload
     )
     tokens = PageTokens(settings.page_token_secret.get_secret_value())
-    uploads = Uploads(sessions, settings, tokens)
+    signals = FinishSignals(
+        sessions,
+        max_waiters=settings.upload_wait_max_waiters,
+        recheck_seconds=settings.upload_wait_recheck_ms / 1000,
+    )
+    uploads = Uploads(sessions, settings, tokens, on_finished=signals.finished)
     chunks = ChunkStore(
         sessions, uploads, blobs, enqueue_merge, upload_ttl_seconds=settings.upload_ttl_seconds
     )
@@ -130,12 +141,18 @@ def build_components(
             lock_ttl_seconds=settings.merge_lock_ttl_seconds,
             lock_wait_seconds=settings.merge_lock_wait_ms / 1000,
             retry=merge_retry,
+            signals=signals,
         ),
         retry=merge_retry,
     )
     registry.register(
         EXPIRE_JOB,
-        expiry_handler(blobs, settings.upload_ttl_seconds, fail_dead_merges),
+        expiry_handler(
+            blobs,
+            settings.upload_ttl_seconds,
+            functools.partial(fail_dead_merges, signals=signals),
+            on_expired=signals.wake_all,
+        ),
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
     )
     registry.register(
@@ -179,6 +196,8 @@ def build_components(
         blobs=blobs,
         locks=locks,
         uploads=uploads,
+        signals=signals,
+        waits=UploadWaits(uploads, signals, max_wait_ms=settings.upload_wait_max_ms),
         chunks=chunks,
         files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries), tokens),
         limiter=RateLimiter(settings.rate_limit),

@@ -98,6 +98,12 @@ class TooManyUploads(ResourceExhausted):
     reason = "TOO_MANY_UPLOADS"
 
 
+class TooManyWaiters(ResourceExhausted):
+    """This replica already has `upload_wait_max_waiters` GetUpload calls waiting."""
+
+    reason = "UPLOAD_WAITER_LIMIT"
+
+
 class ContentReplaced(Aborted):
     """The version a download was reading was replaced and deleted: download again."""
 

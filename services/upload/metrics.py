@@ -110,3 +110,18 @@ CHUNK_COMMIT_BATCH = Histogram(
     "Chunks recorded by one group commit (one transaction).",
     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64),
 )
+UPLOAD_WAITERS = Gauge(
+    "serentak_upload_waiters",
+    "GetUpload calls waiting on this replica for their upload to finish (wait_finished_ms).",
+)
+UPLOAD_WAIT_SECONDS = Histogram(
+    "serentak_upload_wait_seconds",
+    "Time one GetUpload call waited for its upload to finish, by outcome (finished,"
+    " timed_out, cancelled, stopped: the replica stopped).",
+    ["outcome"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+UPLOAD_WAIT_RECHECKS = Counter(
+    "serentak_upload_wait_rechecks_total",
+    "Fallback re-reads of the waited uploads' status (one query each, for every waiter).",
+)

@@ -21,6 +21,7 @@ from services.upload.audit import UploadAudit
 from services.upload.files.use_cases import Files
 from services.upload.ingest.chunk_commits import Chain
 from services.upload.ingest.chunks import ChunkOutcome, ChunkStore, PreparedChunk
+from services.upload.ingest.finish_waits import UploadWaits
 from services.upload.ingest.uploads import Uploads
 from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT
 
@@ -39,6 +40,8 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         chunks: ChunkStore,
         limiter: RateLimiter,
         on_merge_started: Callable[[], None] = lambda: None,
+        *,
+        waits: UploadWaits | None = None,
     ) -> None:
         self._auth = auth
         self._uploads = uploads
@@ -46,6 +49,8 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self._limiter = limiter
         # Wakes the in-process workers so a merge starts without waiting for a poll.
         self._on_merge_started = on_merge_started
+        # GetUpload's wait_finished_ms (without: answered at once).
+        self._waits = waits
 
     async def CreateUpload(
         self, request: upload_pb2.CreateUploadRequest, context: grpc.aio.ServicerContext
@@ -162,7 +167,12 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.GetUploadRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.Upload:
         identity = self._auth.require_user(context)
-        upload, missing = await self._uploads.get(identity, request.upload_id)
+        if request.wait_finished_ms and self._waits is not None:
+            upload, missing = await self._waits.get(
+                identity, request.upload_id, request.wait_finished_ms, context.time_remaining()
+            )
+        else:
+            upload, missing = await self._uploads.get(identity, request.upload_id)
         return convert.upload_message(upload, missing)
 
     async def AbortUpload(

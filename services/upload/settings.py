@@ -95,6 +95,25 @@ class UploadSettings(CommonSettings):
     )
     merge_retry_cap_seconds: float = Field(30.0, ge=0, description="Longest merge backoff.")
     listing_cache_entries: int = Field(10_000, ge=0, description="Folder pages kept in memory.")
+    # GetUpload's wait_finished_ms (services/upload/ingest/finish_waits.py).
+    upload_wait_max_ms: int = Field(
+        60_000,
+        ge=0,
+        description="Longest GetUpload wait_finished_ms honoured (a longer one is cut to this;"
+        " 0: never wait).",
+    )
+    upload_wait_recheck_ms: int = Field(
+        250,
+        gt=0,
+        description="While GetUpload calls wait, this replica re-reads their uploads' status this"
+        " often (one query for all of them), to see what other replicas committed.",
+    )
+    upload_wait_max_waiters: int = Field(
+        500,
+        ge=0,
+        description="GetUpload calls one replica lets wait at once (UPLOAD_WAITER_LIMIT past"
+        " it); keep it well below SERENTAK_MAX_CONCURRENT_RPCS.",
+    )
     expiry_interval_seconds: float = Field(60.0, gt=0, description="Cleanup sweep period.")
     reclaim_interval_seconds: float = Field(
         300.0, gt=0, description="Storage lifecycle sweep period (upload.reclaim)."

@@ -132,8 +132,8 @@ async def abort(args: argparse.Namespace, client: SerentakClient, out: Output) -
 
 
 async def status(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
-    """One upload's state in words."""
-    u = await client.get_upload(args.upload_id)
+    """One upload's state in words (with --wait: once finished, or after that long)."""
+    u = await client.get_upload(args.upload_id, wait_seconds=args.wait)
     out.document = {"upload": _upload_dict(u)}
     line = (
         f"{u.upload_id}  {status_name(u.status)}  {u.name}  "

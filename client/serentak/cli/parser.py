@@ -167,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("upload_id")
     st = command("status", "show an upload: status, chunks, missing ranges")
     st.add_argument("upload_id")
+    st.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait (on the server) up to SECONDS for the upload to finish before showing it",
+    )
     ls_p = command("ls", "list a folder (default: your root)")
     ls_p.add_argument("folder", nargs="?", default="")
     command("shared", "files and folders shared with you")

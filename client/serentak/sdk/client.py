@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -52,6 +53,11 @@ _RETRY = (
     "serentak.locks.v1.LockService/Release",
     "serentak.locks.v1.LockService/Describe",
 )
+# wait_finished: the call's deadline is the wait plus this, so the server's answer (at the
+# wait's end, at the latest) arrives first; an unfinished answer sooner than this says the
+# server did not wait.
+_WAIT_GRACE_SECONDS = 10.0
+_NOT_WAITED_SECONDS = 1.0
 _FINISHED = (
     upload_pb2.UPLOAD_STATUS_COMPLETED,
     upload_pb2.UPLOAD_STATUS_FAILED,
@@ -167,12 +173,22 @@ class SerentakClient:
         created: upload_pb2.Upload = await self.uploads.CreateUpload(request)
         return created
 
-    async def get_upload(self, upload_id: str) -> upload_pb2.Upload:
-        """One of your uploads."""
-        upload: upload_pb2.Upload = await self.uploads.GetUpload(
-            upload_pb2.GetUploadRequest(upload_id=upload_id)
+    async def get_upload(self, upload_id: str, *, wait_seconds: float = 0.0) -> upload_pb2.Upload:
+        """One of your uploads. `wait_seconds` > 0: answered once it has finished
+        (completed, failed, aborted, expired), or as it is after that long (the server
+        waits; its own limit may be shorter)."""
+        if wait_seconds <= 0:
+            upload: upload_pb2.Upload = await self.uploads.GetUpload(
+                upload_pb2.GetUploadRequest(upload_id=upload_id)
+            )
+            return upload
+        waited: upload_pb2.Upload = await self.uploads.GetUpload(
+            upload_pb2.GetUploadRequest(
+                upload_id=upload_id, wait_finished_ms=max(1, int(wait_seconds * 1000))
+            ),
+            timeout=wait_seconds + _WAIT_GRACE_SECONDS,
         )
-        return upload
+        return waited
 
     async def list_uploads(self, status: int = 0) -> list[upload_pb2.Upload]:
         """Your uploads (all pages), optionally only those in `status`."""
@@ -238,13 +254,32 @@ class SerentakClient:
 
         await asyncio.gather(*(sender() for _ in range(max(1, parallel))))
 
-    async def wait_finished(self, upload_id: str, poll_seconds: float = 0.2) -> upload_pb2.Upload:
-        """Poll until the upload leaves uploading/merging; UploadFailed unless completed."""
+    async def wait_finished(
+        self, upload_id: str, poll_seconds: float = 0.2, wait_seconds: float = 30.0
+    ) -> upload_pb2.Upload:
+        """Wait until the upload leaves uploading/merging; UploadFailed unless completed.
+
+        The server waits: one GetUpload with `wait_finished_ms` is answered the moment the
+        upload finishes (the merge committed), and is asked again only when its wait
+        (`wait_seconds`, or the server's shorter limit) ran out. `poll_seconds` is the
+        pause before asking again when a server answers an unfinished upload at once
+        instead (a server from before the wait, or one at its UPLOAD_WAITER_LIMIT).
+        """
         while True:
-            state = await self.get_upload(upload_id)
+            asked = time.monotonic()
+            try:
+                state = await self.get_upload(upload_id, wait_seconds=wait_seconds)
+            except grpc.aio.AioRpcError as exc:
+                if rpc_reason(exc)[0] != "UPLOAD_WAITER_LIMIT":
+                    raise
+                await asyncio.sleep(poll_seconds)
+                continue
             if state.status in _FINISHED:
                 break
-            await asyncio.sleep(poll_seconds)
+            if wait_seconds <= 0 or time.monotonic() - asked < min(
+                _NOT_WAITED_SECONDS, wait_seconds / 2
+            ):
+                await asyncio.sleep(poll_seconds)
         if state.status != upload_pb2.UPLOAD_STATUS_COMPLETED:
             raise UploadFailed(state)
         return state

@@ -114,9 +114,13 @@ async def expire_and_clean(
     *,
     batch: int = BATCH_UPLOADS,
     now: datetime | None = None,
+    on_expired: Callable[[], None] = lambda: None,
 ) -> CleanupResult:
-    """One run: expire idle uploads, then clean up to MAX_BATCHES_PER_RUN batches."""
+    """One run: expire idle uploads, then clean up to MAX_BATCHES_PER_RUN batches.
+    `on_expired`: called once the expiry committed, if it expired any."""
     total = CleanupResult(expired=await expire_idle(sessions, ttl_seconds, now))
+    if total.expired:
+        on_expired()
     for _ in range(MAX_BATCHES_PER_RUN):
         step = await clean_batch(sessions, blobs, batch)
         total.uploads_cleaned += step.uploads_cleaned
@@ -131,15 +135,22 @@ async def expire_and_clean(
 DeadMergeSweep = Callable[[async_sessionmaker[AsyncSession]], Awaitable[int]]
 
 
-def expiry_handler(blobs: BlobStore, ttl_seconds: float, dead_merges: DeadMergeSweep) -> Handler:
+def expiry_handler(
+    blobs: BlobStore,
+    ttl_seconds: float,
+    dead_merges: DeadMergeSweep,
+    on_expired: Callable[[], None] = lambda: None,
+) -> Handler:
     """The `upload.expire` handler: `expire_and_clean`, then the dead-merge sweep
-    (`dead_merges`, which returns how many it failed), each in short transactions of its own."""
+    (`dead_merges`, which returns how many it failed), each in short transactions of its own.
+    `on_expired` is called after a run's expiry committed some (it wakes every GetUpload
+    waiting on this replica to re-read: the bulk update names no ids)."""
 
     async def handle(ctx: JobContext) -> None:
         sessions = ctx.sessions
         if sessions is None:
             raise RuntimeError("the job runtime gives handlers a session factory")
-        result = await expire_and_clean(sessions, blobs, ttl_seconds)
+        result = await expire_and_clean(sessions, blobs, ttl_seconds, on_expired=on_expired)
         result.dead_merges_failed = await dead_merges(sessions)
         ctx.effect = vars(result)
 

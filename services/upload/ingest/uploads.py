@@ -178,10 +178,14 @@ class Uploads:
         sessions: async_sessionmaker[AsyncSession],
         settings: UploadSettings,
         tokens: PageTokens,
+        on_finished: Callable[[str], None] = lambda upload_id: None,
     ) -> None:
         self._sessions = sessions
         self._settings = settings
         self._tokens = tokens
+        # Told, after the commit, of each upload an abort or expiry here finished (it wakes
+        # GetUpload calls waiting on it: finish_waits.py).
+        self._on_finished = on_finished
         self._chunk_reads = ChunkReads(sessions.kw["bind"])
 
     async def create(
@@ -357,7 +361,9 @@ class Uploads:
         if upload.status != UPLOADING or takes_chunks(upload):
             return upload
         async with self._sessions.begin() as session:
-            await transition(session, upload.id, UPLOADING, EXPIRED)
+            expired = await transition(session, upload.id, UPLOADING, EXPIRED)
+        if expired:
+            self._on_finished(upload.id)
         async with self._sessions() as session:
             fresh = await session.get(UploadRow, upload.id)
             assert fresh is not None
@@ -387,6 +393,8 @@ class Uploads:
         upload = await self.expire_if_due(upload)
         async with self._sessions.begin() as session:
             moved = await transition(session, upload.id, UPLOADING, ABORTED)
+        if moved:
+            self._on_finished(upload.id)
         async with self._sessions() as session:
             fresh = await session.get(UploadRow, upload.id)
             assert fresh is not None

@@ -60,6 +60,7 @@ from services.upload.errors import (
 from services.upload.files.events import record_file_event
 from services.upload.files.tree import free_name, lock_tree
 from services.upload.files.versions import commit_fenced, touch_folder
+from services.upload.ingest.finish_waits import FinishSignals
 from services.upload.ingest.uploads import check_uploader, transition
 from services.upload.merge.file_locks import FileLocks
 from services.upload.models import (
@@ -124,8 +125,11 @@ class MergeHandler:
         lock_ttl_seconds: int,
         lock_wait_seconds: float,
         retry: RetryPolicy | None = None,
+        signals: FinishSignals | None = None,
     ) -> None:
         self._blobs = blobs
+        # Wakes the GetUpload calls waiting on an upload once its end is committed.
+        self._signals = signals or FinishSignals()
         self._locks = locks
         self._lock_ttl = lock_ttl_seconds
         self._lock_wait = lock_wait_seconds
@@ -180,6 +184,7 @@ class MergeHandler:
             log.info("merge_skipped_after_merge", upload_id=upload.id)
             ctx.effect = {"skipped": "left merging"}
             return
+        self._signals.after_commit(ctx.session, upload.id)
         metrics.MERGES.labels("completed").inc()
         _observe_merging(upload)
         metrics.MERGE_DURATION.observe(time.monotonic() - started)
@@ -233,6 +238,7 @@ class MergeHandler:
         if not moved:
             log.info("merge_failure_not_recorded", upload_id=upload.id, reason=reason)
             return
+        self._signals.after_commit(session, upload.id)
         metrics.MERGES.labels("failed").inc()
         _observe_merging(upload)
         log.warning("merge_failed", upload_id=upload.id, file_id=upload.file_id, reason=reason)
@@ -261,6 +267,7 @@ class MergeHandler:
             log.exception("merge_failure_not_recorded", upload_id=upload_id, reason=reason)
             return
         if moved:
+            self._signals.finished(upload_id)
             metrics.MERGES.labels("failed").inc()
             log.warning("merge_failed", upload_id=upload_id, reason=reason)
 

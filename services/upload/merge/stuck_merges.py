@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from services.common.jobs.models import dead_letters, jobs
 from services.common.logging import get_logger
 from services.upload import metrics
+from services.upload.ingest.finish_waits import FinishSignals
 from services.upload.merge.merge_job import MERGE_JOB
 from services.upload.models import FAILED, MERGING, UploadRow, utcnow
 
@@ -103,17 +104,22 @@ async def fail_dead_merge(session: AsyncSession, dead: DeadMerge) -> bool:
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def fail_dead_merges(sessions: async_sessionmaker[AsyncSession]) -> int:
-    """One sweep: fail up to BATCH uploads stuck behind a dead merge; returns how many."""
+async def fail_dead_merges(
+    sessions: async_sessionmaker[AsyncSession], signals: FinishSignals | None = None
+) -> int:
+    """One sweep: fail up to BATCH uploads stuck behind a dead merge; returns how many.
+    `signals` hears of each, after the commit (GetUpload calls waiting on them)."""
     async with sessions() as session:
         found = await find_dead_merges(session)
     if not found:
         return 0
-    failed = 0
+    failed: list[str] = []
     async with sessions.begin() as session:
         for dead in found:
             if await fail_dead_merge(session, dead):
-                failed += 1
+                failed.append(dead.upload_id)
                 log.warning("merge_failed_by_sweep", upload_id=dead.upload_id, reason=dead.error)
-    metrics.MERGES.labels("failed").inc(failed)
-    return failed
+    if signals is not None:
+        signals.finished(*failed)
+    metrics.MERGES.labels("failed").inc(len(failed))
+    return len(failed)
