@@ -57,7 +57,12 @@ def build_app(
             Servicer(
                 upload_pb2_grpc.add_UploadServiceServicer_to_server,
                 UploadServicer(
-                    parts.auth, parts.uploads, parts.chunks, parts.limiter, parts.runtime.wake
+                    parts.auth,
+                    parts.uploads,
+                    parts.chunks,
+                    parts.limiter,
+                    parts.runtime.wake,
+                    parts.upload_files,
                 ),
                 _SERVICES["UploadService"].full_name,
             ),

@@ -22,6 +22,7 @@ from services.upload.files.use_cases import Files
 from services.upload.ingest.chunk_commits import Chain
 from services.upload.ingest.chunks import ChunkOutcome, ChunkStore, PreparedChunk
 from services.upload.ingest.uploads import Uploads
+from services.upload.merge.upload_file import UploadFiles
 from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT
 
 # At most this many of one stream's chunks wait for or sit in a group commit at once (staged:
@@ -39,11 +40,13 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         chunks: ChunkStore,
         limiter: RateLimiter,
         on_merge_started: Callable[[], None] = lambda: None,
+        upload_files: UploadFiles | None = None,
     ) -> None:
         self._auth = auth
         self._uploads = uploads
         self._chunks = chunks
         self._limiter = limiter
+        self._upload_files = upload_files
         # Wakes the in-process workers so a merge starts without waiting for a poll.
         self._on_merge_started = on_merge_started
 
@@ -172,6 +175,19 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         await self._uploads.abort(identity, request.upload_id)
         upload, missing = await self._uploads.get(identity, request.upload_id)
         return convert.upload_message(upload, missing)
+
+    async def UploadFile(
+        self, request: upload_pb2.UploadFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.UploadFileResponse:
+        identity = self._auth.require_user(context)
+        await self._limiter.check(identity, "UploadFile")
+        assert self._upload_files is not None, "UploadFile needs the UploadFiles use case"
+        BYTES_RECEIVED.inc(len(request.data))
+        done = await self._upload_files.upload(identity, request)
+        return upload_pb2.UploadFileResponse(
+            upload=convert.upload_message(done.upload, []),
+            file=convert.committed_file_message(done.file, done.role, done.upload),
+        )
 
     async def ListUploads(
         self, request: upload_pb2.ListUploadsRequest, context: grpc.aio.ServicerContext
