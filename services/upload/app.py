@@ -63,6 +63,8 @@ def build_app(
                     parts.limiter,
                     parts.runtime.wake,
                     parts.upload_files,
+                    parts.inline,
+                    settings.inline_merge_max_bytes,
                 ),
                 _SERVICES["UploadService"].full_name,
             ),

@@ -379,10 +379,11 @@ class ChunkCommitter:
                     log.info("upload_merge_started", upload_id=upload_id, file_id=row.file_id)
                     # The chunk that completes the set is this upload's last of the batch.
                     claim = per_upload[upload_id][-1].claim
-                    if claim is None:
+                    job = None if claim is None else await claim(session, row)
+                    if job is None:
                         await self._enqueue_merge(session, row)
                     else:
-                        claimed[upload_id] = await claim(session, row)
+                        claimed[upload_id] = job
         results: dict[int, Recorded | Lost | Exception] = {}
         # Walk each upload's chunks in queue order: what a sequential sender would see.
         seen: dict[str, int] = {}

@@ -61,9 +61,9 @@ _FORWARD = {
 }
 
 MergeEnqueuer = Callable[[AsyncSession, UploadRow], Awaitable[None]]
-# Enqueues the merge already leased to the caller, who runs it at once (the inline merge):
-# called instead of the MergeEnqueuer in the transaction that wins `merging`.
-MergeClaimer = Callable[[AsyncSession, UploadRow], Awaitable[ClaimedJob]]
+# Enqueues the merge already leased to the caller, who runs it at once (the inline merge),
+# in the transaction that wins `merging`; None: it did not (the MergeEnqueuer's job then).
+MergeClaimer = Callable[[AsyncSession, UploadRow], Awaitable[ClaimedJob | None]]
 
 log = get_logger(__name__)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -59,6 +60,19 @@ class InlineMerges:
         return await enqueue_claimed(
             session, merge_job(upload), self._worker.worker_id, self._worker.lease_seconds
         )
+
+    def small_claimer(
+        self, max_bytes: int
+    ) -> Callable[[AsyncSession, UploadRow], Awaitable[ClaimedJob | None]]:
+        """A claimer for chunked uploads: claims (runs inline) only an upload of at most
+        `max_bytes` in all; a bigger one's job goes to the runtime as before."""
+
+        async def claim_if_small(session: AsyncSession, upload: UploadRow) -> ClaimedJob | None:
+            if upload.total_size > max_bytes:
+                return None
+            return await self.claim(session, upload)
+
+        return claim_if_small
 
     async def run(self, job: ClaimedJob) -> None:
         """Run a claimed merge job to its outcome (completed, retried by the runtime

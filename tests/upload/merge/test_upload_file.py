@@ -16,10 +16,14 @@ from serentak.upload.v1 import upload_pb2
 from sqlalchemy import func, select
 from support.grpc_errors import error_info
 from upload.upload_helpers import (
+    chunk_request,
     content_updated_uploads,
+    create_request,
     download,
     expect_error,
+    put_chunks,
     sha256,
+    split,
     wait_status,
 )
 
@@ -118,6 +122,7 @@ async def test_empty_file(cluster) -> None:
 
 
 UPLOADS = 200
+INLINE_MAX = 8 * 1024
 SENDERS = 24
 
 
@@ -130,6 +135,7 @@ def settings_overrides() -> dict[str, object]:
         "rate_limit": "100000/minute",
         "blob_fsync": False,
         "sqlite_synchronous": "NORMAL",
+        "inline_merge_max_bytes": INLINE_MAX,
     }
 
 
@@ -385,3 +391,44 @@ async def test_a_stale_inline_commit_is_refused_by_the_fencing_check(cluster, se
 async def _session_rows(sessions, statement):
     async with sessions() as session:
         return list((await session.execute(statement)).all())
+
+
+async def test_the_last_chunk_of_a_small_upload_merges_before_its_answer(cluster) -> None:
+    """SERENTAK_INLINE_MERGE_MAX_BYTES: the PutChunk (or UploadChunks) that completes an
+    upload of at most that many bytes answers with it COMPLETED; a bigger one is the job
+    runtime's, as before."""
+    alice = cluster["alice"]
+    data = os.urandom(3 * 1024)
+    upload = await alice.uploads.CreateUpload(
+        create_request(data, 1024, name="chunked-small"), metadata=alice.metadata
+    )
+    chunks = split(data, 1024)
+    await put_chunks(alice, upload.upload_id, chunks, (2, 0))
+    last = await alice.uploads.PutChunk(
+        chunk_request(upload.upload_id, 1, chunks[1]), metadata=alice.metadata
+    )
+    assert last.status == upload_pb2.UPLOAD_STATUS_COMPLETED
+    assert (await download(alice, upload.file_id))[0] == data
+    # The same over one stream: the stream's answer carries the completed upload.
+    streamed = await alice.uploads.CreateUpload(
+        create_request(data, 1024, name="streamed-small"), metadata=alice.metadata
+    )
+    answer = await alice.uploads.UploadChunks(
+        iter([chunk_request(streamed.upload_id, i, c) for i, c in enumerate(chunks)]),
+        metadata=alice.metadata,
+    )
+    assert answer.upload.status == upload_pb2.UPLOAD_STATUS_COMPLETED
+    assert answer.chunks[-1].status == upload_pb2.UPLOAD_STATUS_COMPLETED
+    assert answer.upload.final_checksum == sha256(data)
+    # Past the setting: the job path (the answer is at most MERGING; the runtime finishes).
+    big = os.urandom(INLINE_MAX + 1)
+    job = await alice.uploads.CreateUpload(
+        create_request(big, 4096, name="chunked-big"), metadata=alice.metadata
+    )
+    answers = [
+        await alice.uploads.PutChunk(chunk_request(job.upload_id, i, c), metadata=alice.metadata)
+        for i, c in enumerate(split(big, 4096))
+    ]
+    assert answers[-1].status == upload_pb2.UPLOAD_STATUS_MERGING
+    done = await wait_status(alice, job.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    assert done.final_checksum == sha256(big)
