@@ -28,8 +28,10 @@ from services.upload.ingest.expiry import EXPIRE_JOB, expiry_handler, expiry_sch
 from services.upload.ingest.finish_waits import FinishSignals, UploadWaits
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
+from services.upload.merge.inline import InlineMerges
 from services.upload.merge.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
 from services.upload.merge.stuck_merges import fail_dead_merges
+from services.upload.merge.upload_file import UploadFiles
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import BlobStore, open_blob_store
 from services.upload.storage.lifecycle import (
@@ -59,6 +61,9 @@ class UploadComponents:
     signals: FinishSignals
     waits: UploadWaits
     chunks: ChunkStore
+    # Merges run in the request that starts them (UploadFile, small uploads' last chunk).
+    inline: InlineMerges
+    upload_files: UploadFiles
     files: Files
     # Per-caller limit on the expensive RPCs (one limiter: counters per RPC and caller).
     limiter: RateLimiter
@@ -72,6 +77,8 @@ class UploadComponents:
         # First: the chunk reader's kept connection must be back before anything below
         # can fail (a pooled connection never returned is terminated by the collector).
         await self.uploads.close()
+        # Before the lock client closes: a run still going hands its job back.
+        await self.inline.close()
         await self.signals.close()
         await self.sync.close()
         for subscriber in self.subscribers:
@@ -188,6 +195,9 @@ def build_components(
         else []
     )
     runtime = JobRuntime(sessions, registry, options, subscribers=subscribers, schedules=schedules)
+    inline = InlineMerges(
+        sessions, registry, node_id=options.node_id, lease_seconds=options.lease_seconds
+    )
     return UploadComponents(
         settings=settings,
         engine=engine,
@@ -199,6 +209,10 @@ def build_components(
         signals=signals,
         waits=UploadWaits(uploads, signals, max_wait_ms=settings.upload_wait_max_ms),
         chunks=chunks,
+        inline=inline,
+        upload_files=UploadFiles(
+            sessions, uploads, chunks, inline, max_chunk_size=settings.max_chunk_size
+        ),
         files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries), tokens),
         limiter=RateLimiter(settings.rate_limit),
         registry=registry,

@@ -121,6 +121,19 @@ def file_message(row: FileRow, role: str | None) -> upload_pb2.File:
     return msg
 
 
+def committed_file_message(row: FileRow, role: str | None, upload: UploadRow) -> upload_pb2.File:
+    """The File message for the version `upload` committed: `row` as it stands now, its
+    content fields (version, size, checksum) those of that version if a later one has been
+    committed since (e.g. a retry answered after another upload of the file)."""
+    msg = file_message(row, role)
+    if row.version != upload.file_version:
+        msg.version = upload.file_version
+        msg.size = upload.total_size
+        msg.checksum = upload.final_checksum
+        msg.checksum_algorithm = checksums.algorithm_enum(upload.checksum_algorithm)
+    return msg
+
+
 def collaborator_message(row: ShareRow) -> upload_pb2.Collaborator:
     """One collaborator entry."""
     msg = upload_pb2.Collaborator(

@@ -108,3 +108,18 @@ class ContentReplaced(Aborted):
     """The version a download was reading was replaced and deleted: download again."""
 
     reason = "CONTENT_REPLACED"
+
+
+class UploadFailed(FailedPrecondition):
+    """The upload ended `failed` (its merge refused or could not make the file); the
+    reason is in `failure_reason` (GetUpload)."""
+
+    reason = "UPLOAD_FAILED"
+
+
+class MergePending(Unavailable):
+    """The upload's merge is running elsewhere or was handed to the job runtime (a lock
+    wait that timed out, a lost lease): it completes without the caller. Retry the same
+    request (same client_request_id) or wait with GetUpload."""
+
+    reason = "MERGE_PENDING"

@@ -23,6 +23,12 @@ DUPLICATE_MERGES_REFUSED = Counter(
     "Merge jobs that found their upload no longer merging and did nothing.",
 )
 MERGES = Counter("serentak_upload_merges_total", "Merges finished, by outcome.", ["outcome"])
+INLINE_MERGES = Counter(
+    "serentak_upload_inline_merges_total",
+    "Merge jobs run in the request that started them (UploadFile, or the last chunk of a"
+    " small upload), by path; their outcomes count in serentak_upload_merges_total.",
+    ["path"],
+)
 MERGE_DURATION = Histogram(
     "serentak_upload_merge_duration_seconds",
     "Time of one merge job from start to commit.",

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
-from services.common.auth import Authenticator
+from services.common.auth import Authenticator, Identity
 from services.common.errors import InvalidArgument
 from services.common.rate_limit import RateLimiter
 from services.upload import convert
@@ -23,7 +24,9 @@ from services.upload.ingest.chunk_commits import Chain
 from services.upload.ingest.chunks import ChunkOutcome, ChunkStore, PreparedChunk
 from services.upload.ingest.finish_waits import UploadWaits
 from services.upload.ingest.uploads import Uploads
-from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT
+from services.upload.merge.inline import InlineMerges
+from services.upload.merge.upload_file import UploadFiles
+from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT, INLINE_MERGES
 
 # At most this many of one stream's chunks wait for or sit in a group commit at once (staged:
 # on the local store their bytes are on disk by then, not in memory).
@@ -40,6 +43,9 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         chunks: ChunkStore,
         limiter: RateLimiter,
         on_merge_started: Callable[[], None] = lambda: None,
+        upload_files: UploadFiles | None = None,
+        inline: InlineMerges | None = None,
+        inline_max_bytes: int = 0,
         *,
         waits: UploadWaits | None = None,
     ) -> None:
@@ -47,6 +53,15 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self._uploads = uploads
         self._chunks = chunks
         self._limiter = limiter
+        self._upload_files = upload_files
+        # The chunk that completes an upload of at most inline_max_bytes merges it before
+        # its answer (merge/inline.py); bigger ones, or 0, leave it to the job runtime.
+        self._inline = inline
+        self._claim = (
+            inline.small_claimer(inline_max_bytes)
+            if inline is not None and inline_max_bytes > 0
+            else None
+        )
         # Wakes the in-process workers so a merge starts without waiting for a poll.
         self._on_merge_started = on_merge_started
         # GetUpload's wait_finished_ms (without: answered at once).
@@ -68,11 +83,21 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         data = request.data  # one copy out of the message (each access makes a new one)
         BYTES_RECEIVED.inc(len(data))
         outcome = await self._chunks.put(
-            identity, request.upload_id, request.chunk_index, data, request.checksum
+            identity,
+            request.upload_id,
+            request.chunk_index,
+            data,
+            request.checksum,
+            claim=self._claim,
         )
-        return self._stored(outcome)
+        return await self._stored(identity, outcome)
 
-    def _stored(self, outcome: ChunkOutcome) -> ChunkOutcome:
+    async def _stored(self, identity: Identity, outcome: ChunkOutcome) -> ChunkOutcome:
+        if outcome.claimed is not None and self._inline is not None:
+            await self._inline.run(outcome.claimed)
+            INLINE_MERGES.labels("last_chunk").inc()
+            upload, _ = await self._uploads.get(identity, outcome.upload.id)
+            return dataclasses.replace(outcome, upload=upload)
         if outcome.started_merge:
             self._on_merge_started()
         return outcome
@@ -111,7 +136,7 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         async def answer_oldest() -> None:
             # The oldest commit's answer; its failure comes before any later chunk's.
             nonlocal last_upload_id
-            outcome = self._stored(await committing.popleft()[0])
+            outcome = await self._stored(identity, await committing.popleft()[0])
             response.chunks.append(
                 convert.chunk_response(outcome.upload, None, outcome.index, outcome.duplicate)
             )
@@ -138,7 +163,9 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
                     while committing:  # an earlier chunk's failure is the first one
                         await answer_oldest()
                     raise
-                task = asyncio.ensure_future(self._chunks.commit(prepared, chain))
+                task = asyncio.ensure_future(
+                    self._chunks.commit(prepared, chain, claim=self._claim)
+                )
                 committing.append((task, prepared))
             while committing:
                 await answer_oldest()
@@ -182,6 +209,19 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         await self._uploads.abort(identity, request.upload_id)
         upload, missing = await self._uploads.get(identity, request.upload_id)
         return convert.upload_message(upload, missing)
+
+    async def UploadFile(
+        self, request: upload_pb2.UploadFileRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.UploadFileResponse:
+        identity = self._auth.require_user(context)
+        await self._limiter.check(identity, "UploadFile")
+        assert self._upload_files is not None, "UploadFile needs the UploadFiles use case"
+        BYTES_RECEIVED.inc(len(request.data))
+        done = await self._upload_files.upload(identity, request)
+        return upload_pb2.UploadFileResponse(
+            upload=convert.upload_message(done.upload, []),
+            file=convert.committed_file_message(done.file, done.role, done.upload),
+        )
 
     async def ListUploads(
         self, request: upload_pb2.ListUploadsRequest, context: grpc.aio.ServicerContext

@@ -74,8 +74,9 @@ class UploadSettings(CommonSettings):
     )
     rate_limit: str = Field(
         "300/minute;10000/hour",
-        description="Per caller and RPC, for the expensive RPCs (CreateUpload, CreateFolder, "
-        "ListUploads, Download): `limits` notation; RATE_LIMITED with RetryInfo past it.",
+        description="Per caller and RPC, for the expensive RPCs (CreateUpload, UploadFile, "
+        "CreateFolder, ListUploads, Download): `limits` notation; RATE_LIMITED with RetryInfo"
+        " past it.",
     )
     upload_max_message_bytes: int | None = Field(
         None, ge=1024, description="Largest request; default: max_chunk_size + 1 MiB."
@@ -87,6 +88,13 @@ class UploadSettings(CommonSettings):
         " merge commits: a crashed merge's lock frees within this.",
     )
     merge_lock_wait_ms: int = Field(30_000, ge=0, description="How long a merge waits for it.")
+    inline_merge_max_bytes: int = Field(
+        4 * MIB,
+        ge=0,
+        description="A chunked upload this small (total_size) is merged in the PutChunk or"
+        " UploadChunks call that completes it, before the answer, instead of by the job"
+        " runtime (0: never). UploadFile always merges in its request.",
+    )
     merge_max_attempts: int = Field(
         8, ge=1, description="Merge attempts before the upload fails and the job is dead-lettered."
     )

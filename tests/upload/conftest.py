@@ -80,6 +80,9 @@ def upload_settings(
         "merge_lock_wait_ms": 20_000,
         # No notify service here; the end-to-end test turns publishing on.
         "publish_events": False,
+        # The job path is what these tests drive (workers they kill, dead letters...): a
+        # small chunked upload's last chunk does not merge inline unless a test says so.
+        "inline_merge_max_bytes": 0,
     }
     values.update(overrides)
     return UploadSettings(**values)

@@ -299,10 +299,24 @@ class SerentakClient:
     ) -> upload_pb2.Upload:
         """Upload `path` (create or resume, send what is missing, wait for the merge).
 
-        `resume_upload_id` continues that upload (its target and layout); otherwise see
+        A file that fits in one chunk (at most `chunk_size` bytes) goes in one `UploadFile`
+        request, which answers once the version is committed: no CreateUpload, no chunks,
+        no polling (a server without UploadFile gets the chunked flow). Otherwise:
+        `resume_upload_id` continues that upload (its target and layout), else see
         `create_upload`. `on_created` gets the upload as soon as it exists (to print its
-        id for a later resume). Returns the completed upload (file_id, file_version).
+        id for a later resume; after an UploadFile, the completed one). Returns the
+        completed upload (file_id, file_version).
         """
+        if not resume_upload_id and path.stat().st_size <= chunk_size:
+            done = await self._upload_in_one_request(
+                path, folder_id=folder_id, name=name, to_file_id=to_file_id
+            )
+            if done is not None:
+                if on_created:
+                    on_created(done)
+                if progress:
+                    progress(done.total_size, done.total_size)
+                return done
         if resume_upload_id:
             upload = await self.get_upload(resume_upload_id)
         else:
@@ -313,6 +327,59 @@ class SerentakClient:
             on_created(upload)
         await self.send_missing(upload, path, parallel=parallel, progress=progress)
         return await self.wait_finished(upload.upload_id)
+
+    async def upload_file(
+        self,
+        data: bytes,
+        *,
+        folder_id: str = "",
+        name: str = "",
+        to_file_id: str = "",
+        client_request_id: str = "",
+    ) -> upload_pb2.UploadFileResponse:
+        """`data` (at most the server's max chunk size) as a new file `name` in `folder_id`
+        (default: your root) or a new version of `to_file_id`, in one request: the answer
+        carries the completed upload and the file at the version it committed. Repeating it
+        with the same `client_request_id` returns the same upload, never a second version."""
+        request = upload_pb2.UploadFileRequest(
+            client_request_id=client_request_id,
+            data=data,
+            checksum=hashlib.sha256(data).hexdigest(),
+        )
+        if to_file_id:
+            request.file_id = to_file_id
+        else:
+            request.new_file.folder_id = folder_id
+            request.new_file.name = name
+        answer: upload_pb2.UploadFileResponse = await self.uploads.UploadFile(request)
+        return answer
+
+    async def _upload_in_one_request(
+        self, path: Path, *, folder_id: str, name: str | None, to_file_id: str
+    ) -> upload_pb2.Upload | None:
+        """`upload` of a one-chunk file by UploadFile; None if the server lacks it."""
+        with open(path, "rb") as f:
+            data = f.read()
+        target = f"file:{to_file_id}" if to_file_id else f"folder:{folder_id}/{name or path.name}"
+        # Not the chunked flow's id: the same file sent by CreateUpload is another request.
+        crid = upload_request_id(path, len(data), f"upload-file:{target}")
+        try:
+            answer = await self.upload_file(
+                data,
+                folder_id=folder_id,
+                name=name or path.name,
+                to_file_id=to_file_id,
+                client_request_id=crid,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            reason, metadata = rpc_reason(exc)
+            if reason == "MERGE_PENDING" and metadata.get("upload_id"):
+                # Committed without this call (the runtime took the merge): wait for it.
+                return await self.wait_finished(metadata["upload_id"])
+            raise
+        return answer.upload
 
     # -- files --------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from services.common.jobs import sql
 from services.common.jobs.errors import LeaseLost
 from services.common.jobs.idempotency import AlreadyApplied, record_applied
 from services.common.jobs.job import ClaimedJob, NewJob
-from services.common.jobs.models import QUEUED, WAITING, jobs, utcnow
+from services.common.jobs.models import QUEUED, RUNNING, WAITING, jobs, utcnow
 
 
 def _is_postgresql(executor: AsyncSession | AsyncConnection) -> bool:
@@ -105,6 +105,58 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
     values["run_after"] = max(run_after, now + timedelta(seconds=job.dedupe_window_seconds))
     upsert = _UPSERT["postgresql" if _is_postgresql(session) else "sqlite"]
     return str((await session.execute(upsert, values)).scalar_one())
+
+
+async def enqueue_claimed(
+    session: AsyncSession, job: NewJob, worker_id: str, lease_seconds: float
+) -> ClaimedJob:
+    """Add `job` in the caller's transaction already leased to `worker_id` (its first
+    attempt), for a caller that runs it at once itself (`Worker.execute`).
+
+    The row is an ordinary job from the start: no other worker claims it while the lease
+    holds, and if the caller dies the lease ends and any worker claims it as it would a
+    crashed worker's job (once it heads its partition). Completion, retry and
+    dead-lettering go through the lease as for any claimed job, so its effect is applied
+    once (the idempotency key). No dedupe window: a claimed job is started.
+    """
+    _validate(job)
+    if job.dedupe_key is not None:
+        raise ValueError("a job enqueued claimed cannot have a dedupe_key")
+    now = utcnow()
+    values: dict[str, Any] = {
+        "job_id": uuid.uuid4().hex,
+        "job_type": job.job_type,
+        "partition_key": job.partition_key,
+        "idempotency_key": job.idempotency_key,
+        "payload": job.payload,
+        "correlation_id": job.correlation_id or current_correlation_id(),
+        "status": RUNNING,
+        "attempts": 1,
+        "collapsed": 0,
+        "run_after": job.run_after or now,
+        "enqueued_at": now,
+        "first_attempt_at": now,
+        "last_attempt_at": now,
+        "claimed_by": worker_id,
+        "lease_token": uuid.uuid4().hex,
+        "lease_expires_at": now + timedelta(seconds=lease_seconds),
+    }
+    row_id = (await session.execute(insert(jobs).values(values).returning(jobs.c.id))).scalar_one()
+    return ClaimedJob(
+        id=row_id,
+        job_id=values["job_id"],
+        job_type=job.job_type,
+        partition_key=job.partition_key,
+        idempotency_key=job.idempotency_key,
+        payload=dict(job.payload),
+        correlation_id=values["correlation_id"],
+        attempts=1,
+        enqueued_at=now,
+        run_after=values["run_after"],
+        first_attempt_at=now,
+        lease_token=values["lease_token"],
+        claimed_by=worker_id,
+    )
 
 
 async def claim_jobs(

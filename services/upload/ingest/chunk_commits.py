@@ -41,11 +41,12 @@ from sqlalchemy import Table, delete, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from services.common.correlation import bound_correlation_id, current_correlation_id
+from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
 from services.upload import metrics
 from services.upload.errors import UploadNotActive
 from services.upload.ingest.batch_statements import BatchStatements
-from services.upload.ingest.uploads import MergeEnqueuer, log_transition
+from services.upload.ingest.uploads import MergeClaimer, MergeEnqueuer, log_transition
 from services.upload.models import MERGING, UPLOADING, ChunkRow, UploadRow, utcnow
 from services.upload.storage.blob_store import BlobStore
 
@@ -75,6 +76,8 @@ class Recorded:
 
     upload: UploadRow
     started_merge: bool
+    # The merge job, leased to this chunk's sender, when it started the merge with a claimer.
+    claimed: ClaimedJob | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,8 @@ class _Item:
     key: str
     staged: object
     chain: Chain | None
+    # Set: if this chunk completes the set, the merge is enqueued leased to its sender.
+    claim: MergeClaimer | None
     done: asyncio.Future[Recorded | Lost] = field(init=False)
     # The sending call's id: the merge a chunk starts runs under it.
     correlation_id: str = field(init=False)
@@ -145,12 +150,15 @@ class ChunkCommitter:
         key: str,
         staged: object,
         chain: Chain | None = None,
+        claim: MergeClaimer | None = None,
     ) -> Recorded | Lost:
         """Queue a staged chunk for the next group commit; its result once committed.
 
+        `claim`: if this chunk completes the set, the merge job is enqueued by it (leased
+        to the caller, `Recorded.claimed`) instead of by the committer's enqueuer.
         Raises the batch's error (the staged bytes are removed then), or UPLOAD_NOT_ACTIVE.
         """
-        item = _Item(upload, index, size, checksum, key, staged, chain)
+        item = _Item(upload, index, size, checksum, key, staged, chain, claim)
         self._queue.append(item)
         if self._flusher is None or self._flusher.done():
             # A context of its own: not the first caller's correlation id.
@@ -347,6 +355,7 @@ class ChunkCommitter:
         for item in inserted:
             per_upload.setdefault(item.upload.id, []).append(item)
         fresh: dict[str, UploadRow | None] = {}
+        claimed: dict[str, ClaimedJob] = {}
         for upload_id in sorted(per_upload):
             n = len(per_upload[upload_id])
             row = await self._statements.count(
@@ -368,7 +377,13 @@ class ChunkCommitter:
                 with bound_correlation_id(per_upload[upload_id][-1].correlation_id):
                     log_transition(upload_id, UPLOADING, MERGING)
                     log.info("upload_merge_started", upload_id=upload_id, file_id=row.file_id)
-                    await self._enqueue_merge(session, row)
+                    # The chunk that completes the set is this upload's last of the batch.
+                    claim = per_upload[upload_id][-1].claim
+                    job = None if claim is None else await claim(session, row)
+                    if job is None:
+                        await self._enqueue_merge(session, row)
+                    else:
+                        claimed[upload_id] = job
         results: dict[int, Recorded | Lost | Exception] = {}
         # Walk each upload's chunks in queue order: what a sequential sender would see.
         seen: dict[str, int] = {}
@@ -390,7 +405,10 @@ class ChunkCommitter:
             last = seen.get(upload_id, 0) == count
             view = row if last else _as_of(row, before, UPLOADING)
             if id(item) in mine:
-                results[id(item)] = Recorded(view, started_merge=last and row.status == MERGING)
+                started = last and row.status == MERGING
+                results[id(item)] = Recorded(
+                    view, started_merge=started, claimed=claimed.get(upload_id) if started else None
+                )
             else:
                 results[id(item)] = Lost(view)
         return results

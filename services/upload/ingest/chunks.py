@@ -48,13 +48,20 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import InvalidArgument
+from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
 from services.upload import checksums, metrics
 from services.upload.errors import ChecksumMismatch, ChunkConflict, UploadNotActive
 from services.upload.ingest.chunk_commits import Chain, ChunkCommitter, Lost, Recorded
 from services.upload.ingest.chunk_reads import Stored
 from services.upload.ingest.conflict_repeats import REPEATS
-from services.upload.ingest.uploads import MergeEnqueuer, Uploads, expected_chunk_size, takes_chunks
+from services.upload.ingest.uploads import (
+    MergeClaimer,
+    MergeEnqueuer,
+    Uploads,
+    expected_chunk_size,
+    takes_chunks,
+)
 from services.upload.models import EXPIRED, UPLOADING, ChunkRow, UploadRow
 from services.upload.storage.blob_store import BlobStore, chunk_key
 
@@ -76,6 +83,8 @@ class ChunkOutcome:
     duplicate: bool
     # True for the one store that moved the upload to `merging`.
     started_merge: bool
+    # The merge job leased to this caller (a store given a claimer that started the merge).
+    claimed: ClaimedJob | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +126,21 @@ class ChunkStore:
         )
 
     async def put(
-        self, identity: Identity, upload_id: str, index: int, data: bytes, checksum: str
+        self,
+        identity: Identity,
+        upload_id: str,
+        index: int,
+        data: bytes,
+        checksum: str,
+        *,
+        claim: MergeClaimer | None = None,
     ) -> ChunkOutcome:
-        """Check and store chunk `index` of `upload_id` (see the module docstring)."""
-        return await self.commit(await self.prepare(identity, upload_id, index, data, checksum))
+        """Check and store chunk `index` of `upload_id` (see the module docstring).
+
+        `claim`: if this chunk completes the set, the merge job is enqueued leased to the
+        caller (`ChunkOutcome.claimed`), who runs it inline."""
+        prepared = await self.prepare(identity, upload_id, index, data, checksum)
+        return await self.commit(prepared, claim=claim)
 
     async def prepare(
         self, identity: Identity, upload_id: str, index: int, data: bytes, checksum: str
@@ -197,16 +217,23 @@ class ChunkStore:
             raise
         return PreparedChunk(upload, index, len(data), actual, key, staged, None)
 
-    async def commit(self, prepared: PreparedChunk, chain: Chain | None = None) -> ChunkOutcome:
+    async def commit(
+        self,
+        prepared: PreparedChunk,
+        chain: Chain | None = None,
+        *,
+        claim: MergeClaimer | None = None,
+    ) -> ChunkOutcome:
         """Record a prepared chunk and publish its bytes (or answer duplicate/conflict).
 
         The chunk joins the next group commit (`chunk_commits`); `chain`: the stream it
-        belongs to, whose later chunks are withdrawn once one of them fails."""
+        belongs to, whose later chunks are withdrawn once one of them fails; `claim`: see
+        `put`."""
         p = prepared
         if p.existing is not None:
             return await self._answer_existing(p.upload, p.existing, p.index, p.size, p.checksum)
         result = await self._committer.record(
-            p.upload, p.index, p.size, p.checksum, p.key, p.staged, chain
+            p.upload, p.index, p.size, p.checksum, p.key, p.staged, chain, claim
         )
         if isinstance(result, Lost):
             return await self._answer_existing(
@@ -311,4 +338,6 @@ class ChunkStore:
                 if fresh.merge_started_at is not None
                 else 0.0
             )
-        return ChunkOutcome(fresh, p.index, duplicate=False, started_merge=started)
+        return ChunkOutcome(
+            fresh, p.index, duplicate=False, started_merge=started, claimed=result.claimed
+        )

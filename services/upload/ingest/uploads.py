@@ -20,6 +20,7 @@ from services.common import validation
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import AlreadyExists, InvalidArgument
+from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
 from services.common.page_tokens import PageTokens
 from services.upload import checksums, pagination
@@ -60,6 +61,9 @@ _FORWARD = {
 }
 
 MergeEnqueuer = Callable[[AsyncSession, UploadRow], Awaitable[None]]
+# Enqueues the merge already leased to the caller, who runs it at once (the inline merge),
+# in the transaction that wins `merging`; None: it did not (the MergeEnqueuer's job then).
+MergeClaimer = Callable[[AsyncSession, UploadRow], Awaitable[ClaimedJob | None]]
 
 log = get_logger(__name__)
 

@@ -157,3 +157,48 @@ async def test_hold_cancels_the_block_and_raises_lock_lost_when_the_lock_is_lost
                 assert again.token > lock.token
     finally:
         await direct.close()
+
+
+async def test_a_small_file_is_one_request_and_each_collaborator_hears_once(
+    stack, tmp_path: Path
+) -> None:
+    """A file that fits in one chunk goes by UploadFile: the upload exists only once it is
+    completed (on_created sees it COMPLETED), a re-run is the same upload, and the
+    collaborator's stream carries one notification for the version."""
+    async with stack.client("dev-alice") as alice, stack.client("dev-bob") as bob:
+        source = tmp_path / "note.txt"
+        source.write_bytes(b"first")
+        first = await alice.upload(source, chunk_size=CHUNK)
+        assert first.status == upload_pb2.UPLOAD_STATUS_COMPLETED and first.file_version == 1
+        await alice.share(first.file_id, "bob", upload_pb2.ROLE_EDITOR)
+        stream = bob.subscribe()
+        marker = await anext(stream)
+        assert marker.cursor
+        source.write_bytes(b"second, for bob")
+        created: list[upload_pb2.Upload] = []
+        progress: list[tuple[int, int]] = []
+        done = await alice.upload(
+            source,
+            to_file_id=first.file_id,
+            chunk_size=CHUNK,
+            on_created=created.append,
+            progress=lambda d, t: progress.append((d, t)),
+        )
+        assert [u.status for u in created] == [upload_pb2.UPLOAD_STATUS_COMPLETED]
+        assert done.file_version == 3  # after the share's version
+        assert progress == [(len(b"second, for bob"), len(b"second, for bob"))]
+        again = await alice.upload(source, to_file_id=first.file_id, chunk_size=CHUNK)
+        assert again.upload_id == done.upload_id and again.file_version == 3
+        # The share's notification (version 2) may come first; then the version's.
+        heard = await asyncio.wait_for(anext(stream), DEADLINE_S)
+        if heard.notification.version == 2:
+            heard = await asyncio.wait_for(anext(stream), DEADLINE_S)
+        assert (heard.notification.file_id, heard.notification.version) == (first.file_id, 3)
+        await stream.aclose()
+        # Everything stored for bob since the marker, at once: the version once.
+        batched = bob.subscribe(marker.cursor, max_batch=64)
+        async with contextlib.aclosing(batched):
+            together = notifications_in(await asyncio.wait_for(anext(batched), DEADLINE_S))
+        assert [(n.file_id, n.version) for n in together if n.version != 2] == [(first.file_id, 3)]
+        # No upload left open, none made twice.
+        assert [u.upload_id for u in await alice.list_uploads()].count(done.upload_id) == 1
