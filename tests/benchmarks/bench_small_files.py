@@ -128,6 +128,7 @@ class Run:
 
     latencies: list[float] = field(default_factory=list)
     wall: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per server process
 
     @property
     def files(self) -> int:
@@ -394,6 +395,24 @@ class Stack:
     peer: object
     names: dict[int, str]
 
+    def serentak_pids(self) -> dict[str, int]:
+        """The processes that serve a Serentak upload, by name."""
+        return {name: pid for pid, name in self.names.items() if name != "s3s-fs"}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process (every thread) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def timed_cpu(pids: dict[str, int], run: Awaitable[Run]) -> Run:
+    """`run`, with the CPU time each process in `pids` spent meanwhile."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    result = await run
+    result.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    return result
+
 
 def postgres_database(stack: ExitStack, admin_dsn: str, what: str) -> str:
     """A fresh database on `admin_dsn`'s server, dropped when `stack` closes; its URL."""
@@ -453,6 +472,7 @@ async def start_stack(stack: ExitStack, tmp: Path, postgres: str | None, log_lev
     names = {
         upload.process.pid: "upload",
         locks.process.pid: "locks",
+        notify.process.pid: "notify",
         etcd.process.pid: "etcd",
         s3.process.pid: "s3s-fs",
     }
@@ -497,39 +517,62 @@ async def measure(
             files = sources[size][: args.files[concurrency]]
             tag = f"{size}-x{concurrency}-{uuid.uuid4().hex[:6]}"
             runs: dict[str, Run] = {}
-            runs[PUT] = await run_case(
-                files, concurrency, args.budget, peer_put(stack.s3, stack.peer, tag, None)
+            peer = {"s3s-fs": stack.s3_pid}
+            runs[PUT] = await timed_cpu(
+                peer,
+                run_case(
+                    files, concurrency, args.budget, peer_put(stack.s3, stack.peer, tag, None)
+                ),
             )
             with ThreadPoolExecutor(concurrency, thread_name_prefix="fsync") as pool:
-                runs[PUT_FSYNC] = await run_case(
-                    files,
-                    concurrency,
-                    args.budget,
-                    peer_put(stack.s3, stack.peer, f"{tag}-fsync", pool),
+                runs[PUT_FSYNC] = await timed_cpu(
+                    peer,
+                    run_case(
+                        files,
+                        concurrency,
+                        args.budget,
+                        peer_put(stack.s3, stack.peer, f"{tag}-fsync", pool),
+                    ),
                 )
             upload_log.new_lines()
             with ExitStack() as profiling:
                 if args.py_spy:
                     out = args.py_spy / f"{stack.database}-{size}-x{concurrency}.txt"
                     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-                    argv = [pyspy, "record", "-r", "200", "-f", "raw", "-o", str(out)]
+                    argv = [
+                        pyspy,
+                        "record",
+                        "--nonblocking",
+                        "-r",
+                        "100",
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(out),
+                    ]
                     argv += ["-p", str(stack.upload.process.pid)]
+                    argv += ["--gil"] if args.py_spy_gil else []
                     profiling.enter_context(Attached(argv, tmp / "py-spy.log"))
-                runs[SERENTAK] = await run_case(
-                    files,
-                    concurrency,
-                    args.budget,
-                    serentak_upload(stack.client, args.path, tag),
+                runs[SERENTAK] = await timed_cpu(
+                    stack.serentak_pids(),
+                    run_case(
+                        files,
+                        concurrency,
+                        args.budget,
+                        serentak_upload(stack.client, args.path, tag),
+                    ),
                 )
             case = Case(stack.database, size, concurrency, runs)
             if args.stages:
                 case.stages = stage_summary(upload_log.new_lines())
             cases.append(case)
             s, p = runs[SERENTAK], runs[PUT]
+            cpu = ", ".join(f"{k} {v * 1000 / s.files:.1f}" for k, v in s.cpu.items())
             print(
                 f"  {stack.database} {size} x{concurrency}: Serentak {s.files} files "
                 f"{s.rate:.1f}/s p50 {s.pct(50):.1f} ms; PUT {p.rate:.1f}/s "
-                f"p50 {p.pct(50):.1f} ms; PUT+fsync {runs[PUT_FSYNC].rate:.1f}/s",
+                f"p50 {p.pct(50):.1f} ms; PUT+fsync {runs[PUT_FSYNC].rate:.1f}/s; "
+                f"CPU ms/file: {cpu}; s3s-fs {p.cpu['s3s-fs'] * 1000 / p.files:.2f}",
                 flush=True,
             )
             if case.stages:
@@ -552,6 +595,11 @@ def verdicts(case: Case) -> tuple[str, str, str]:
     return rate, p50, alone
 
 
+def cpu_per_file(run: Run) -> float:
+    """The servers' CPU milliseconds per file of `run`."""
+    return sum(run.cpu.values()) * 1000 / run.files if run.files else 0.0
+
+
 def _yes(ok: bool) -> str:
     return "yes" if ok else "no"
 
@@ -567,7 +615,7 @@ def print_table(cases: list[Case], path_mode: str) -> None:
         f"{'db':<10} {'size':>4} {'at once':>7} {'files':>5} | "
         f"{'Serentak/s':>10} {'p50':>7} {'p99':>7} | {'PUT/s':>7} {'p50':>6} {'p99':>6} | "
         f"{'+fsync/s':>8} {'p50':>6} {'p99':>6} | {'files/s ratio':>13} {'p50 ratio':>11} | "
-        f"{'>=0.5x f/s':>10} {'p50<=3x':>7} {'p50<=10ms':>9}"
+        f"{'>=0.5x f/s':>10} {'p50<=3x':>7} {'p50<=10ms':>9} | {'CPU ms/file':>11}"
     )
     print(head)
     print("-" * len(head))
@@ -581,14 +629,15 @@ def print_table(cases: list[Case], path_mode: str) -> None:
             f"{s.rate:>10.1f} {s.pct(50):>7.1f} {s.pct(99):>7.1f} | "
             f"{p.rate:>7.1f} {p.pct(50):>6.1f} {p.pct(99):>6.1f} | "
             f"{f.rate:>8.1f} {f.pct(50):>6.1f} {f.pct(99):>6.1f} | {ratios:>13} {p50s:>11} | "
-            f"{rate:>10} {p50:>7} {alone:>9}"
+            f"{rate:>10} {p50:>7} {alone:>9} | {cpu_per_file(s):>5.1f}/{cpu_per_file(p):<5.2f}"
         )
     print(
         "ms; files/s = files / the case's wall time; ratios Serentak/PUT and "
         "Serentak/(PUT+fsync); verdicts vs PUT / vs PUT+fsync. Goals: at 64k x16 files/s >= "
         f"{GOAL_RATIO}x and p50 <= {GOAL_P50_RATIO:.0f}x the peer's; 64k x1 p50 <= "
         f"{GOAL_ALONE_MS:.0f} ms. Every Serentak file committed with the source's sha256; "
-        "every PUT's stored size checked."
+        "every PUT's stored size checked. CPU ms/file: Serentak's processes (upload, locks, "
+        "notify, etcd) / s3s-fs's, per file done (the client's not counted on either side)."
     )
 
 
@@ -659,6 +708,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="seconds after which a case starts no file")
     parser.add_argument("--stages", action="store_true", help="the server's timings per case")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", help="py-spy the upload service")
+    parser.add_argument(
+        "--py-spy-gil", action="store_true", help="with --py-spy: only the thread holding the GIL"
+    )
     parser.add_argument("--no-probe", action="store_true", help="skip the strace durability probe")
     parser.add_argument(
         "--log-level", default="INFO", help="the services' log level (INFO as `make run`)"
