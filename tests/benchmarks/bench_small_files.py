@@ -370,6 +370,12 @@ async def durability_probe(stack: Stack, tmp: Path, sources: list[Source]) -> st
                 await one(n, source)
         per_process = []
         for pid, file in zip(pids, files, strict=True):
+            attached = f"Process {pid} attached" in (tmp / "strace.log").read_text(errors="replace")
+            if not attached:
+                # strace could not attach (no ptrace permission): say so, not "0 calls".
+                per_process.append(f"{stack.names[pid]} not traced (see {tmp / 'strace.log'})")
+                continue
+            # strace -c writes nothing at all when it counted no call.
             counts = strace_counts(file) if file.exists() else Counter()
             total = sum(counts.values())
             detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
