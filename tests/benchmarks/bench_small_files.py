@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -234,11 +235,18 @@ def peer_put(
 # --- the upload service's own account of each stage (its JSON log) ---
 
 
-def stage_summary(lines: list[str]) -> str:
+def stage_summary(lines: list[str], lock_lines: list[str]) -> str:
     """The upload service's timings from `lines` of its JSON log: rpc_completed per method
     (calls, p50/p99 ms), the merge job's pick-up lag and run time, merge (job start -> lock
-    held), commit (lock held -> merge_completed), GetUpload calls per upload."""
+    held), commit (lock held -> merge_completed), GetUpload calls per upload; and the lock
+    service's rpc_completed per method from `lock_lines` (a Hold lasts from the acquire to
+    the release: the lock wait and the commit under it)."""
     rpc: dict[str, list[float]] = defaultdict(list)
+    for line in lock_lines:
+        with contextlib.suppress(ValueError, KeyError):
+            event = json.loads(line)
+            if event.get("event") == "rpc_completed":
+                rpc["locks " + event["method"].rsplit("/", 1)[-1]].append(event["duration_ms"])
     lag: list[float] = []
     job: list[float] = []
     started: dict[str, datetime] = {}
@@ -518,6 +526,7 @@ async def measure(
     """Every (size, concurrency) on this stack: PUT, PUT+fsync, then Serentak."""
     cases = []
     upload_log = LogCursor(stack.upload.log_path)
+    locks_log = LogCursor(stack.locks.log_path)
     for size in args.sizes:
         for concurrency in args.concurrency:
             files = sources[size][: args.files[concurrency]]
@@ -541,6 +550,7 @@ async def measure(
                     ),
                 )
             upload_log.new_lines()
+            locks_log.new_lines()
             with ExitStack() as profiling:
                 if args.py_spy:
                     out = args.py_spy / f"{stack.database}-{size}-x{concurrency}.txt"
@@ -570,7 +580,7 @@ async def measure(
                 )
             case = Case(stack.database, size, concurrency, runs)
             if args.stages:
-                case.stages = stage_summary(upload_log.new_lines())
+                case.stages = stage_summary(upload_log.new_lines(), locks_log.new_lines())
             cases.append(case)
             s, p = runs[SERENTAK], runs[PUT]
             cpu = ", ".join(f"{k} {v * 1000 / s.files:.1f}" for k, v in s.cpu.items())
