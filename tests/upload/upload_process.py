@@ -20,8 +20,9 @@ ALICE = (("authorization", "Bearer dev-alice"),)
 
 
 def upload_env(database_url: str, locks_address: str, **settings: str) -> dict[str, str]:
-    """The environment of an upload process on `database_url` with a fast job worker and
-    JSON logs; `settings` adds SERENTAK_* variables (`worker_lease_seconds="2"`)."""
+    """The environment of an upload process on `database_url` with a fast job worker, JSON
+    logs and every merge on the job path; `settings` adds SERENTAK_* variables
+    (`worker_lease_seconds="2"`)."""
     return {
         "SERENTAK_UPLOAD_DATABASE_URL": database_url,
         "SERENTAK_LOCKS_ADDRESS": locks_address,
@@ -30,6 +31,9 @@ def upload_env(database_url: str, locks_address: str, **settings: str) -> dict[s
         "SERENTAK_LOG_FORMAT": "json",
         # Any free port: the default 8181 may be taken by another service on the host.
         "SERENTAK_SYNC_WEBHOOK_PORT": "0",
+        # These processes are killed mid-merge on the job path; small uploads would merge
+        # inside the completing PutChunk instead (its crash test: merge/test_upload_file_crash.py).
+        "SERENTAK_INLINE_MERGE_MAX_BYTES": "0",
         **{f"SERENTAK_{name.upper()}": value for name, value in settings.items()},
     }
 
