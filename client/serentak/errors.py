@@ -6,8 +6,8 @@ The SDK's plain calls let the server's `grpc.aio.AioRpcError` through (its statu
 `google.rpc.ErrorInfo` reason: see `serentak.sdk.results.rpc_reason`). The lock client
 turns the lock service's refusals into the classes below, by ErrorInfo reason, so a caller
 writes `except LockHeld`; and channels refuse settings that cannot work with `ConfigError`.
-The server's own errors (`services.common.errors`) mirror these names; the client imports
-nothing of the server.
+The server's own errors (`services.common.errors`) descend from this `SerentakError` and
+mirror these names; the client imports nothing of the server.
 """
 
 from __future__ import annotations

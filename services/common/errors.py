@@ -7,9 +7,8 @@ Anything else escaping a handler is a bug and becomes INTERNAL.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import grpc
+import serentak.errors
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2
@@ -17,19 +16,12 @@ from google.rpc import error_details_pb2
 ERROR_DOMAIN = "serentak.dev"
 
 
-class SerentakError(Exception):
-    """Root of all domain errors. Subclasses fix `code` and usually `reason`."""
+class SerentakError(serentak.errors.SerentakError):
+    """Root of all domain errors. Subclasses fix `code` and usually `reason`.
 
-    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
-    reason: ClassVar[str] = "UNKNOWN"
-
-    def __init__(self, message: str, *, reason: str | None = None, **metadata: object) -> None:
-        super().__init__(message)
-        self.message = message
-        if reason is not None:
-            self.reason = reason  # type: ignore[misc]
-        # ErrorInfo metadata is string -> string.
-        self.metadata = {k: str(v) for k, v in metadata.items() if v is not None}
+    The client's root (`serentak.errors.SerentakError`) gives the shape: `code`, `reason`
+    and the ErrorInfo `metadata`, so one `except` of the client's root catches a refusal
+    whether a service raised it here or the client read it from a status."""
 
     def status_details(self) -> list[Message]:
         """Status details besides the ErrorInfo (e.g. RetryInfo); none by default."""

@@ -39,7 +39,6 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 import merge_core
-from services.common.errors import SerentakError
 from services.common.jobs import (
     ConflictError,
     JobContext,
@@ -305,7 +304,7 @@ class MergeHandler:
             # A newer holder committed first (ours was lost): retry under a fresh lock.
             metrics.MERGE_FAILURES.labels("lock").inc()
             raise ConflictError(str(exc)) from exc
-        except (SerentakError, serentak.errors.SerentakError) as exc:  # ours, the lock client's
+        except serentak.errors.SerentakError as exc:  # ours and the lock client's
             metrics.MERGE_FAILURES.labels("lock").inc()
             # LOCK_HELD past the wait, lock service or etcd unavailable: try again later.
             raise TransientError(f"file lock: {exc}") from exc
