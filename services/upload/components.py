@@ -31,7 +31,7 @@ from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.inline import InlineMerges
 from services.upload.merge.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
 from services.upload.merge.stuck_merges import fail_dead_merges
-from services.upload.merge.upload_file import UploadFiles
+from services.upload.merge.upload_file import FileLockPolicy, UploadFiles
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import BlobStore, open_blob_store
 from services.upload.storage.lifecycle import (
@@ -78,6 +78,7 @@ class UploadComponents:
         # can fail (a pooled connection never returned is terminated by the collector).
         await self.uploads.close()
         # Before the lock client closes: a run still going hands its job back.
+        await self.upload_files.close()
         await self.inline.close()
         await self.signals.close()
         await self.sync.close()
@@ -211,7 +212,18 @@ def build_components(
         chunks=chunks,
         inline=inline,
         upload_files=UploadFiles(
-            sessions, uploads, chunks, inline, max_chunk_size=settings.max_chunk_size
+            sessions,
+            uploads,
+            chunks,
+            inline,
+            blobs=blobs,
+            locks=locks,
+            signals=signals,
+            max_chunk_size=settings.max_chunk_size,
+            lock_policy=FileLockPolicy(
+                ttl_seconds=settings.merge_lock_ttl_seconds,
+                wait_seconds=settings.merge_lock_wait_ms / 1000,
+            ),
         ),
         files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries), tokens),
         limiter=RateLimiter(settings.rate_limit),

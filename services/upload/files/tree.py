@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
+from services.common.db import read_only
 from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from services.upload.files.permissions import role_of
 from services.upload.files.visibility import visible
@@ -83,6 +84,7 @@ async def find_root(session: AsyncSession, identity: Identity) -> FileRow | None
 async def ensure_root(sessions: async_sessionmaker[AsyncSession], identity: Identity) -> str:
     """The id of the caller's root folder, created on first use (race-safe)."""
     async with sessions() as session:
+        await read_only(session)
         root = await find_root(session, identity)
         if root is not None:
             return root.id
@@ -96,6 +98,7 @@ async def ensure_root(sessions: async_sessionmaker[AsyncSession], identity: Iden
     except IntegrityError:
         # Another request created it first: use theirs.
         async with sessions() as session:
+            await read_only(session)
             found = await find_root(session, identity)
             assert found is not None
             return found.id

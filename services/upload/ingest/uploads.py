@@ -8,6 +8,7 @@ the status it leaves, so two racing moves cannot both win.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from services.common import validation
 from services.common.auth import Identity
 from services.common.db import read_only
-from services.common.errors import AlreadyExists, InvalidArgument
+from services.common.errors import Aborted, AlreadyExists, InvalidArgument
 from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
 from services.common.page_tokens import PageTokens
@@ -146,32 +147,43 @@ def upload_target_id(upload: UploadRow) -> str:
 
 async def check_uploader(
     session: AsyncSession, upload: UploadRow, *, target: FileRow | None = None
-) -> None:
+) -> str:
     """Refuse unless the upload's creator may still write its target, which still exists.
 
     Roles change while an upload is open (an unshare, a move out of a shared folder): the
     rights checked at CreateUpload are checked again for every chunk and, under the file
     lock, when the merge commits. UPLOADER_NOT_ALLOWED or FILE_DELETED otherwise. `target`:
     the target's row if the caller loaded it already (in the upload's tenant), saving a query.
+    Returns the uploader's role on the target (on a new file's folder: its role on the file).
     """
     uploader = Identity(tenant_id=upload.tenant_id, user_id=upload.owner_user_id)
     try:
         if target is None:
-            row, _ = await writable(session, uploader, upload_target_id(upload))
+            row, role = await writable(session, uploader, upload_target_id(upload))
         else:
             row = target
-            await writable_role(session, uploader, row)
+            role = await writable_role(session, uploader, row)
     except (FileNotFound, NotAllowed):
         raise UploaderNotAllowed(
             "the uploader may no longer write to this file", upload_id=upload.id
         ) from None
     _refuse_deleted_target(row.id, row.deleted_at)
+    return role
 
 
 def _refuse_deleted_target(file_id: str, deleted_at: datetime | None) -> None:
     """FILE_DELETED when the upload's target is deleted (trash): no chunk, no merge."""
     if deleted_at is not None:
         raise FileDeleted("the upload's file or folder is deleted", file_id=file_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What `Uploads.prepare` found: a new upload's row (not stored), or `earlier` the one a
+    previous try with the same client_request_id made."""
+
+    row: UploadRow
+    earlier: bool
 
 
 class Uploads:
@@ -196,6 +208,21 @@ class Uploads:
         self, identity: Identity, request: upload_pb2.CreateUploadRequest
     ) -> UploadRow:
         """A new upload (or the one an earlier try with the same client_request_id made)."""
+        prepared = await self.prepare(identity, request)
+        if prepared.earlier:
+            return prepared.row
+        try:
+            async with self._sessions.begin() as session:
+                await self.insert(session, identity, prepared.row)
+        except IntegrityError:
+            return await self.earlier(identity, request, prepared.row)
+        return prepared.row
+
+    async def prepare(
+        self, identity: Identity, request: upload_pb2.CreateUploadRequest
+    ) -> Prepared:
+        """Everything `create` checks before its insert: the earlier upload of this
+        client_request_id (`earlier`), or the new upload's row, not yet stored."""
         crid = request.client_request_id
         if len(crid) > MAX_CLIENT_REQUEST_ID or (crid and not crid.isprintable()):
             raise InvalidArgument(
@@ -205,7 +232,7 @@ class Uploads:
         if request_key is not None:
             existing = await self._by_request_key(request_key)
             if existing is not None:
-                return await self._same_request(identity, existing, request)
+                return Prepared(await self._same_request(identity, existing, request), True)
         validate_shape(self._settings, request.total_chunks, request.total_size, request.chunk_size)
         check_size(self._settings, request.total_size)
         algorithm = checksums.algorithm_name(request.checksum_algorithm)
@@ -240,21 +267,32 @@ class Uploads:
             final_checksum="",
             failure_reason="",
         )
-        try:
-            async with self._sessions.begin() as session:
-                await check_allowance(session, self._settings, identity, request.total_size)
-                session.add(row)
-        except IntegrityError:
-            # A concurrent retry with the same client_request_id committed first.
-            assert request_key is not None
-            existing = await self._by_request_key(request_key)
-            if existing is None:
-                raise
-            return await self._same_request(identity, existing, request)
-        return row
+        return Prepared(row, False)
+
+    async def insert(self, session: AsyncSession, identity: Identity, row: UploadRow) -> None:
+        """Store a prepared upload in the caller's transaction, within the user's open-upload
+        cap and the tenant's quota; IntegrityError when its client_request_id was stored
+        meanwhile (then `earlier` finds that one)."""
+        await check_allowance(session, self._settings, identity, row.total_size)
+        session.add(row)
+        await session.flush()
+
+    async def earlier(
+        self, identity: Identity, request: upload_pb2.CreateUploadRequest, row: UploadRow
+    ) -> UploadRow:
+        """The upload a concurrent try with `row`'s client_request_id stored first."""
+        existing = None
+        if row.request_key is not None:
+            existing = await self._by_request_key(row.request_key)
+        if existing is None:
+            # Not a duplicate request id (its row is gone again, or the conflict was
+            # another's): the request may simply be retried.
+            raise Aborted(f"upload {row.id} could not be stored; retry", reason="UPLOAD_CONFLICT")
+        return await self._same_request(identity, existing, request)
 
     async def _by_request_key(self, key: str) -> UploadRow | None:
         async with self._sessions() as session:
+            await read_only(session)
             return (
                 await session.execute(select(UploadRow).where(UploadRow.request_key == key))
             ).scalar_one_or_none()
@@ -307,7 +345,9 @@ class Uploads:
             name = validate_name(request.new_file.name, "new_file.name")
             validation.resource_id(request.new_file.folder_id, "new_file.folder_id", required=False)
             folder_id = request.new_file.folder_id or await ensure_root(self._sessions, identity)
+            # Pure reads (no write lock on SQLite): the commit checks again in its transaction.
             async with self._sessions() as session:
+                await read_only(session)
                 folder, _ = await writable(session, identity, folder_id)
                 if folder.kind != FOLDER:
                     raise WrongKind("new_file.folder_id is not a folder", file_id=folder_id)
@@ -318,6 +358,7 @@ class Uploads:
             return new_id(), folder_id, name, True
         validation.resource_id(request.file_id, "file_id")
         async with self._sessions() as session:
+            await read_only(session)
             file, _ = await writable(session, identity, request.file_id)
             if file.kind != FILE:
                 raise WrongKind("file_id is a folder", file_id=file.id)

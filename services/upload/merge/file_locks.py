@@ -27,9 +27,19 @@ class FileLocks:
             self._client = LockClient(self._address, owner=self._owner, security=self._security)
         return self._client
 
-    def hold(self, key: str, tenant_id: str, ttl: int = 30, wait_timeout: float = 30.0) -> HeldLock:
+    def hold(
+        self,
+        key: str,
+        tenant_id: str,
+        ttl: int = 30,
+        wait_timeout: float = 30.0,
+        *,
+        watch: bool = True,
+    ) -> HeldLock:
         """See `LockClient.hold`; `tenant_id` is the file's tenant."""
-        return self.client.hold(key, ttl=ttl, wait_timeout=wait_timeout, tenant_id=tenant_id)
+        return self.client.hold(
+            key, ttl=ttl, wait_timeout=wait_timeout, tenant_id=tenant_id, watch=watch
+        )
 
     async def close(self) -> None:
         """Close the channel if one was opened."""

@@ -336,7 +336,7 @@ async def _load(session: AsyncSession, upload_id: str) -> tuple[UploadRow | None
 
 
 async def commit_content(
-    session: AsyncSession, upload: UploadRow, result: Any, token: int
+    session: AsyncSession, upload: UploadRow, result: Any, token: int, *, chunks: bool = True
 ) -> FileRow:
     """Commit the merged content as the file's next version under lock `token`.
 
@@ -404,5 +404,7 @@ async def commit_content(
         raise ConflictError(f"upload {upload.id} left merging during the merge")
     # The chunks go only once COMPLETED is committed: the purge job is enqueued here, in
     # the same transaction (a retried merge, still `merging`, keeps finding them).
-    await enqueue_chunk_purge(session, upload.id)
+    # `chunks=False`: an upload stored whole (UploadFile) has none.
+    if chunks:
+        await enqueue_chunk_purge(session, upload.id)
     return file

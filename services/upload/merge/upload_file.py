@@ -1,34 +1,35 @@
 """UploadFile: a small file in one request, committed as the file's next version before
-the answer.
+the answer, in one database transaction.
 
-Built from the pieces a chunked upload uses, so it keeps the same invariants by the same
-code, only without the waits between them:
+A file that fits one request needs no chunks, no merge job and no merge copy; it keeps the
+invariants by the same code the chunked path commits with:
 
 1. The data is hashed first; a given `checksum` that does not match is CHECKSUM_MISMATCH
-   before anything is stored (no upload, no chunk). More than `max_chunk_size` bytes is
-   INVALID_ARGUMENT (`data`): larger files take CreateUpload and chunks.
-2. `Uploads.create` makes a one-chunk upload: the caller's write access to the target,
-   the name, the size limit, the open-uploads cap and the tenant quota are checked as for
-   CreateUpload, and a `client_request_id` seen before returns that upload (same target
-   and bytes, else CLIENT_REQUEST_ID_REUSED). The upload's `expected_checksum` is the
-   data's, so the merge verifies the whole file too.
-3. `ChunkStore.put` stores the only chunk (rights re-checked, temp + fsync + rename, the
-   row on `UNIQUE(upload_id, chunk_index)`: invariants 1-2) and, in the same group-commit
-   transaction, wins `uploading -> merging` (invariant 3) and enqueues the merge job
-   leased to this process (`inline.InlineMerges.claim`).
-4. `InlineMerges.run` runs that job here: merge_core (4), the file lock `file:{file_id}`
-   through the merge's `FileLocks`, `check_uploader` and the fencing check in the commit
-   (7), the version bump with its outbox event (6), `merging -> completed` (5), the job's
-   idempotency key recorded with them (9). A crash anywhere leaves a job the runtime
-   finishes (see `inline`).
+   before anything is stored. More than `max_chunk_size` bytes is INVALID_ARGUMENT
+   (`data`, DATA_TOO_LARGE): larger files take CreateUpload and chunks.
+2. `Uploads.prepare` runs CreateUpload's checks (the caller's write access to the target,
+   the name, the size limit) and finds an earlier upload of the same `client_request_id`
+   (same target and bytes: its outcome is the answer; else CLIENT_REQUEST_ID_REUSED).
+3. The bytes go to the new version's content key (`files/{file_id}/{upload_id}`): temp +
+   fsync + rename, durable before anything refers to them (invariant 4's "no partial
+   object"; a crash before the commit leaves an object no row names, which the reclaim
+   sweep deletes after its grace period).
+4. Under the file lock `file:{file_id}` (the merge's key, through the same `FileLocks`,
+   without a Hold stream: the body is one short transaction and its write is fenced), one
+   transaction stores the upload (open-upload cap and tenant quota checked in it), checks
+   the uploader's rights again (`check_uploader`, as the merge does under the lock) and
+   commits with `commit_content`, the chunked path's commit: the fencing check
+   `commit_fenced` (invariant 7), the version bump with its outbox event (6) and
+   `merging -> completed` (5). No job is involved, so there is no idempotency key to
+   record (9): the unique client_request_id is what makes a retry find this upload.
 
-Exactly once: the conditional `uploading -> merging` has one winner, and only the winner
-holds a merge job to run, so a retry (or a concurrent duplicate) of the same
-`client_request_id` can only find the upload and answer with its outcome; it never makes a
-second version. Concurrent duplicates in one process wait for the first one's run and
-then read its outcome; one whose merge is running elsewhere (another replica, the runtime
-after a crash or a retry) is MERGE_PENDING (UNAVAILABLE: retry the same request, or wait
-with GetUpload).
+Exactly once: the upload row and the version it made commit together or not at all, and
+the `client_request_id` is unique per user, so a retry (or a concurrent duplicate on
+another replica, which loses the insert) finds the committed upload and answers with its
+outcome; it never makes a second version. Concurrent duplicates in one process wait for
+the first one and then read its outcome. An upload of the same `client_request_id` made by
+CreateUpload and still open takes the chunked path's pieces (`ChunkStore.put` and the
+inline merge job).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
+import serentak.errors
+from serentak.errors import SerentakError
 from serentak.upload.v1 import upload_pb2
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
@@ -49,15 +53,28 @@ from services.upload.errors import (
     ChecksumMismatch,
     FileDeleted,
     MergePending,
+    StaleFencingToken,
     UploaderNotAllowed,
     UploadFailed,
     UploadNotActive,
 )
 from services.upload.files.permissions import readable
 from services.upload.ingest.chunks import ChunkStore
-from services.upload.ingest.uploads import Uploads
+from services.upload.ingest.finish_waits import FinishSignals
+from services.upload.ingest.uploads import Uploads, check_uploader
+from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.inline import InlineMerges
-from services.upload.models import COMPLETED, FAILED, MERGING, UPLOADING, FileRow, UploadRow
+from services.upload.merge.merge_job import commit_content
+from services.upload.models import (
+    COMPLETED,
+    FAILED,
+    MERGING,
+    UPLOADING,
+    FileRow,
+    UploadRow,
+    utcnow,
+)
+from services.upload.storage.blob_store import BlobStore, Merged, content_key
 
 log = get_logger(__name__)
 
@@ -77,6 +94,14 @@ class UploadedFile:
     role: str
 
 
+@dataclass(frozen=True, slots=True)
+class FileLockPolicy:
+    """How the one-transaction commit takes the file lock (the merge's settings)."""
+
+    ttl_seconds: int = 30
+    wait_seconds: float = 30.0
+
+
 class UploadFiles:
     """The UploadFile use case (module docstring)."""
 
@@ -87,16 +112,25 @@ class UploadFiles:
         chunks: ChunkStore,
         inline: InlineMerges,
         *,
+        blobs: BlobStore,
+        locks: FileLocks,
+        signals: FinishSignals,
         max_chunk_size: int,
+        lock_policy: FileLockPolicy | None = None,
     ) -> None:
         self._sessions = sessions
         self._uploads = uploads
         self._chunks = chunks
         self._inline = inline
+        self._blobs = blobs
+        self._locks = locks
+        self._signals = signals
         self._max = max_chunk_size
+        self._lock = lock_policy or FileLockPolicy()
         # In-flight requests per (tenant, user, client_request_id): a concurrent duplicate
         # waits for the first one instead of racing it to the same outcome.
         self._flights: dict[str, asyncio.Future[None]] = {}
+        self._running: set[asyncio.Future[UploadedFile]] = set()
 
     async def upload(
         self, identity: Identity, request: upload_pb2.UploadFileRequest
@@ -154,7 +188,98 @@ class UploadFiles:
             shape.new_file.CopyFrom(request.new_file)
         elif which == "file_id":
             shape.file_id = request.file_id
-        upload = await self._uploads.create(identity, shape)
+        prepared = await self._uploads.prepare(identity, shape)
+        if prepared.earlier:
+            return await self._earlier(identity, prepared.row, data, checksum)
+        upload = prepared.row
+        # Shielded from the calling RPC: a caller that goes away never leaves a commit
+        # half-way, nor its bytes deleted under a version that did commit.
+        task = asyncio.ensure_future(self._store(identity, upload, data, checksum))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        try:
+            return await asyncio.shield(task)
+        except IntegrityError:
+            # The same client_request_id committed first (another replica): its outcome.
+            earlier = await self._uploads.earlier(identity, shape, upload)
+            return await self._earlier(identity, earlier, data, checksum)
+
+    async def _store(
+        self, identity: Identity, upload: UploadRow, data: bytes, checksum: str
+    ) -> UploadedFile:
+        """Write the bytes to the version's key, then commit (module docstring, 3-4)."""
+        key = content_key(upload.file_id, upload.id)
+        staged = await self._blobs.stage(key, data)
+        try:
+            await self._blobs.publish(staged, key)
+        finally:
+            await self._blobs.discard(staged)
+        try:
+            done = await self._commit(identity, upload, key, checksum)
+        except (SerentakError, IntegrityError) as refused:
+            # Refused before the commit (rights, quota, the lock, fencing, the request id
+            # stored by another): nothing refers to the bytes. Any other failure may have
+            # come with the COMMIT itself; the reclaim sweep deletes the bytes if no row
+            # names them.
+            if isinstance(refused, StaleFencingToken | serentak.errors.LockHeld):
+                metrics.MERGE_FAILURES.labels("lock").inc()
+            with contextlib.suppress(Exception):
+                await self._blobs.delete(key)
+            raise
+        metrics.INLINE_MERGES.labels("upload_file").inc()
+        metrics.MERGES.labels("completed").inc()
+        log.info(
+            "upload_file_committed",
+            upload_id=upload.id,
+            file_id=done.file.id,
+            version=done.file.version,
+            size=len(data),
+            fencing_token=done.file.last_lock_token,
+        )
+        return done
+
+    async def close(self) -> None:
+        """Let the commits under way finish (shutdown); each is one short transaction."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=self._lock.wait_seconds + 5)
+
+    async def _commit(
+        self, identity: Identity, upload: UploadRow, key: str, checksum: str
+    ) -> UploadedFile:
+        """Store the upload and commit its version in one transaction, under the file lock."""
+        stored = Merged(
+            key=key,
+            size=upload.total_size,
+            checksum=checksum,
+            algorithm=upload.checksum_algorithm,
+            chunk_count=1,
+        )
+        async with self._locks.hold(
+            f"file:{upload.file_id}",
+            tenant_id=upload.tenant_id,
+            ttl=self._lock.ttl_seconds,
+            wait_timeout=self._lock.wait_seconds,
+            watch=False,
+        ) as lock:
+            async with self._sessions.begin() as session:
+                now = utcnow()
+                upload.status = MERGING
+                upload.received_chunk_count = 1
+                upload.merge_started_at = now
+                await self._uploads.insert(session, identity, upload)
+                # The rights checked by `prepare` are checked again under the lock, in the
+                # committing transaction, as the merge does.
+                role = await check_uploader(session, upload)
+                file = await commit_content(session, upload, stored, lock.token, chunks=False)
+                # The answer shows the row as committed (the status move set it in SQL).
+                await session.refresh(upload)
+                self._signals.after_commit(session, upload.id)
+        return UploadedFile(upload, file, role)
+
+    async def _earlier(
+        self, identity: Identity, upload: UploadRow, data: bytes, checksum: str
+    ) -> UploadedFile:
+        """The outcome of an earlier request with the same client_request_id."""
         if upload.expected_checksum != checksum:
             # The same request id, target and size, other bytes: another request.
             raise AlreadyExists(
@@ -163,6 +288,7 @@ class UploadFiles:
                 upload_id=upload.id,
             )
         if upload.status == UPLOADING:
+            # Opened by CreateUpload with this request id: its one chunk completes it.
             outcome = await self._chunks.put(
                 identity, upload.id, 0, data, checksum, claim=self._inline.claim
             )

@@ -31,7 +31,7 @@ from services.common.db import create_engine, session_factory
 from services.common.jobs.models import applied_jobs, jobs
 from services.common.outbox.models import outbox_events
 from services.upload.files.versions import commit_fenced
-from services.upload.models import COMPLETED, MERGING, FileRow, UploadRow
+from services.upload.models import COMPLETED, ChunkRow, FileRow, UploadRow
 from services.upload.storage.blob_store import content_key
 
 
@@ -97,16 +97,18 @@ async def test_one_request_commits_the_file_before_the_answer(cluster, sessions)
     )
     assert (again.upload.file_version, again.file.version, again.file.size) == (2, 2, len(data2))
     assert (await download(alice, file.file_id))[0] == data2
-    # The merge jobs ran here and left no row behind; each key is applied once.
+    # One transaction each: no chunk, no merge job, no job record; the bytes under the
+    # version's key only.
+    ids = [upload.upload_id, again.upload.upload_id]
+    job_keys = {f"{kind}:{i}" for kind in ("merge", "purge-chunks") for i in ids}
     async with sessions() as session:
-        assert (
-            await session.scalar(
-                select(func.count()).select_from(jobs).where(jobs.c.job_type == "upload.merge")
-            )
-            == 0
-        )
+        queued = set((await session.execute(select(jobs.c.idempotency_key))).scalars())
         keys = set((await session.execute(select(applied_jobs.c.idempotency_key))).scalars())
-    assert {f"merge:{upload.upload_id}", f"merge:{again.upload.upload_id}"} <= keys
+        chunk_rows = await session.scalar(
+            select(func.count()).select_from(ChunkRow).where(ChunkRow.upload_id.in_(ids))
+        )
+    assert not job_keys & (queued | keys) and chunk_rows == 0
+    assert await cluster.blobs.exists(content_key(file.file_id, upload.upload_id))
     assert await content_updated_uploads(cluster.settings.database_url) == [
         upload.upload_id,
         again.upload.upload_id,
@@ -352,11 +354,10 @@ async def test_bad_input_gets_precise_statuses_and_stores_nothing(cluster, sessi
     assert (file.version, file.size) == (2, 4)
 
 
-async def test_a_stale_inline_commit_is_refused_by_the_fencing_check(cluster, sessions) -> None:
-    """Invariant 7 on the inline path: a newer lock holder committed (the file's
-    last_lock_token is past any token the merge can get now); the inline merge's commit is
-    refused, no version, no event; the job goes back to the runtime to retry under a fresh
-    lock, and the request says so (MERGE_PENDING)."""
+async def test_a_stale_commit_is_refused_by_the_fencing_check(cluster, sessions) -> None:
+    """Invariant 7 on UploadFile: a newer lock holder committed (the file's last_lock_token
+    is past any token this request can get); the commit is refused (ABORTED,
+    STALE_FENCING_TOKEN) and leaves nothing: no upload, no version, no event, no bytes."""
     alice = cluster["alice"]
     first = await alice.uploads.UploadFile(new_file(b"v1", "fenced.txt"), metadata=alice.metadata)
     file_id = first.file.file_id
@@ -366,26 +367,27 @@ async def test_a_stale_inline_commit_is_refused_by_the_fencing_check(cluster, se
     lock_failures = REGISTRY.get_sample_value(
         "serentak_upload_merge_failures_total", {"reason": "lock"}
     )
-    info = await expect_error(
-        alice.uploads.UploadFile(new_version(b"stale", file_id), metadata=alice.metadata),
-        grpc.StatusCode.UNAVAILABLE,
-        "MERGE_PENDING",
+    await expect_error(
+        alice.uploads.UploadFile(
+            new_version(b"stale", file_id, crid="stale-1"), metadata=alice.metadata
+        ),
+        grpc.StatusCode.ABORTED,
+        "STALE_FENCING_TOKEN",
     )
     (file,) = await _rows(sessions, FileRow, FileRow.id == file_id)
     assert (file.version, file.size, file.last_lock_token) == (2, 2, newer)
-    (upload,) = await _rows(sessions, UploadRow, UploadRow.id == info.metadata["upload_id"])
-    assert upload.status == MERGING and upload.file_version == 0
+    assert await _rows(sessions, UploadRow, UploadRow.client_request_id == "stale-1") == []
     assert [
         e.file_content_updated.upload_id
         for e in await content_events(cluster.settings.database_url)
     ] == [first.upload.upload_id]
+    assert [o.key async for o in cluster.blobs.list_objects(f"files/{file_id}/")] == [
+        content_key(file_id, first.upload.upload_id)
+    ]
     assert (
         REGISTRY.get_sample_value("serentak_upload_merge_failures_total", {"reason": "lock"})
         == (lock_failures or 0) + 1
     )
-    # The job is the runtime's now, queued for its retry.
-    (job,) = await _session_rows(sessions, select(jobs).where(jobs.c.job_type == "upload.merge"))
-    assert (job.status, job.attempts, job.last_error_class) == ("queued", 1, "conflict")
 
 
 async def _session_rows(sessions, statement):
