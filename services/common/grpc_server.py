@@ -182,16 +182,21 @@ async def start(app: ServiceApp) -> RunningService:
     for coro_fn in app.background:
         running.tasks.append(asyncio.create_task(_supervised(coro_fn)))
     await health_servicer.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+    # jwt mode: not ready before the signing keys are loaded (the first fetch is this probe).
+    probes = [
+        *app.probes,
+        *(security.authenticator.probes() if security and security.authenticator else ()),
+    ]
     readiness = Readiness(
         health_servicer,
         names,
-        app.probes,
+        probes,
         interval=app.readiness_interval,
         timeout=app.readiness_timeout,
     )
     await readiness.check_once()
     running.readiness = readiness
-    if app.probes:
+    if probes:
         running.tasks.append(asyncio.create_task(_supervised(readiness.run)))
     log.info(
         "service_started",

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from services.common.logging import get_logger
+from services.common.tasks import finish
 from services.locks.errors import EtcdUnavailable, LockLost
 from services.locks.etcd_client import KeyValue
 from services.locks.etcd_watch import RevisionCompacted
@@ -103,9 +104,7 @@ class Holding:
 
     async def close(self) -> None:
         """Stop renewing (the stream ended): the lease now expires on its own."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await finish(*self._tasks)
 
     def _report(self, lost: Lost) -> None:
         if not self._lost:

@@ -15,8 +15,9 @@ from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
 from services.common.auth import Authenticator
 from services.common.correlation import current_correlation_id
+from services.common.tasks import finish
 from services.locks.caps import TenantCaps
-from services.locks.hold import Holding, Lost
+from services.locks.hold import HoldEvent, Holding, Lost
 from services.locks.keys import (
     LockKey,
     check_owner,
@@ -133,16 +134,14 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         )
         # The client closing its side ends the hold: read (and ignore) pings until then.
         client_done = asyncio.create_task(_drain(request_iterator))
+        next_event: asyncio.Task[HoldEvent] | None = None
         LOCKS_HELD.inc()
         try:
             await holding.start()
             while True:
                 next_event = asyncio.create_task(holding.events.get())
-                done, _ = await asyncio.wait(
-                    {next_event, client_done}, return_when=asyncio.FIRST_COMPLETED
-                )
-                if next_event not in done:
-                    next_event.cancel()
+                await asyncio.wait({next_event, client_done}, return_when=asyncio.FIRST_COMPLETED)
+                if not next_event.done():
                     return
                 event = next_event.result()
                 if isinstance(event, Lost):
@@ -155,8 +154,10 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
                     return
                 yield locks_pb2.HoldEvent(held=lock_pb(event))
         finally:
+            # Every exit (half-close, loss, the client's cancel, the generator closed at a
+            # `yield`) ends both tasks and the hold's own; none is left to the collector.
             LOCKS_HELD.dec()
-            client_done.cancel()
+            await finish(next_event, client_done)
             await holding.close()
 
     async def Session(  # type: ignore[override]  # answers by context.write, from its tasks

@@ -26,6 +26,7 @@ from services.common.errors import (
 )
 from services.common.rpc_accounting import MethodAccounting
 from services.common.rpc_status import account_error, internal_message, status_name
+from services.common.tasks import finish
 from services.locks.errors import SessionInFlightLimit
 
 SESSION = "/" + locks_pb2.DESCRIPTOR.services_by_name["LockService"].full_name + "/Session"
@@ -86,9 +87,7 @@ class LockSession:
             if self._ended is not None:
                 raise self._ended
         finally:
-            for task in (reader, stop, *self._in_flight.values()):
-                task.cancel()
-            await asyncio.gather(reader, stop, *self._in_flight.values(), return_exceptions=True)
+            await finish(reader, stop, *self._in_flight.values())
 
     async def _read(self, requests: AsyncIterator[locks_pb2.SessionRequest]) -> None:
         async for request in requests:

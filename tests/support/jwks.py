@@ -1,7 +1,9 @@
 """A real identity provider stand-in: RSA signing keys, a JWKS over HTTP on loopback, tokens.
 
 The JWKS server is a plain `ThreadingHTTPServer` in a thread; `publish()` swaps the key
-set it serves (rotation), and `fetches` counts how often the service asked for it.
+set it serves (rotation), `fetches` counts how often the service asked for it, and
+`hold()` / `release()` keep fetches waiting (a slow provider, made deterministic:
+`requested` is set once a fetch is waiting or served).
 """
 
 from __future__ import annotations
@@ -70,11 +72,16 @@ class JwksServer:
     def __init__(self, *keys: SigningKey) -> None:
         self._body = b""
         self.fetches = 0
+        self.requested = threading.Event()
+        self._open = threading.Event()
+        self._open.set()
         self.publish(*keys)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                outer.requested.set()
+                outer._open.wait(timeout=120)
                 outer.fetches += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -94,10 +101,27 @@ class JwksServer:
         """Serve exactly these keys from now on."""
         self._body = json.dumps({"keys": [k.jwk() for k in keys]}).encode()
 
+    def hold(self) -> None:
+        """Answer no fetch until `release()`."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """Answer the held fetches, and every later one at once."""
+        self._open.set()
+
     def close(self) -> None:
         """Stop serving."""
+        self._open.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+def settings_env(settings: dict[str, Any]) -> dict[str, str]:
+    """Settings overrides as the `SERENTAK_*` environment of a service process."""
+    return {
+        f"SERENTAK_{name.upper()}": value if isinstance(value, str) else json.dumps(value)
+        for name, value in settings.items()
+    }
 
 
 def jwt_settings(server: JwksServer, **overrides: Any) -> dict[str, Any]:

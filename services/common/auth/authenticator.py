@@ -16,6 +16,7 @@ from services.common.auth.identity import OPS_ROLE, Identity
 from services.common.auth.peers import PeerPrincipals
 from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKENS
 from services.common.errors import PermissionDenied, Unauthenticated
+from services.common.readiness import Probe
 
 
 class TokenVerifier(Protocol):
@@ -27,6 +28,10 @@ class TokenVerifier(Protocol):
 
     async def refresh_keys(self, token: str) -> None:
         """Fetch whatever `verify(token)` will need (signing keys); no-op if nothing."""
+        ...
+
+    def probes(self) -> list[Probe]:
+        """Readiness probes for what `verify` needs loaded before the first call."""
         ...
 
 
@@ -66,6 +71,10 @@ class Authenticator:
         token = bearer_token(context)
         if token is not None:
             await self._tokens.refresh_keys(token)
+
+    def probes(self) -> list[Probe]:
+        """Readiness probes of the token verifier (jwt: the `jwks` keys are loaded)."""
+        return self._tokens.probes()
 
     def identify(self, context: grpc.aio.ServicerContext) -> Identity:
         """The caller's identity; UNAUTHENTICATED without valid credentials."""

@@ -6,6 +6,7 @@ import hmac
 
 from services.common.auth.identity import Identity
 from services.common.errors import Unauthenticated
+from services.common.readiness import Probe
 
 
 class DevTokens:
@@ -28,3 +29,7 @@ class DevTokens:
 
     async def refresh_keys(self, token: str) -> None:
         """dev tokens have no signing keys to fetch."""
+
+    def probes(self) -> list[Probe]:
+        """Nothing to wait for: the tables are in the settings."""
+        return []

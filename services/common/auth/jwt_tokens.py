@@ -6,6 +6,9 @@ cannot turn us into a JWKS hammer); the whole set is also re-fetched after
 `cache_seconds`. A re-fetch replaces the set: a key the provider removed stops working.
 Fetches are blocking HTTP, so they run in a worker thread, driven by the server's per-call
 wrapper (`refresh_keys`, rpc_wrapper.py) before the RPC runs; `verify` itself never does I/O.
+The first fetch happens at start, as the `jwks` readiness probe (`load_keys`), so a replica
+is not ready before it has keys. Fetches are single-flight: a call that arrives while one is
+under way waits for it (it was checked against an empty set before, issue #34).
 
 Every way a token can be wrong has its own ErrorInfo reason (all UNAUTHENTICATED), so a
 client's operator can tell an expired token from a mis-configured audience.
@@ -24,8 +27,9 @@ import jwt
 from jwt import PyJWK, PyJWKClient
 
 from services.common.auth.identity import Identity
-from services.common.errors import Unauthenticated
+from services.common.errors import Unauthenticated, Unavailable
 from services.common.logging import get_logger
+from services.common.readiness import Probe
 
 log = get_logger(__name__)
 
@@ -50,11 +54,16 @@ class JwksKeys:
         self._fetched_at = -math.inf
         self._attempted_at = -math.inf
         self._thread_lock = threading.Lock()
-        self._refreshing: asyncio.Lock | None = None
+        self._inflight: asyncio.Future[None] | None = None
 
     def get(self, kid: str) -> PyJWK | None:
         """The key for `kid` as of the last fetch."""
         return self._keys.get(kid)
+
+    @property
+    def loaded(self) -> bool:
+        """True once a fetch has succeeded (the set may still be empty if the provider's is)."""
+        return self._fetched_at > -math.inf
 
     def wants_refresh(self, kid: str | None) -> bool:
         """True when the set is stale, or `kid` is unknown and a fetch is allowed now."""
@@ -81,14 +90,32 @@ class JwksKeys:
             log.info("jwks_fetched", url=self._url, kids=sorted(self._keys))
 
     async def refresh_if_needed(self, kid: str | None) -> None:
-        """Refresh in a worker thread if `wants_refresh(kid)`; concurrent callers share one."""
-        if not self.wants_refresh(kid):
-            return
-        if self._refreshing is None:
-            self._refreshing = asyncio.Lock()
-        async with self._refreshing:
-            if self.wants_refresh(kid):
-                await asyncio.to_thread(self.refresh)
+        """Refresh in a worker thread if `wants_refresh(kid)`. Single-flight: whoever comes
+        while a fetch is under way waits for that one (its attempt is already stamped, so
+        `wants_refresh` would say no and send it on to an empty set)."""
+        fetch = self._inflight
+        if fetch is None:
+            if not self.wants_refresh(kid):
+                return
+            fetch = self._inflight = asyncio.ensure_future(asyncio.to_thread(self.refresh))
+            fetch.add_done_callback(self._fetch_done)
+        # Shielded: a caller that is cancelled (deadline, client gone) leaves the fetch
+        # running for the others.
+        await asyncio.shield(fetch)
+
+    def _fetch_done(self, fetch: asyncio.Future[None]) -> None:
+        if self._inflight is fetch:
+            self._inflight = None
+        if not fetch.cancelled():
+            fetch.exception()  # retrieved: every waiter may have been cancelled
+
+    async def load(self) -> None:
+        """Fetch the set unless it is fresh; Unavailable while no fetch has succeeded yet."""
+        await self.refresh_if_needed(None)
+        if not self.loaded:
+            raise Unavailable(
+                f"no signing keys fetched yet from {self._url}", reason="SIGNING_KEYS_UNAVAILABLE"
+            )
 
 
 @dataclass(frozen=True)
@@ -147,6 +174,12 @@ class JwtVerifier:
             return  # verify() answers MALFORMED_TOKEN
         await self._keys.refresh_if_needed(kid if isinstance(kid, str) else None)
 
+    def probes(self) -> list[Probe]:
+        """The `jwks` readiness probe: not ready until the first fetch has succeeded (a
+        later failed fetch keeps the keys we have, and readiness); it also re-fetches a
+        stale set off the request path."""
+        return [Probe("jwks", self._keys.load)]
+
     def verify(self, token: str) -> Identity:
         """The identity in a valid token; UNAUTHENTICATED with a precise reason otherwise."""
         header = _unverified_header(token)
@@ -161,6 +194,11 @@ class JwtVerifier:
         if not isinstance(kid, str) or not kid:
             raise Unauthenticated("the token names no signing key (kid)", reason="MISSING_KEY_ID")
         key = self._keys.get(kid)
+        if key is None and not self._keys.loaded:
+            # Not the token's fault: the provider has not answered yet (retryable).
+            raise Unavailable(
+                "no signing keys fetched yet", reason="SIGNING_KEYS_UNAVAILABLE", kid=kid
+            )
         if key is None:
             raise Unauthenticated("unknown signing key", reason="UNKNOWN_SIGNING_KEY", kid=kid)
         claims = self._decode(token, key)
