@@ -13,9 +13,7 @@ from serentak.upload.v1 import upload_pb2
 @pytest.mark.parametrize("enum", list(PROTO_ENUMS), ids=lambda e: e.__name__)
 def test_each_enum_mirrors_its_proto_enum(enum) -> None:
     descriptor = PROTO_ENUMS[enum]
-    assert {(v.number, v.name) for v in descriptor.values} == {
-        (int(m), m.proto_name) for m in enum
-    }
+    assert {(v.number, v.name) for v in descriptor.values} == {(int(m), m.proto_name) for m in enum}
     prefix = descriptor.values[0].name.removesuffix("UNSPECIFIED")
     assert all(m.proto_name == prefix + m.name for m in enum)
 
@@ -64,6 +62,8 @@ def test_a_value_from_a_newer_server_stays_a_number() -> None:
 
 
 def test_upload_failed_names_the_status() -> None:
-    failed = UploadFailed(upload_pb2.Upload(upload_id="u2", status=upload_pb2.UPLOAD_STATUS_ABORTED))
+    failed = UploadFailed(
+        upload_pb2.Upload(upload_id="u2", status=upload_pb2.UPLOAD_STATUS_ABORTED)
+    )
     assert str(failed) == "upload u2 aborted: ABORTED"
     assert failed.upload.status == "aborted"

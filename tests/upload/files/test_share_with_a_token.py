@@ -11,9 +11,7 @@ from upload.upload_helpers import expect_error
 
 def _share(client, file_id: str, user_id: str):
     return client.files.ShareFile(
-        upload_pb2.ShareFileRequest(
-            file_id=file_id, user_id=user_id, role=upload_pb2.ROLE_EDITOR
-        ),
+        upload_pb2.ShareFileRequest(file_id=file_id, user_id=user_id, role=upload_pb2.ROLE_EDITOR),
         metadata=client.metadata,
     )
 
