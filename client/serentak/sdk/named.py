@@ -122,6 +122,8 @@ class Named(Generic[M]):
         self.message: M = message.message if isinstance(message, Named) else message
 
     def __getattr__(self, name: str) -> Any:
+        if name == "message":  # not set yet (copy, pickle): no recursion through it
+            raise AttributeError(name)
         value = getattr(self.message, name)
         field = self.message.DESCRIPTOR.fields_by_name.get(name)
         if field is None:
@@ -136,6 +138,24 @@ class Named(Generic[M]):
             if not message_type.GetOptions().map_entry:
                 return [Named(v) for v in value] if field.is_repeated else Named(value)
         return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Fields are set on the message, as on the raw results of before.
+        if name == "message":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.message, name, value)
+
+    def __copy__(self) -> Named[M]:
+        return Named(self.message)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Named[M]:
+        copied = type(self.message)()
+        copied.CopyFrom(self.message)
+        return Named(copied)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Named, (self.message,))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Named):

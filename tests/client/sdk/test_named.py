@@ -3,6 +3,9 @@ and serialise as the protobuf numbers code written against the raw messages expe
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 from google.protobuf.json_format import MessageToDict
 from serentak.sdk import ChecksumAlgorithm, FileKind, Named, Role, UploadFailed, UploadStatus
@@ -31,6 +34,10 @@ def test_an_upload_reads_its_status_as_a_name_and_still_as_its_number() -> None:
     assert u.upload_id == "u1" and not u.HasField("created_at")
     assert MessageToDict(u.message)["status"] == "UPLOAD_STATUS_COMPLETED"
     assert u == u.message and Named(u) == u and "COMPLETED" in repr(u)
+    u.upload_id = "u9"
+    assert u.message.upload_id == "u9"
+    for again in (copy.copy(u), copy.deepcopy(u), pickle.loads(pickle.dumps(u))):
+        assert isinstance(again, Named) and again == u and again.status == "completed"
 
 
 def test_nested_and_repeated_fields_are_named_too() -> None:
