@@ -286,8 +286,26 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
     async def ShareFile(
         self, request: upload_pb2.ShareFileRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.File:
-        row, role = await self._files.share(self._auth.require_user(context), request)
+        identity = self._auth.require_user(context)
+        self._refuse_a_token_for_a_user(identity, request.user_id)
+        row, role = await self._files.share(identity, request)
         return convert.file_message(row, role)
+
+    def _refuse_a_token_for_a_user(self, identity: Identity, user_id: str) -> None:
+        """A share with a bearer token (`dev-bob`) instead of its user (`bob`) would be
+        granted to nobody: INVALID_ARGUMENT / USER_ID_IS_A_TOKEN, naming the user when
+        they are of the caller's tenant."""
+        meant = self._auth.identity_of_token(user_id) if user_id else None
+        if meant is None:
+            return
+        same_tenant = not meant.is_service and meant.tenant_id == identity.tenant_id
+        raise InvalidArgument(
+            "user_id",
+            "is a bearer token, not a user id"
+            + (f"; that token's user is {meant.user_id!r}" if same_tenant else ""),
+            reason="USER_ID_IS_A_TOKEN",
+            **({"user_id": meant.user_id} if same_tenant else {}),
+        )
 
     async def UnshareFile(
         self, request: upload_pb2.UnshareFileRequest, context: grpc.aio.ServicerContext

@@ -3,23 +3,28 @@
     serentak [global flags] COMMAND [args] [global flags]
 
 Commands: upload, uploads, abort, status, ls, shared, download, share, unshare,
-collaborators, admin. `--json` prints one JSON document on stdout; messages and
-progress go to stderr. Exit codes: see `serentak.cli.output` and `serentak --help`.
+collaborators, mkdir, mv, rm, restore, watch, admin. `--json` prints one JSON document on
+stdout (watch: one object a line); messages and progress go to stderr. Exit codes: see
+`serentak.cli.output` and `serentak --help`. A reader that closes stdout early (`| head`)
+ends the command quietly with 141, as SIGPIPE ends a C tool.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 
 import grpc
 
-from serentak.cli import admin, commands
+from serentak.cli import admin, commands, tree, watch
 from serentak.cli.output import (
+    EXIT_BROKEN_PIPE,
     EXIT_CORRUPT,
     EXIT_INTERRUPTED,
+    EXIT_OK,
     EXIT_USAGE,
     CliError,
     Output,
@@ -43,6 +48,11 @@ COMMANDS: dict[str, Command] = {
     "share": commands.share,
     "unshare": commands.unshare,
     "collaborators": commands.collaborators,
+    "mkdir": tree.mkdir,
+    "mv": tree.mv,
+    "rm": tree.rm,
+    "restore": tree.restore,
+    "watch": watch.watch,
 }
 
 _UNAVAILABLE_HINT = (
@@ -55,7 +65,12 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
     if args.command in ("admin", "audit"):
         return await admin.run(args, out)
     client = SerentakClient(
-        args.address, token=args.token, ca_file=args.ca, cert_file=args.cert, key_file=args.key
+        args.address,
+        token=args.token,
+        ca_file=args.ca,
+        cert_file=args.cert,
+        key_file=args.key,
+        notify_address=watch.address(args) if args.command == "watch" else None,
     )
     async with client:
         return await COMMANDS[args.command](args, client, out)
@@ -67,6 +82,8 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> CliError:
     hint = ""
     if reason == "NAME_TAKEN":
         hint = commands.name_taken_hint(metadata)
+    elif reason == "USER_ID_IS_A_TOKEN" and metadata.get("user_id"):
+        hint = f"share with the user id instead: {metadata['user_id']}"
     elif reason == "CLIENT_REQUEST_ID_REUSED":
         hint = "the file changed since that upload began; start again (touch it) or --resume"
     elif code == grpc.StatusCode.UNAVAILABLE:
@@ -83,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         code = asyncio.run(_run(args, out))
         out.emit()
         return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
+        if args.command == "watch":
+            resume = f" --cursor {watch.WatchRun.cursor}" if watch.WatchRun.cursor else ""
+            out.note(f"stopped; resume with: serentak watch{resume}")
+            return EXIT_OK
         message = "interrupted"
         upload_id = commands.UploadRun.upload_id
         if args.command == "upload" and upload_id:
@@ -102,7 +125,22 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (ConfigError, ValueError, OSError) as exc:
         error = CliError(str(exc), EXIT_USAGE)
-    return _fail(out, error)
+    try:
+        return _fail(out, error)
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`serentak ls | head`): nothing more to say, to anyone.
+
+    stdout is pointed at /dev/null so the interpreter's own flush at exit does not fail
+    again with the "Exception ignored ... BrokenPipeError" it would print.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _fail(out: Output, error: CliError) -> int:

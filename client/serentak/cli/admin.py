@@ -1,8 +1,9 @@
 """`serentak admin ...`: job-queue stats, dead letters, replay, purge and the upload audit.
 
 The address comes from the settings (`SERENTAK_UPLOAD_ADDRESS` / `SERENTAK_NOTIFY_ADDRESS`)
-unless `--address` is given; the credentials are the ops principal's from the settings
-(`SERENTAK_CLIENT_TOKEN[_FILE]`, dev mode: `dev-ops`) unless `--token`/`--cert` are given.
+unless `--address` is given; the token is `--token`, else `SERENTAK_TOKEN` (as for every
+other command), else the ops principal's from the settings (`SERENTAK_CLIENT_TOKEN[_FILE]`,
+dev mode: `dev-ops`); a `--cert` given is the credential on its own.
 Output fits 80 columns; `--json` prints the responses as JSON.
 """
 
@@ -40,7 +41,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
     settings = ClientSettings.from_environ()
     security = operator_security(
         settings,
-        token=args.token if "token" in args.given else None,
+        token=args.token if "token" in args.chosen else None,
         ca_file=args.ca if "ca" in args.given else None,
         cert_file=args.cert if "cert" in args.given else None,
         key_file=args.key if "key" in args.given else None,

@@ -11,6 +11,7 @@ fills `out.document` (the `--json` result) and prints human lines; failures rais
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +26,19 @@ from serentak.cli.output import (
     binary_size,
     message_dict,
 )
-from serentak.sdk import SerentakClient, UploadFailed
+from serentak.sdk import FileKind, Named, SerentakClient, UploadFailed, UploadStatus
 from serentak.upload.v1 import upload_pb2
 
-ROLES = {"viewer": upload_pb2.ROLE_VIEWER, "editor": upload_pb2.ROLE_EDITOR}
+Upload = Named[upload_pb2.Upload]
 
 
-def status_name(status: int) -> str:
-    """`completed`, `uploading`, ... for an UploadStatus value."""
-    return upload_pb2.UploadStatus.Name(status).removeprefix("UPLOAD_STATUS_").lower()
-
-
-def role_name(role: int) -> str:
-    """`viewer`, `editor`, `owner` for a Role value."""
-    return upload_pb2.Role.Name(role).removeprefix("ROLE_").lower()
-
-
-def _upload_dict(u: upload_pb2.Upload) -> dict[str, Any]:
+def _upload_dict(u: Upload) -> dict[str, Any]:
     d = message_dict(u)
-    d["status"] = status_name(u.status)
+    d["status"] = str(u.status)
     return d
 
 
-def _ranges(u: upload_pb2.Upload) -> str:
+def _ranges(u: Upload) -> str:
     return (
         ", ".join(
             str(r.start) if r.end == r.start + 1 else f"{r.start}-{r.end - 1}"
@@ -76,10 +67,10 @@ async def upload(args: argparse.Namespace, client: SerentakClient, out: Output) 
     UploadRun.file = str(path)
     bar = ProgressLine(path.name, enabled=not args.no_progress)
 
-    def created(u: upload_pb2.Upload) -> None:
+    def created(u: Upload) -> None:
         UploadRun.upload_id = u.upload_id
         out.note(
-            f"upload {u.upload_id} ({status_name(u.status)}, "
+            f"upload {u.upload_id} ({u.status}, "
             f"{u.received_chunk_count}/{u.total_chunks} chunks stored)"
         )
 
@@ -110,12 +101,12 @@ async def upload(args: argparse.Namespace, client: SerentakClient, out: Output) 
 
 async def uploads(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
     """List your uploads (default: the open ones)."""
-    status = 0 if args.all else upload_pb2.UPLOAD_STATUS_UPLOADING
+    status = UploadStatus.UNSPECIFIED if args.all else UploadStatus.UPLOADING
     rows = await client.list_uploads(status)
     out.document = {"uploads": [_upload_dict(u) for u in rows]}
     for u in rows:
         out.line(
-            f"{u.upload_id}  {status_name(u.status):<9} {u.received_chunk_count}/{u.total_chunks}"
+            f"{u.upload_id}  {u.status:<9} {u.received_chunk_count}/{u.total_chunks}"
             f"  {binary_size(u.total_size):>10}  {u.name}"
         )
     if not rows:
@@ -127,7 +118,7 @@ async def abort(args: argparse.Namespace, client: SerentakClient, out: Output) -
     """Abort an open upload."""
     u = await client.abort_upload(args.upload_id)
     out.document = {"upload": _upload_dict(u)}
-    out.line(f"{u.upload_id} {status_name(u.status)}")
+    out.line(f"{u.upload_id} {u.status}")
     return EXIT_OK
 
 
@@ -136,10 +127,10 @@ async def status(args: argparse.Namespace, client: SerentakClient, out: Output) 
     u = await client.get_upload(args.upload_id, wait_seconds=args.wait)
     out.document = {"upload": _upload_dict(u)}
     line = (
-        f"{u.upload_id}  {status_name(u.status)}  {u.name}  "
+        f"{u.upload_id}  {u.status}  {u.name}  "
         f"{u.received_chunk_count}/{u.total_chunks} chunks  missing: {_ranges(u)}"
     )
-    if u.status == upload_pb2.UPLOAD_STATUS_COMPLETED:
+    if u.status == UploadStatus.COMPLETED:
         line += f"  file {u.file_id} version {u.file_version}"
     if u.failure_reason:
         line += f"  reason: {u.failure_reason}"
@@ -147,18 +138,19 @@ async def status(args: argparse.Namespace, client: SerentakClient, out: Output) 
     return EXIT_OK
 
 
-def _file_dict(f: upload_pb2.File) -> dict[str, Any]:
+def file_dict(f: Named[upload_pb2.File]) -> dict[str, Any]:
+    """A file for --json: its fields, with `kind` `file` or `folder`."""
     d = message_dict(f)
-    d["kind"] = "folder" if f.kind == upload_pb2.FILE_KIND_FOLDER else "file"
+    d["kind"] = "folder" if f.kind == FileKind.FOLDER else "file"
     return d
 
 
 async def ls(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
     """List a folder (default: your root)."""
     files = await client.list_folder(args.folder)
-    out.document = {"folder_id": args.folder, "files": [_file_dict(f) for f in files]}
+    out.document = {"folder_id": args.folder, "files": [file_dict(f) for f in files]}
     for f in files:
-        kind = "d" if f.kind == upload_pb2.FILE_KIND_FOLDER else "-"
+        kind = "d" if f.kind == FileKind.FOLDER else "-"
         out.line(f"{kind} {f.file_id} v{f.version:<4} {binary_size(f.size):>10} {f.name}")
     return EXIT_OK
 
@@ -168,24 +160,38 @@ async def shared(args: argparse.Namespace, client: SerentakClient, out: Output) 
     items = await client.shared_with_me()
     out.document = {
         "shared": [
-            {**_file_dict(s.file), "role": role_name(s.role), "shared_by": s.granted_by}
-            for s in items
+            {**file_dict(s.file), "role": str(s.role), "shared_by": s.granted_by} for s in items
         ]
     }
     for s in items:
-        kind = "d" if s.file.kind == upload_pb2.FILE_KIND_FOLDER else "-"
-        out.line(
-            f"{kind} {s.file.file_id} {role_name(s.role):<6} {s.file.owner_user_id:<12} "
-            f"{s.file.name}"
-        )
+        kind = "d" if s.file.kind == FileKind.FOLDER else "-"
+        out.line(f"{kind} {s.file.file_id} {s.role:<6} {s.file.owner_user_id:<12} {s.file.name}")
     return EXIT_OK
 
 
+def _means_directory(output: str) -> bool:
+    """`dir/` names a directory whether or not it exists (as for cp, curl and rsync)."""
+    return output.endswith(os.sep) or bool(os.altsep and output.endswith(os.altsep))
+
+
 async def download(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
-    """Download a file atomically and verify its checksum."""
+    """Download a file atomically and verify its checksum.
+
+    OUTPUT is the file to write, or a directory to write into under the file's own name:
+    an existing directory, or any path ending in `/`. A directory that does not exist is
+    an error (exit 2), as for `cp` and curl without --create-dirs: a mistyped path must
+    not quietly become a new directory, nor a file named after the directory.
+    """
     dest = Path(args.output)
     if dest.is_dir():
         dest = dest / (await client.get_file(args.file_id)).name
+    elif _means_directory(args.output):
+        problem = "not a directory" if dest.exists() else "no such directory"
+        raise CliError(
+            f"{args.output}: {problem}",
+            EXIT_USAGE,
+            hint=f"create it first (mkdir -p {args.output}), or name the file to write",
+        )
     if not dest.parent.is_dir():
         raise CliError(f"{dest.parent}: no such directory", EXIT_USAGE)
     bar = ProgressLine(dest.name, enabled=not args.no_progress)
@@ -209,8 +215,8 @@ async def download(args: argparse.Namespace, client: SerentakClient, out: Output
 
 async def share(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
     """Share a file or folder with a user of your tenant."""
-    f = await client.share(args.file_id, args.user, ROLES[args.role])
-    out.document = {"file": _file_dict(f), "user_id": args.user, "role": args.role}
+    f = await client.share(args.file_id, args.user, args.role)
+    out.document = {"file": file_dict(f), "user_id": args.user, "role": args.role}
     out.line(f"{f.name} ({f.file_id}) shared with {args.user} as {args.role}")
     return EXIT_OK
 
@@ -218,7 +224,7 @@ async def share(args: argparse.Namespace, client: SerentakClient, out: Output) -
 async def unshare(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
     """Take a user's share away."""
     f = await client.unshare(args.file_id, args.user)
-    out.document = {"file": _file_dict(f), "user_id": args.user}
+    out.document = {"file": file_dict(f), "user_id": args.user}
     out.line(f"{f.name} ({f.file_id}) no longer shared with {args.user}")
     return EXIT_OK
 
@@ -226,9 +232,9 @@ async def unshare(args: argparse.Namespace, client: SerentakClient, out: Output)
 async def collaborators(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
     """Who has which role on a file or folder."""
     rows = await client.collaborators(args.file_id)
-    out.document = {"collaborators": [{**message_dict(c), "role": role_name(c.role)} for c in rows]}
+    out.document = {"collaborators": [{**message_dict(c), "role": str(c.role)} for c in rows]}
     for c in rows:
-        out.line(f"{c.user_id:<20} {role_name(c.role):<6} granted by {c.granted_by or '-'}")
+        out.line(f"{c.user_id:<20} {c.role:<6} granted by {c.granted_by or '-'}")
     return EXIT_OK
 
 
@@ -246,6 +252,7 @@ __all__ = [
     "abort",
     "collaborators",
     "download",
+    "file_dict",
     "ls",
     "name_taken_hint",
     "share",

@@ -12,6 +12,8 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from serentak.sdk.named import Named
+
 # Exit codes (also in `serentak --help` and the README).
 EXIT_OK = 0
 EXIT_FAILED = 1  # the operation ran and failed (a merge failed, an audit found problems)
@@ -21,7 +23,8 @@ EXIT_DENIED = 4  # PERMISSION_DENIED, UNAUTHENTICATED
 EXIT_CONFLICT = 5  # ALREADY_EXISTS, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE
 EXIT_UNAVAILABLE = 6  # UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (retry later)
 EXIT_CORRUPT = 7  # DATA_LOSS, a checksum that does not match
-EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_INTERRUPTED = 130  # Ctrl-C (not for watch, which Ctrl-C ends: 0)
+EXIT_BROKEN_PIPE = 141  # stdout closed early (`| head`): 128 + SIGPIPE, as a shell shows it
 
 EXIT_CODES_HELP = """exit codes:
   0 ok                      1 failed (e.g. merge failed, audit unhealthy)
@@ -30,7 +33,8 @@ EXIT_CODES_HELP = """exit codes:
   5 conflict or precondition (exists, name taken, version changed)
   6 unavailable, timed out or over a limit (retry later)
   7 data corruption (checksum mismatch)
-  130 interrupted (Ctrl-C; the message says how to resume)"""
+  130 interrupted (Ctrl-C; the message says how to resume; watch: 0)
+  141 stdout closed before all was written (e.g. | head), quietly"""
 
 _BY_CODE = {
     grpc.StatusCode.INVALID_ARGUMENT: EXIT_USAGE,
@@ -65,9 +69,10 @@ class CliError(Exception):
         self.hint = hint
 
 
-def message_dict(message: Message) -> dict[str, Any]:
-    """A protobuf message as a JSON-ready dict (field names as in the proto)."""
-    return MessageToDict(message, preserving_proto_field_name=True)
+def message_dict(message: Message | Named[Any]) -> dict[str, Any]:
+    """A protobuf message (or an SDK result) as a JSON-ready dict (proto field names)."""
+    raw = message.message if isinstance(message, Named) else message
+    return MessageToDict(raw, preserving_proto_field_name=True)
 
 
 @dataclass
@@ -76,6 +81,8 @@ class Output:
 
     json_mode: bool
     document: dict[str, Any] = field(default_factory=dict)
+    # A streaming command (watch) printed JSON Lines instead of one document.
+    streamed: bool = False
 
     def line(self, text: str) -> None:
         """A result line on stdout (human mode only)."""
@@ -86,10 +93,19 @@ class Output:
         """Information for the person at the terminal: always stderr."""
         print(text, file=sys.stderr, flush=True)
 
+    def stream(self, record: dict[str, Any]) -> None:
+        """One JSON object on one line of stdout, now (json mode: JSON Lines)."""
+        self.streamed = True
+        print(json.dumps(record, sort_keys=True), flush=True)
+
     def emit(self) -> None:
-        """Print the JSON document (json mode)."""
-        if self.json_mode:
+        """Print the JSON document (json mode); after a stream, only an error, on one line."""
+        if not self.json_mode:
+            return
+        if not self.streamed:
             print(json.dumps(self.document, indent=2, sort_keys=True), flush=True)
+        elif self.document:
+            print(json.dumps(self.document, sort_keys=True), flush=True)
 
 
 def binary_size(n: float) -> str:

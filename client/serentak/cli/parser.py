@@ -12,6 +12,7 @@ from importlib import metadata
 from serentak.cli.output import EXIT_CODES_HELP
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_NOTIFY_ADDRESS = "127.0.0.1:50053"
 DEFAULT_CHUNK = 8 * 1024 * 1024
 _UNITS = {
     "": 1,
@@ -60,18 +61,32 @@ def version() -> str:
 
 # Defaults of the global flags; the parsers leave them unset (SUPPRESS) so a flag given
 # after the subcommand is not overwritten by the top-level default, and the reverse.
+_ENVIRONMENT = {
+    "address": "SERENTAK_UPLOAD_ADDRESS",
+    "token": "SERENTAK_TOKEN",
+    "ca": "SERENTAK_TLS_CA_FILE",
+    "cert": "SERENTAK_TLS_CLIENT_CERT_FILE",
+    "key": "SERENTAK_TLS_CLIENT_KEY_FILE",
+}
+
+
 def global_defaults() -> dict[str, object]:
     """Defaults of the global flags (the CLI's environment: SERENTAK_UPLOAD_ADDRESS, ...)."""
     env = os.environ
     return {
-        "address": env.get("SERENTAK_UPLOAD_ADDRESS", DEFAULT_ADDRESS),
-        "token": env.get("SERENTAK_TOKEN", "dev-alice"),
-        "ca": env.get("SERENTAK_TLS_CA_FILE"),
-        "cert": env.get("SERENTAK_TLS_CLIENT_CERT_FILE"),
-        "key": env.get("SERENTAK_TLS_CLIENT_KEY_FILE"),
+        "address": env.get(_ENVIRONMENT["address"], DEFAULT_ADDRESS),
+        "token": env.get(_ENVIRONMENT["token"], "dev-alice"),
+        "ca": env.get(_ENVIRONMENT["ca"]),
+        "cert": env.get(_ENVIRONMENT["cert"]),
+        "key": env.get(_ENVIRONMENT["key"]),
         "json": False,
         "no_progress": False,
     }
+
+
+def notify_address() -> str:
+    """The notify service for `watch`: $SERENTAK_NOTIFY_ADDRESS, else 127.0.0.1:50053."""
+    return os.environ.get("SERENTAK_NOTIFY_ADDRESS", DEFAULT_NOTIFY_ADDRESS)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -179,16 +194,43 @@ def build_parser() -> argparse.ArgumentParser:
     command("shared", "files and folders shared with you")
     dl = command("download", "download a file (atomic, checksum verified)")
     dl.add_argument("file_id")
-    dl.add_argument("output", help="destination file, or an existing directory")
+    dl.add_argument(
+        "output",
+        help="destination file, or a directory (existing, or any path ending in /) to "
+        "download into under the file's name; a missing directory is an error",
+    )
     sh = command("share", "share a file or folder with a user")
     sh.add_argument("file_id")
-    sh.add_argument("user")
+    sh.add_argument("user", help="a user id, e.g. bob (dev token dev-bob is user bob)")
     sh.add_argument("--role", choices=("viewer", "editor"), default="viewer")
     un = command("unshare", "take a user's share away")
     un.add_argument("file_id")
     un.add_argument("user")
     co = command("collaborators", "who has which role on a file or folder")
     co.add_argument("file_id")
+    mk = command("mkdir", "create a folder (prints its id)")
+    mk.add_argument("name")
+    mk.add_argument("--parent", default="", metavar="FOLDER_ID", help="default: your root")
+    mv = command("mv", "move a file or folder into FOLDER_ID, and/or rename it (--name)")
+    mv.add_argument("file_id")
+    mv.add_argument("folder_id", nargs="?", default="", help="the folder to move it into")
+    mv.add_argument("--name", default="", help="a new name in its folder")
+    rm = command("rm", "delete files or folders (soft: `serentak restore ID` undoes it)")
+    rm.add_argument("file_ids", nargs="+", metavar="FILE_ID")
+    rs = command("restore", "undo rm")
+    rs.add_argument("file_id")
+    wa = command(
+        "watch",
+        "print your notifications as they happen (Ctrl-C stops; --json: one object a line)",
+    )
+    wa.add_argument(
+        "--cursor", default="", help="resume after this cursor (printed when watch stops)"
+    )
+    wa.add_argument(
+        "--notify-address",
+        default=None,
+        help="notify service host:port (default $SERENTAK_NOTIFY_ADDRESS, else 127.0.0.1:50053)",
+    )
     top_audit = command("audit", "upload store audit (= admin audit; needs an ops token)")
     top_audit.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
     top_audit.set_defaults(admin_command="audit", service="upload", timeout=30.0)
@@ -220,6 +262,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     defaults = global_defaults()
     args.given = {name for name in defaults if hasattr(args, name)}
+    # Set by a flag or by its variable (`admin` tells these from its settings' defaults).
+    args.chosen = args.given | {name for name, var in _ENVIRONMENT.items() if var in os.environ}
     for name, value in defaults.items():
         if not hasattr(args, name):
             setattr(args, name, value)

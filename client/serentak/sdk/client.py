@@ -26,7 +26,9 @@ from serentak.channels import open_channel
 from serentak.credentials import ClientSecurity, user_client_security
 from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
+from serentak.sdk.files import FileCalls
 from serentak.sdk.locks import HeldLock, LockClient
+from serentak.sdk.named import Named, UploadStatus
 from serentak.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed, rpc_reason
 from serentak.sdk.transfer import (
     DEFAULT_CHUNK_SIZE,
@@ -37,6 +39,8 @@ from serentak.sdk.transfer import (
 )
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
+# What the upload calls return: an Upload whose `status` reads as a name.
+Upload = Named[upload_pb2.Upload]
 # (bytes done, bytes in all): called after every chunk sent or block received.
 ProgressCallback = Callable[[int, int], None]
 
@@ -66,7 +70,7 @@ _FINISHED = (
 )
 
 
-class SerentakClient:
+class SerentakClient(FileCalls):
     """Async client for one user (or service) of Serentak.
 
     `address` is the upload service (UploadService + FileService); `locks_address` and
@@ -148,7 +152,7 @@ class SerentakClient:
         to_file_id: str = "",
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         client_request_id: str | None = None,
-    ) -> upload_pb2.Upload:
+    ) -> Upload:
         """Create (or, with the same request id, find again) the upload of `path`.
 
         `to_file_id` uploads a new version of that file; otherwise a new file `name`
@@ -170,49 +174,49 @@ class SerentakClient:
             request.new_file.name = name or path.name
             target = f"folder:{folder_id}/{request.new_file.name}"
         request.client_request_id = client_request_id or upload_request_id(path, chunk_size, target)
-        created: upload_pb2.Upload = await self.uploads.CreateUpload(request)
-        return created
+        return Named(await self.uploads.CreateUpload(request))
 
-    async def get_upload(self, upload_id: str, *, wait_seconds: float = 0.0) -> upload_pb2.Upload:
+    async def get_upload(self, upload_id: str, *, wait_seconds: float = 0.0) -> Upload:
         """One of your uploads. `wait_seconds` > 0: answered once it has finished
         (completed, failed, aborted, expired), or as it is after that long (the server
         waits; its own limit may be shorter)."""
         if wait_seconds <= 0:
-            upload: upload_pb2.Upload = await self.uploads.GetUpload(
-                upload_pb2.GetUploadRequest(upload_id=upload_id)
+            return Named(
+                await self.uploads.GetUpload(upload_pb2.GetUploadRequest(upload_id=upload_id))
             )
-            return upload
         waited: upload_pb2.Upload = await self.uploads.GetUpload(
             upload_pb2.GetUploadRequest(
                 upload_id=upload_id, wait_finished_ms=max(1, int(wait_seconds * 1000))
             ),
             timeout=wait_seconds + _WAIT_GRACE_SECONDS,
         )
-        return waited
+        return Named(waited)
 
-    async def list_uploads(self, status: int = 0) -> list[upload_pb2.Upload]:
-        """Your uploads (all pages), optionally only those in `status`."""
-        out: list[upload_pb2.Upload] = []
+    async def list_uploads(self, status: int | str = 0) -> list[Upload]:
+        """Your uploads (all pages), optionally only those in `status` (a number or a
+        name such as `uploading`)."""
+        if isinstance(status, str):
+            status = int(UploadStatus[status.upper()])
+        out: list[Upload] = []
         token = ""
         while True:
             page = await self.uploads.ListUploads(
                 upload_pb2.ListUploadsRequest(status=status, page_token=token)  # type: ignore[arg-type]
             )
-            out.extend(page.uploads)
+            out.extend(Named(u) for u in page.uploads)
             token = page.next_page_token
             if not token:
                 return out
 
-    async def abort_upload(self, upload_id: str) -> upload_pb2.Upload:
+    async def abort_upload(self, upload_id: str) -> Upload:
         """Abort an open upload."""
-        upload: upload_pb2.Upload = await self.uploads.AbortUpload(
-            upload_pb2.AbortUploadRequest(upload_id=upload_id)
+        return Named(
+            await self.uploads.AbortUpload(upload_pb2.AbortUploadRequest(upload_id=upload_id))
         )
-        return upload
 
     async def send_missing(
         self,
-        upload: upload_pb2.Upload,
+        upload: Upload | upload_pb2.Upload,
         path: Path,
         *,
         parallel: int = 4,
@@ -256,7 +260,7 @@ class SerentakClient:
 
     async def wait_finished(
         self, upload_id: str, poll_seconds: float = 0.2, wait_seconds: float = 30.0
-    ) -> upload_pb2.Upload:
+    ) -> Upload:
         """Wait until the upload leaves uploading/merging; UploadFailed unless completed.
 
         The server waits: one GetUpload with `wait_finished_ms` is answered the moment the
@@ -295,8 +299,8 @@ class SerentakClient:
         parallel: int = 4,
         resume_upload_id: str = "",
         progress: ProgressCallback | None = None,
-        on_created: Callable[[upload_pb2.Upload], None] | None = None,
-    ) -> upload_pb2.Upload:
+        on_created: Callable[[Upload], None] | None = None,
+    ) -> Upload:
         """Upload `path` (create or resume, send what is missing, wait for the merge).
 
         A file that fits in one chunk (at most `chunk_size` bytes) goes in one `UploadFile`
@@ -336,7 +340,7 @@ class SerentakClient:
         name: str = "",
         to_file_id: str = "",
         client_request_id: str = "",
-    ) -> upload_pb2.UploadFileResponse:
+    ) -> Named[upload_pb2.UploadFileResponse]:
         """`data` (at most the server's max chunk size) as a new file `name` in `folder_id`
         (default: your root) or a new version of `to_file_id`, in one request: the answer
         carries the completed upload and the file at the version it committed. Repeating it
@@ -351,12 +355,11 @@ class SerentakClient:
         else:
             request.new_file.folder_id = folder_id
             request.new_file.name = name
-        answer: upload_pb2.UploadFileResponse = await self.uploads.UploadFile(request)
-        return answer
+        return Named(await self.uploads.UploadFile(request))
 
     async def _upload_in_one_request(
         self, path: Path, *, folder_id: str, name: str | None, to_file_id: str
-    ) -> upload_pb2.Upload | None:
+    ) -> Upload | None:
         """`upload` of a one-chunk file by UploadFile; None if the server lacks it."""
         with open(path, "rb") as f:
             data = f.read()
@@ -379,61 +382,9 @@ class SerentakClient:
                 # Committed without this call (the runtime took the merge): wait for it.
                 return await self.wait_finished(metadata["upload_id"])
             raise
-        return answer.upload
+        return Named(answer.upload)
 
-    # -- files --------------------------------------------------------------------
-
-    async def get_file(self, file_id: str) -> upload_pb2.File:
-        """One file or folder you can see."""
-        file: upload_pb2.File = await self.files.GetFile(upload_pb2.GetFileRequest(file_id=file_id))
-        return file
-
-    async def list_folder(self, folder_id: str = "") -> list[upload_pb2.File]:
-        """A folder's items (all pages); empty `folder_id`: your root."""
-        out: list[upload_pb2.File] = []
-        token = ""
-        while True:
-            page = await self.files.ListFolder(
-                upload_pb2.ListFolderRequest(folder_id=folder_id, page_token=token)
-            )
-            out.extend(page.files)
-            token = page.next_page_token
-            if not token:
-                return out
-
-    async def share(self, file_id: str, user_id: str, role: int) -> upload_pb2.File:
-        """Give `user_id` (same tenant) `role` on a file or folder."""
-        file: upload_pb2.File = await self.files.ShareFile(
-            upload_pb2.ShareFileRequest(file_id=file_id, user_id=user_id, role=role)  # type: ignore[arg-type]
-        )
-        return file
-
-    async def unshare(self, file_id: str, user_id: str) -> upload_pb2.File:
-        """Take `user_id`'s share on a file or folder away."""
-        file: upload_pb2.File = await self.files.UnshareFile(
-            upload_pb2.UnshareFileRequest(file_id=file_id, user_id=user_id)
-        )
-        return file
-
-    async def collaborators(self, file_id: str) -> list[upload_pb2.Collaborator]:
-        """Who has which role on a file or folder."""
-        got = await self.files.ListCollaborators(
-            upload_pb2.ListCollaboratorsRequest(file_id=file_id)
-        )
-        return list(got.collaborators)
-
-    async def shared_with_me(self) -> list[upload_pb2.SharedItem]:
-        """Items of your tenant others shared directly with you (all pages)."""
-        out: list[upload_pb2.SharedItem] = []
-        token = ""
-        while True:
-            page = await self.files.ListSharedWithMe(
-                upload_pb2.ListSharedWithMeRequest(page_token=token)
-            )
-            out.extend(page.items)
-            token = page.next_page_token
-            if not token:
-                return out
+    # -- files (FileService calls: serentak.sdk.files) -----------------------------
 
     async def download(
         self, file_id: str, dest: Path, *, progress: ProgressCallback | None = None

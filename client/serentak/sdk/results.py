@@ -9,18 +9,19 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from serentak.sdk.named import Named
 from serentak.upload.v1 import upload_pb2
 
 
 class UploadFailed(Exception):
     """The upload ended without a file version (merge failed, aborted or expired)."""
 
-    def __init__(self, upload: upload_pb2.Upload) -> None:
-        status = upload_pb2.UploadStatus.Name(upload.status).removeprefix("UPLOAD_STATUS_")
+    def __init__(self, upload: upload_pb2.Upload | Named[upload_pb2.Upload]) -> None:
+        self.upload: Named[upload_pb2.Upload] = Named(upload)
+        status = self.upload.status
         super().__init__(
-            f"upload {upload.upload_id} {status.lower()}: {upload.failure_reason or status}"
+            f"upload {upload.upload_id} {status}: {upload.failure_reason or str(status).upper()}"
         )
-        self.upload = upload
 
 
 class ChecksumMismatch(Exception):

@@ -86,6 +86,18 @@ class Authenticator:
             return Identity.for_service(principal)
         raise Unauthenticated("missing bearer token", reason="MISSING_CREDENTIALS")
 
+    def identity_of_token(self, text: str) -> Identity | None:
+        """Whom `text` would authenticate as a bearer token, else None.
+
+        For input that names a user: `dev-bob` is a token (user `bob`), and a share with
+        "user" `dev-bob` would reach nobody. Learns nothing new about a token: the
+        caller who holds one can already call with it.
+        """
+        try:
+            return self._tokens.verify(text)
+        except Unauthenticated:
+            return None
+
     def require_user(self, context: grpc.aio.ServicerContext) -> Identity:
         """The calling user; services acting without a user are refused."""
         identity = self.identify(context)

@@ -1,0 +1,145 @@
+"""The SDK's calls on the file tree (FileService): folders, moves, deletes and shares.
+
+Each returns `Named` results (`serentak.sdk.named`): enum fields read as names.
+`SerentakClient` inherits these; they need only its `files` stub.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from serentak.sdk.named import Named, Role
+from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
+
+File = Named[upload_pb2.File]
+
+
+def role_value(role: int | str) -> int:
+    """A Role from its number or its name (`viewer`, `editor`, `ROLE_EDITOR`)."""
+    if isinstance(role, int):
+        return int(role)
+    for member in Role:
+        if member == role or member.label == role.lower():
+            return int(member)
+    raise ValueError(f"unknown role {role!r} (viewer or editor)")
+
+
+class FileCalls:
+    """FileService calls of one caller (mixed into `SerentakClient`)."""
+
+    @property
+    def files(self) -> upload_pb2_grpc.FileServiceStub:
+        """The raw FileService stub."""
+        raise NotImplementedError
+
+    async def get_file(self, file_id: str) -> File:
+        """One file or folder you can see."""
+        return Named(await self.files.GetFile(upload_pb2.GetFileRequest(file_id=file_id)))
+
+    async def list_folder(self, folder_id: str = "") -> list[File]:
+        """A folder's items (all pages); empty `folder_id`: your root."""
+        out: list[File] = []
+        token = ""
+        while True:
+            page = await self.files.ListFolder(
+                upload_pb2.ListFolderRequest(folder_id=folder_id, page_token=token)
+            )
+            out.extend(Named(f) for f in page.files)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def create_folder(
+        self, name: str, *, parent_id: str = "", client_request_id: str = ""
+    ) -> File:
+        """A new folder `name` in `parent_id` (default: your root).
+
+        The request id (default: a fresh one) makes a retry of this call return the same
+        folder; a name the parent already has is ALREADY_EXISTS / NAME_TAKEN.
+        """
+        return Named(
+            await self.files.CreateFolder(
+                upload_pb2.CreateFolderRequest(
+                    parent_id=parent_id,
+                    name=name,
+                    client_request_id=client_request_id or uuid.uuid4().hex,
+                )
+            )
+        )
+
+    async def move(self, file_id: str, new_parent_id: str, *, expected_version: int = 0) -> File:
+        """Move a file or folder into another folder (`expected_version` 0: no check)."""
+        return Named(
+            await self.files.MoveFile(
+                upload_pb2.MoveFileRequest(
+                    file_id=file_id, new_parent_id=new_parent_id, expected_version=expected_version
+                )
+            )
+        )
+
+    async def rename(self, file_id: str, new_name: str, *, expected_version: int = 0) -> File:
+        """Rename a file or folder in its folder (`expected_version` 0: no check)."""
+        return Named(
+            await self.files.RenameFile(
+                upload_pb2.RenameFileRequest(
+                    file_id=file_id, new_name=new_name, expected_version=expected_version
+                )
+            )
+        )
+
+    async def delete(self, file_id: str, *, expected_version: int = 0) -> File:
+        """Soft-delete a file or folder (undo with `restore`)."""
+        return Named(
+            await self.files.DeleteFile(
+                upload_pb2.DeleteFileRequest(file_id=file_id, expected_version=expected_version)
+            )
+        )
+
+    async def restore(self, file_id: str, *, expected_version: int = 0) -> File:
+        """Undo `delete` (its name must still be free in its folder)."""
+        return Named(
+            await self.files.RestoreFile(
+                upload_pb2.RestoreFileRequest(file_id=file_id, expected_version=expected_version)
+            )
+        )
+
+    async def share(self, file_id: str, user_id: str, role: int | str) -> File:
+        """Give `user_id` (same tenant; a user id such as `bob`, not a token such as
+        `dev-bob`) `role` (`viewer`/`editor`, or a Role number) on a file or folder."""
+        return Named(
+            await self.files.ShareFile(
+                upload_pb2.ShareFileRequest(
+                    file_id=file_id,
+                    user_id=user_id,
+                    role=role_value(role),  # type: ignore[arg-type]
+                )
+            )
+        )
+
+    async def unshare(self, file_id: str, user_id: str) -> File:
+        """Take `user_id`'s share on a file or folder away."""
+        return Named(
+            await self.files.UnshareFile(
+                upload_pb2.UnshareFileRequest(file_id=file_id, user_id=user_id)
+            )
+        )
+
+    async def collaborators(self, file_id: str) -> list[Named[upload_pb2.Collaborator]]:
+        """Who has which role on a file or folder."""
+        got = await self.files.ListCollaborators(
+            upload_pb2.ListCollaboratorsRequest(file_id=file_id)
+        )
+        return [Named(c) for c in got.collaborators]
+
+    async def shared_with_me(self) -> list[Named[upload_pb2.SharedItem]]:
+        """Items of your tenant others shared directly with you (all pages)."""
+        out: list[Named[upload_pb2.SharedItem]] = []
+        token = ""
+        while True:
+            page = await self.files.ListSharedWithMe(
+                upload_pb2.ListSharedWithMeRequest(page_token=token)
+            )
+            out.extend(Named(i) for i in page.items)
+            token = page.next_page_token
+            if not token:
+                return out
