@@ -213,7 +213,13 @@ def build_components(
         upload_files=UploadFiles(
             sessions, uploads, chunks, inline, max_chunk_size=settings.max_chunk_size
         ),
-        files=Files(sessions, blobs, ListingCache(settings.listing_cache_entries), tokens),
+        files=Files(
+            sessions,
+            blobs,
+            ListingCache(settings.listing_cache_entries),
+            tokens,
+            share_batch_max=settings.share_batch_max,
+        ),
         limiter=RateLimiter(settings.rate_limit),
         registry=registry,
         runtime=runtime,

@@ -289,6 +289,18 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         row, role = await self._files.share(self._auth.require_user(context), request)
         return convert.file_message(row, role)
 
+    async def ShareFileBatch(
+        self, request: upload_pb2.ShareFileBatchRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ShareFileBatchResponse:
+        """ShareFile for many users: one version, one event, each collaborator told once."""
+        outcome = await self._files.share_batch(self._auth.require_user(context), request)
+        return upload_pb2.ShareFileBatchResponse(
+            file=convert.file_message(outcome.file, "owner"),
+            added=outcome.added,
+            changed=outcome.changed,
+            unchanged=outcome.unchanged,
+        )
+
     async def UnshareFile(
         self, request: upload_pb2.UnshareFileRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.File:
