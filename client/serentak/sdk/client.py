@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -407,6 +407,27 @@ class SerentakClient:
             upload_pb2.ShareFileRequest(file_id=file_id, user_id=user_id, role=role)  # type: ignore[arg-type]
         )
         return file
+
+    async def share_many(
+        self,
+        file_id: str,
+        grants: Mapping[str, int] | Iterable[tuple[str, int]],
+        *,
+        expected_version: int = 0,
+    ) -> upload_pb2.ShareFileBatchResponse:
+        """Give each user (same tenant, each once) its role on a file or folder, in one call
+        (`ShareFileBatch`, at most the server's SERENTAK_SHARE_BATCH_MAX grants, 1,000 by
+        default): one new version, and every collaborator, each new one included, is told
+        once. Grants already in place change nothing, so a retry is safe; the answer counts
+        the grants `added`, `changed` (another role) and `unchanged`."""
+        pairs = grants.items() if isinstance(grants, Mapping) else grants
+        request = upload_pb2.ShareFileBatchRequest(
+            file_id=file_id,
+            grants=[upload_pb2.ShareGrant(user_id=u, role=r) for u, r in pairs],  # type: ignore[arg-type]
+            expected_version=expected_version,
+        )
+        response: upload_pb2.ShareFileBatchResponse = await self.files.ShareFileBatch(request)
+        return response
 
     async def unshare(self, file_id: str, user_id: str) -> upload_pb2.File:
         """Take `user_id`'s share on a file or folder away."""
