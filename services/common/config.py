@@ -74,7 +74,9 @@ class CommonSettings(BaseSettings):
     max_concurrent_rpcs: int = Field(
         1000,
         ge=1,
-        description="Calls one server runs at once (streams count); more: RESOURCE_EXHAUSTED.",
+        description="Calls one server runs at once (streams count); more: RESOURCE_EXHAUSTED. "
+        "Notify: users' calls other than streams (streams and service calls have caps of "
+        "their own).",
     )
     keepalive_time_seconds: float = Field(60, gt=0, description="Server pings idle connections.")
     keepalive_timeout_seconds: float = Field(20, gt=0, description="Unanswered ping: drop it.")

@@ -77,9 +77,37 @@ class RateLimited(ResourceExhausted):
 
     def status_details(self) -> list[Message]:
         """A RetryInfo with the delay before the caller's window has room again."""
-        delay = duration_pb2.Duration()
-        delay.FromNanoseconds(int(self.retry_after_seconds * 1e9))
-        return [error_details_pb2.RetryInfo(retry_delay=delay)]
+        return [retry_info(self.retry_after_seconds)]
+
+
+class CapacityExhausted(ResourceExhausted):
+    """A cap on calls or open streams is full (services/common/call_capacity.py): the
+    reason names the cap (STREAM_LIMIT_USER, ...); `google.rpc.RetryInfo` says when to
+    try again."""
+
+    def __init__(
+        self, message: str, *, reason: str, cap: str, limit: int, retry_after_seconds: float
+    ) -> None:
+        super().__init__(
+            message,
+            reason=reason,
+            cap=cap,
+            limit=limit,
+            retry_after_seconds=f"{retry_after_seconds:.3f}",
+        )
+        self.cap = cap
+        self.retry_after_seconds = retry_after_seconds
+
+    def status_details(self) -> list[Message]:
+        """A RetryInfo with the delay before the caller should try again."""
+        return [retry_info(self.retry_after_seconds)]
+
+
+def retry_info(seconds: float) -> error_details_pb2.RetryInfo:
+    """A `google.rpc.RetryInfo` asking the caller to wait `seconds` before retrying."""
+    delay = duration_pb2.Duration()
+    delay.FromNanoseconds(int(seconds * 1e9))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
 
 
 class Unauthenticated(SerentakError):

@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.auth import check_bind, require_mode
+from services.common.call_capacity import CallCapacity
 from services.common.config import ConfigError
 from services.common.health_port import start_health_server
 from services.common.logging import get_logger
@@ -61,6 +62,9 @@ class ServiceApp:
     # Largest request accepted (a bigger one is refused before it is parsed).
     max_message_bytes: int = 4 * 1024 * 1024
     limits: ServerLimits = field(default_factory=ServerLimits)
+    # Pools per kind of caller and caps on users' open streams (call_capacity.py); None:
+    # only grpc's own `limits.max_concurrent_rpcs`, which counts every call alike.
+    capacity: CallCapacity | None = None
     # Plaintext Health-only port for the kubelet's gRPC probes (health_port.py); 0: none.
     health_port: int = 0
     # Dependencies whose failure makes the service not ready (readiness.py), and how
@@ -156,7 +160,9 @@ async def start(app: ServiceApp) -> RunningService:
         options=[*app.limits.options(app.max_message_bytes), ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=app.limits.max_concurrent_rpcs,
     )
-    registry = WrappingRegistry(server, security.authenticator if security is not None else None)
+    registry = WrappingRegistry(
+        server, security.authenticator if security is not None else None, app.capacity
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registry)
     names = [s.full_name for s in app.servicers]

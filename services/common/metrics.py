@@ -78,3 +78,21 @@ RATE_LIMITED = Counter(
     "Calls refused RESOURCE_EXHAUSTED / RATE_LIMITED by the per-caller rate limit, by RPC.",
     ["rpc"],
 )
+# The call capacity gate (call_capacity.py); `cap` is service_calls, user_calls, streams
+# (every user stream of the replica), tenant_streams or user_streams.
+CAPACITY_IN_USE = Gauge(
+    "serentak_capacity_in_use",
+    "Slots held of each cap: calls or open streams; for tenant_streams and user_streams, "
+    "the most streams any one tenant or user holds.",
+    ["cap"],
+)
+CAPACITY_LIMIT = Gauge(
+    "serentak_capacity_limit",
+    "The size of each cap (one replica's, per tenant or per user).",
+    ["cap"],
+)
+CAPACITY_REFUSED = Counter(
+    "serentak_capacity_refused_total",
+    "Calls refused RESOURCE_EXHAUSTED because their cap was full, by cap.",
+    ["cap"],
+)

@@ -16,6 +16,7 @@ from typing import Protocol
 import grpc
 
 from services.common.auth import Authenticator
+from services.common.call_capacity import CallCapacity, CapacityGate
 from services.common.rpc_wrapper import wrap_handler
 
 
@@ -34,9 +35,16 @@ class Registrar(Protocol):
 class WrappingRegistry:
     """Stands in for `server` at registration; hands it the wrapped handlers."""
 
-    def __init__(self, server: grpc.aio.Server, authenticator: Authenticator | None) -> None:
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        authenticator: Authenticator | None,
+        capacity: CallCapacity | None = None,
+    ) -> None:
         self._server = server
         self._prepare = authenticator.prepare if authenticator is not None else None
+        # Every method of the server admits its calls through one gate, when it has one.
+        self._gate = CapacityGate(capacity, authenticator) if capacity is not None else None
         # Per full method name: the handler as registered and its wrapped one, so the
         # generic and the registered registration of the same handler share one wrapper.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -46,7 +54,7 @@ class WrappingRegistry:
         entry = self._wrapped.get(method)
         if entry is not None and entry[0] is handler:
             return entry[1]
-        wrapped = wrap_handler(handler, method, self._prepare)
+        wrapped = wrap_handler(handler, method, self._prepare, self._gate)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 

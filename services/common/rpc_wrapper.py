@@ -8,7 +8,10 @@ structlog's bound keys, belong to that call only):
    identify callers without I/O;
 3. error mapping and accounting: typed errors become their status and reason (anything
    else is INTERNAL, rpc_status.py), and every call is counted and logged
-   (rpc_accounting.py). Errors of steps 1-2 are not mapped or counted.
+   (rpc_accounting.py). Errors of steps 1-2 are not mapped or counted;
+4. capacity (when the server has a gate): the call takes a slot of its caller's pool
+   before its handler runs, or is refused RESOURCE_EXHAUSTED (mapped and counted as in
+   step 3), and gives it back when the call ends (call_capacity.py).
 
 Built once per method when the servicer is registered (rpc_registry.py), so the server
 runs without interceptors: grpc.aio then awaits no interceptor chain per call, and a call
@@ -26,6 +29,7 @@ from typing import Any
 import grpc
 
 from services.common import correlation
+from services.common.call_capacity import CapacityGate, Slot
 from services.common.rpc_accounting import MethodAccounting, rpc_type
 from services.common.rpc_status import aborted_code, fail, status_name
 
@@ -43,17 +47,20 @@ _KINDS = (
 
 
 def wrap_handler(
-    handler: grpc.RpcMethodHandler, method: str, prepare: Prepare | None
+    handler: grpc.RpcMethodHandler,
+    method: str,
+    prepare: Prepare | None,
+    gate: CapacityGate | None = None,
 ) -> grpc.RpcMethodHandler:
     """`handler` (of full method name `method`) with its behaviour wrapped, keeping its
-    (de)serializers."""
+    (de)serializers; `gate`: the server's capacity gate, if it has one."""
     accounting = MethodAccounting(method, rpc_type(handler))
     for attr, factory, streams in _KINDS:
         behaviour = getattr(handler, attr)
         if behaviour is not None:
             wrap = _wrap_stream if streams else _wrap_unary
             return factory(
-                wrap(behaviour, accounting, prepare),
+                wrap(behaviour, accounting, prepare, gate),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -68,7 +75,10 @@ def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
 
 
 def _wrap_unary(
-    behaviour: Behaviour, accounting: MethodAccounting, prepare: Prepare | None
+    behaviour: Behaviour,
+    accounting: MethodAccounting,
+    prepare: Prepare | None,
+    gate: CapacityGate | None,
 ) -> Behaviour:
     """One response (unary or client stream)."""
     method, record, started_total = accounting.method, accounting.record, accounting.started_total
@@ -86,7 +96,10 @@ def _wrap_unary(
             await prepare(context)
         started_total.inc()
         started, code, recorded = time.perf_counter(), "OK", False
+        slot: Slot | None = None
         try:
+            if gate is not None:
+                slot = gate.admit(context, stream=False)
             return await behaviour(request, context)
         except grpc.aio.AbortError:
             code = aborted_code(context)
@@ -102,6 +115,8 @@ def _wrap_unary(
             recorded = True
             await fail(exc, method, context, unary=True)
         finally:
+            if slot is not None:
+                slot.release()
             if not recorded:
                 record(started, code)
 
@@ -109,7 +124,10 @@ def _wrap_unary(
 
 
 def _wrap_stream(
-    behaviour: Behaviour, accounting: MethodAccounting, prepare: Prepare | None
+    behaviour: Behaviour,
+    accounting: MethodAccounting,
+    prepare: Prepare | None,
+    gate: CapacityGate | None,
 ) -> Behaviour:
     """A response stream: the behaviour is an async iterator of responses, or a coroutine
     that sends them with `context.write` (awaited)."""
@@ -124,6 +142,7 @@ def _wrap_stream(
         started_total.inc()
         started, code, recorded = time.perf_counter(), "OK", False
         handler_done = False
+        slot: Slot | None = None
 
         def finish(code: str) -> None:
             nonlocal recorded
@@ -139,9 +158,15 @@ def _wrap_stream(
             # its cancel; the call's end can.
             gone = not handler_done or ctx.cancelled()
             finish(_CANCELLED if gone else "OK")
+            # Also here: a generator left suspended by a client that went away is only
+            # closed (its `finally` run) by the garbage collector.
+            if slot is not None:
+                slot.release()
 
         context.add_done_callback(on_done)
         try:
+            if gate is not None:
+                slot = gate.admit(context, stream=True)
             result = behaviour(request, context)
             if hasattr(result, "__aiter__"):
                 async for item in result:
@@ -160,6 +185,8 @@ def _wrap_stream(
             await fail(exc, method, context)
         finally:
             handler_done = True
+            if slot is not None:
+                slot.release()
             if code != "OK":
                 finish(code)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
 from services.common.admin import admin_servicer
+from services.common.call_capacity import CallCapacity, CapacityLimits
 from services.common.db import dispose_when_returned
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.logging import get_logger
@@ -65,5 +67,22 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
         grace_seconds=settings.shutdown_grace_seconds,
         security=server_security(settings, parts.auth),
         max_message_bytes=settings.notify_max_message_bytes,
-        limits=server_limits(settings),
+        # No grpc-wide limit: it counts every call alike, so user streams refused the
+        # relay's IngestBatch (issue 37). The capacity gate bounds every call instead, per
+        # kind of caller; `max_concurrent_rpcs` bounds users' calls there.
+        limits=replace(server_limits(settings), max_concurrent_rpcs=None),
+        capacity=CallCapacity(capacity_limits(settings)),
+    )
+
+
+def capacity_limits(settings: NotifySettings) -> CapacityLimits:
+    """The pools and stream caps configured in `settings`."""
+    return CapacityLimits(
+        service_calls=settings.service_calls_max,
+        user_calls=settings.max_concurrent_rpcs,
+        streams=settings.streams_max,
+        streams_per_tenant=settings.streams_per_tenant_max,
+        streams_per_user=settings.streams_per_user_max,
+        call_retry_seconds=settings.call_retry_seconds,
+        stream_retry_seconds=settings.stream_retry_seconds,
     )

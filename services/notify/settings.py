@@ -70,6 +70,48 @@ class NotifySettings(CommonSettings):
         "reach (gc.freeze): a full collection then stops the event loop ~3 ms instead of "
         "45-86 ms, the commit -> delivery p99 (services/notify/gc_tuning.py).",
     )
+    # Capacity (services/common/call_capacity.py): service calls have a pool of their own
+    # and users' streams their own caps, so no number of user streams refuses the relay's
+    # IngestBatch; users' other calls are bounded by `max_concurrent_rpcs`.
+    service_calls_max: int = Field(
+        100,
+        ge=1,
+        description="Service principals' calls (Ingest, IngestBatch, admin) one replica runs "
+        "at once, whatever users hold: each upload replica's relay sends at most 4 at once, "
+        "so room for 20 upload replicas and operators.",
+    )
+    streams_max: int = Field(
+        10_000,
+        ge=1,
+        description="Subscribe (and other response) streams of users open at once on one "
+        "replica; more: RESOURCE_EXHAUSTED / STREAM_LIMIT_SERVER.",
+    )
+    streams_per_tenant_max: int = Field(
+        5_000,
+        ge=1,
+        description="Streams one tenant may hold open on one replica: half of streams_max, so "
+        "one tenant never takes a whole replica (the balancer spreads a large tenant over the "
+        "replicas); a single-tenant deployment sets it to streams_max. More: "
+        "STREAM_LIMIT_TENANT.",
+    )
+    streams_per_user_max: int = Field(
+        20,
+        ge=1,
+        description="Streams one user may hold open on one replica: a phone, a laptop and a "
+        "dozen browser tabs, not a leaking client. More: STREAM_LIMIT_USER.",
+    )
+    call_retry_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="RetryInfo delay of a call refused by a full call pool (plus up to half "
+        "again at random).",
+    )
+    stream_retry_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="RetryInfo delay of a stream refused by a full stream cap (plus up to half "
+        "again at random): a slot frees only when a stream closes.",
+    )
     parked_sample_seconds: float = Field(
         15.0, gt=0, description="How often the parked-event gauges are refreshed."
     )

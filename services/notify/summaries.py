@@ -77,7 +77,11 @@ def describe(event: events_pb2.Event) -> Description:
     elif kind == "file_shared":
         sh = event.file_shared
         name = sh.name
-        summary = f"{actor} shared {name} with {sh.user_id}"
+        # A batch (ShareFileBatch) names its one user, or how many it reached.
+        with_whom = sh.user_id or (
+            sh.grants[0].user_id if len(sh.grants) == 1 else f"{len(sh.grants)} people"
+        )
+        summary = f"{actor} shared {name} with {with_whom}"
     elif kind == "file_unshared":
         u = event.file_unshared
         name = u.name

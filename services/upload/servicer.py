@@ -291,6 +291,21 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         row, role = await self._files.share(identity, request)
         return convert.file_message(row, role)
 
+    async def ShareFileBatch(
+        self, request: upload_pb2.ShareFileBatchRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ShareFileBatchResponse:
+        """ShareFile for many users: one version, one event, each collaborator told once."""
+        identity = self._auth.require_user(context)
+        for grant in request.grants:
+            self._refuse_a_token_for_a_user(identity, grant.user_id)
+        outcome = await self._files.share_batch(identity, request)
+        return upload_pb2.ShareFileBatchResponse(
+            file=convert.file_message(outcome.file, "owner"),
+            added=outcome.added,
+            changed=outcome.changed,
+            unchanged=outcome.unchanged,
+        )
+
     def _refuse_a_token_for_a_user(self, identity: Identity, user_id: str) -> None:
         """A share with a bearer token (`dev-bob`) instead of its user (`bob`) would be
         granted to nobody: INVALID_ARGUMENT / USER_ID_IS_A_TOKEN, naming the user when

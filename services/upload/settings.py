@@ -72,6 +72,12 @@ class UploadSettings(CommonSettings):
     max_open_uploads_per_user: int = Field(
         100, ge=1, description="Uploads one user may have uploading or merging (TOO_MANY_UPLOADS)."
     )
+    share_batch_max: int = Field(
+        1_000,
+        ge=1,
+        description="Most grants one ShareFileBatch call may carry (TOO_MANY_GRANTS): one "
+        "transaction and one event, whose audience notify caps at SERENTAK_MAX_AUDIENCE.",
+    )
     rate_limit: str = Field(
         "300/minute;10000/hour",
         description="Per caller and RPC, for the expensive RPCs (CreateUpload, UploadFile, "

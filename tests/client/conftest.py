@@ -12,6 +12,7 @@ import pytest
 from serentak.sdk import SerentakClient
 from support.services import running_app
 
+from services.common.config import DEFAULT_AUTH_TOKENS
 from services.common.jobs import RuntimeOptions
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
@@ -22,6 +23,8 @@ from services.upload.settings import UploadSettings
 from services.upload.sync.settings import SyncSettings
 
 CHUNK = 1024
+# Users of acme besides the dev ones, token `tok-<user>`: the audience of a large share.
+MANY_USERS = {f"tok-s{i:04d}": {"tenant_id": "acme", "user_id": f"s{i:04d}"} for i in range(1000)}
 
 
 @dataclass
@@ -52,7 +55,10 @@ async def stack(database_url: str, tmp_path: Path, etcd, request) -> AsyncIterat
     )
     notify = build_notify_app(
         NotifySettings(
-            notify_database_url=notify_url, data_dir=tmp_path / "notify", worker_poll_seconds=0.05
+            notify_database_url=notify_url,
+            data_dir=tmp_path / "notify",
+            worker_poll_seconds=0.05,
+            auth_tokens={**DEFAULT_AUTH_TOKENS, **MANY_USERS},
         )
     )
     async with running_app(locks) as lk, running_app(notify) as nt:

@@ -7,6 +7,7 @@ Each returns `Named` results (`serentak.sdk.named`): enum fields read as names.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Mapping
 
 from serentak.sdk.named import Named, Role
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
@@ -115,6 +116,29 @@ class FileCalls:
                 )
             )
         )
+
+    async def share_many(
+        self,
+        file_id: str,
+        grants: Mapping[str, int | str] | Iterable[tuple[str, int | str]],
+        *,
+        expected_version: int = 0,
+    ) -> Named[upload_pb2.ShareFileBatchResponse]:
+        """Give each user (same tenant, each once) its role on a file or folder, in one call
+        (`ShareFileBatch`, at most the server's SERENTAK_SHARE_BATCH_MAX grants, 1,000 by
+        default): one new version, and every collaborator, each new one included, is told
+        once. Grants already in place change nothing, so a retry is safe; the answer counts
+        the grants `added`, `changed` (another role) and `unchanged`."""
+        pairs = grants.items() if isinstance(grants, Mapping) else grants
+        request = upload_pb2.ShareFileBatchRequest(
+            file_id=file_id,
+            grants=[
+                upload_pb2.ShareGrant(user_id=u, role=role_value(r))  # type: ignore[arg-type]
+                for u, r in pairs
+            ],
+            expected_version=expected_version,
+        )
+        return Named(await self.files.ShareFileBatch(request))
 
     async def unshare(self, file_id: str, user_id: str) -> File:
         """Take `user_id`'s share on a file or folder away."""

@@ -7,7 +7,8 @@ the principals allowed (e.g. notify's Ingest: only `upload`), `require_ops` (adm
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Protocol
+from contextvars import ContextVar
+from typing import Any, Protocol
 
 import grpc
 
@@ -17,6 +18,14 @@ from services.common.auth.peers import PeerPrincipals
 from services.common.config import DEFAULT_AUTH_TOKENS, DEFAULT_SERVICE_TOKENS
 from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.readiness import Probe
+
+# The identity verified for the current call (its context and token): the capacity gate
+# (call_capacity.py) identifies the caller before the servicer does, and a JWT is
+# verified once per call. grpc.aio runs each call in a task of its own, whose context
+# this var lives in.
+_CALL_IDENTITY: ContextVar[tuple[Any, str, Identity] | None] = ContextVar(
+    "serentak_call_identity", default=None
+)
 
 
 class TokenVerifier(Protocol):
@@ -80,7 +89,12 @@ class Authenticator:
         """The caller's identity; UNAUTHENTICATED without valid credentials."""
         token = bearer_token(context)
         if token is not None:
-            return self._tokens.verify(token)
+            cached = _CALL_IDENTITY.get()
+            if cached is not None and cached[0] is context and cached[1] == token:
+                return cached[2]
+            identity = self._tokens.verify(token)
+            _CALL_IDENTITY.set((context, token, identity))
+            return identity
         principal = self._peers.principal(context)
         if principal is not None:
             return Identity.for_service(principal)

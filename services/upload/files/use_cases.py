@@ -64,11 +64,13 @@ class Files:
         blobs: BlobStore,
         cache: ListingCache,
         tokens: PageTokens,
+        share_batch_max: int = 1_000,
     ) -> None:
         self._sessions = sessions
         self._blobs = blobs
         self._cache = cache
         self._tokens = tokens
+        self._share_batch_max = share_batch_max
 
     async def create_folder(
         self, identity: Identity, request: upload_pb2.CreateFolderRequest
@@ -291,6 +293,16 @@ class Files:
         file = await sharing.share(self._sessions, identity, request)
         self._cache.invalidate_folder(file.parent_id)
         return file, "owner"
+
+    async def share_batch(
+        self, identity: Identity, request: upload_pb2.ShareFileBatchRequest
+    ) -> sharing.BatchOutcome:
+        """Grant many users their roles at once (owner only): one version, one event."""
+        outcome = await sharing.share_batch(
+            self._sessions, identity, request, self._share_batch_max
+        )
+        self._cache.invalidate_folder(outcome.file.parent_id)
+        return outcome
 
     async def unshare(
         self, identity: Identity, request: upload_pb2.UnshareFileRequest

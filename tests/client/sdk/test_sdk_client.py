@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from pathlib import Path
 
 import grpc
 import pytest
-from serentak.notify.v1 import notify_pb2
+from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from serentak.sdk import ChecksumMismatch, LockHeld, LockLost, notifications_in
 from serentak.upload.v1 import upload_pb2
 
@@ -202,3 +203,72 @@ async def test_a_small_file_is_one_request_and_each_collaborator_hears_once(
         assert [(n.file_id, n.version) for n in together if n.version != 2] == [(first.file_id, 3)]
         # No upload left open, none made twice.
         assert [u.upload_id for u in await alice.list_uploads()].count(done.upload_id) == 1
+
+
+async def _inbox(notify_address: str, user: str, file_id: str) -> list[notify_pb2.Notification]:
+    """`user`'s notifications about `file_id` (their whole inbox, all pages)."""
+    async with grpc.aio.insecure_channel(notify_address) as channel:
+        stub = notify_pb2_grpc.NotifyServiceStub(channel)
+        md = (("authorization", f"Bearer tok-{user}"),)
+        out: list[notify_pb2.Notification] = []
+        token = ""
+        while True:
+            page = await stub.ListNotifications(
+                notify_pb2.ListNotificationsRequest(page_size=500, page_token=token), metadata=md
+            )
+            out += [n for n in page.notifications if n.file_id == file_id]
+            token = page.next_page_token
+            if not token:
+                return out
+
+
+async def test_share_many_grants_1000_users_in_one_call_and_tells_each_once(
+    stack, tmp_path: Path
+) -> None:
+    """Issue 37, part 4: 1,000 grants go in one ShareFileBatch (one version), and every
+    collaborator, each of the 1,000 included, finds one notification of it in their inbox;
+    an existing collaborator hears it live. Sent again, it changes nothing."""
+    users = [f"s{i:04d}" for i in range(1000)]
+    async with stack.client("dev-alice") as alice, stack.client("dev-bob") as bob:
+        source = tmp_path / "all-hands.txt"
+        source.write_bytes(b"agenda")
+        up = await alice.upload(source, chunk_size=CHUNK)
+        await alice.share(up.file_id, "bob", upload_pb2.ROLE_VIEWER)
+        stream = bob.subscribe()
+        await asyncio.wait_for(anext(stream), DEADLINE_S)  # the "now" marker
+        started = time.perf_counter()
+        result = await alice.share_many(
+            up.file_id, dict.fromkeys(users, upload_pb2.ROLE_VIEWER), expected_version=2
+        )
+        took = time.perf_counter() - started
+        assert (result.added, result.changed, result.unchanged) == (1000, 0, 0)
+        assert result.file.version == 3
+        assert len(await alice.collaborators(up.file_id)) == 1001
+        heard = await asyncio.wait_for(anext(stream), DEADLINE_S)
+        if heard.notification.version == 2:  # bob's own share may still be on its way
+            heard = await asyncio.wait_for(anext(stream), DEADLINE_S)
+        assert (heard.notification.file_id, heard.notification.version) == (up.file_id, 3)
+        assert "1000 people" in heard.notification.summary
+        await stream.aclose()
+        # Every grantee's inbox: exactly one notification, of version 3 (the relay and the
+        # fan-out run after the answer: poll each inbox until it is there).
+        deadline = time.monotonic() + DEADLINE_S
+        waiting = set(users)
+        gate = asyncio.Semaphore(32)
+
+        async def inbox(user: str) -> tuple[str, list[notify_pb2.Notification]]:
+            async with gate:
+                return user, await _inbox(stack.notify, user, up.file_id)
+
+        while waiting:
+            for user, got in await asyncio.gather(*(inbox(u) for u in sorted(waiting))):
+                assert len(got) <= 1, f"{user} was told {len(got)} times"
+                if got:
+                    assert got[0].version == 3 and got[0].actor_user_id == "alice"
+                    waiting.discard(user)
+            assert time.monotonic() < deadline, f"{len(waiting)} grantees never heard"
+            if waiting:
+                await asyncio.sleep(0.2)  # poll interval of the wait above
+        print(f"1,000 grants in one ShareFileBatch: {took * 1000:.0f} ms")
+        again = await alice.share_many(up.file_id, dict.fromkeys(users, upload_pb2.ROLE_VIEWER))
+        assert (again.unchanged, again.file.version) == (1000, 3)
