@@ -16,9 +16,11 @@ invariants by the same code the chunked path commits with:
    sweep deletes after its grace period).
 4. Under the file lock `file:{file_id}` (the merge's key, through the same `FileLocks`,
    without a Hold stream: the body is one short transaction and its write is fenced), one
-   transaction stores the upload (open-upload cap and tenant quota checked in it), checks
-   the uploader's rights again (`check_uploader`, as the merge does under the lock) and
-   commits with `commit_content`, the chunked path's commit: the fencing check
+   transaction (shared with the other small files committing at the moment, each in its
+   own savepoint: `services.common.group_commit`) stores the upload (open-upload cap and
+   tenant quota checked in it), checks the uploader's rights again (`check_uploader`, as
+   the merge does under the lock) and commits with `commit_content`, the chunked path's
+   commit: the fencing check
    `commit_fenced` (invariant 7), the version bump with its outbox event (6) and
    `merging -> completed` (5). No job is involved, so there is no idempotency key to
    record (9): the unique client_request_id is what makes a retry find this upload.
@@ -47,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import AlreadyExists, InvalidArgument
+from services.common.group_commit import GroupCommits
 from services.common.logging import get_logger
 from services.upload import checksums, metrics
 from services.upload.errors import (
@@ -117,6 +120,7 @@ class UploadFiles:
         signals: FinishSignals,
         max_chunk_size: int,
         lock_policy: FileLockPolicy | None = None,
+        groups: GroupCommits | None = None,
     ) -> None:
         self._sessions = sessions
         self._uploads = uploads
@@ -127,6 +131,7 @@ class UploadFiles:
         self._signals = signals
         self._max = max_chunk_size
         self._lock = lock_policy or FileLockPolicy()
+        self._groups = groups or GroupCommits(sessions)
         # In-flight requests per (tenant, user, client_request_id): a concurrent duplicate
         # waits for the first one instead of racing it to the same outcome.
         self._flights: dict[str, asyncio.Future[None]] = {}
@@ -242,6 +247,7 @@ class UploadFiles:
         """Let the commits under way finish (shutdown); each is one short transaction."""
         if self._running:
             await asyncio.wait(set(self._running), timeout=self._lock.wait_seconds + 5)
+        await self._groups.close()
 
     async def _commit(
         self, identity: Identity, upload: UploadRow, key: str, checksum: str
@@ -261,7 +267,8 @@ class UploadFiles:
             wait_timeout=self._lock.wait_seconds,
             watch=False,
         ) as lock:
-            async with self._sessions.begin() as session:
+
+            async def commit(session: AsyncSession) -> UploadedFile:
                 now = utcnow()
                 upload.status = MERGING
                 upload.received_chunk_count = 1
@@ -274,7 +281,11 @@ class UploadFiles:
                 # The answer shows the row as committed (the status move set it in SQL).
                 await session.refresh(upload)
                 self._signals.after_commit(session, upload.id)
-        return UploadedFile(upload, file, role)
+                return UploadedFile(upload, file, role)
+
+            # Shared with the other small files committing now (group commit).
+            done = await self._groups.run(commit)
+        return done
 
     async def _earlier(
         self, identity: Identity, upload: UploadRow, data: bytes, checksum: str
