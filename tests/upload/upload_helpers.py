@@ -153,16 +153,18 @@ async def content_updated_uploads(database_url: str) -> list[str]:
     ]
 
 
-async def wait_status(client: Any, upload_id: str, *statuses: int) -> upload_pb2.Upload:
-    """Poll GetUpload until it reaches one of `statuses` (deadline DEADLINE_S)."""
-    deadline = time.monotonic() + DEADLINE_S
+async def wait_status(
+    client: Any, upload_id: str, *statuses: int, deadline_s: float = DEADLINE_S
+) -> upload_pb2.Upload:
+    """Poll GetUpload until it reaches one of `statuses`; fail after `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
     while True:
         upload = await client.uploads.GetUpload(
             upload_pb2.GetUploadRequest(upload_id=upload_id), metadata=client.metadata
         )
         if upload.status in statuses:
             return upload
-        assert time.monotonic() < deadline, f"upload stuck in {upload.status}"
+        assert time.monotonic() < deadline, f"upload stuck in {upload.status} for {deadline_s} s"
         await asyncio.sleep(0.02)
 
 
