@@ -62,6 +62,19 @@ class ServiceKeyForbidden(PermissionDenied):
     reason = "SERVICE_KEY_FORBIDDEN"
 
 
+class FileKeyForbidden(PermissionDenied):
+    """A user named a `file:` key: those are the merge's (upload) and operators'
+    (PERMISSION_DENIED / FILE_KEY_FORBIDDEN)."""
+
+    reason = "FILE_KEY_FORBIDDEN"
+
+
+class UserKeyForbidden(PermissionDenied):
+    """A user named another user's key space `user:{other}:` (USER_KEY_FORBIDDEN)."""
+
+    reason = "USER_KEY_FORBIDDEN"
+
+
 class ServiceNotAllowed(PermissionDenied):
     """This service principal is not among those allowed to use locks."""
 

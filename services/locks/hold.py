@@ -7,7 +7,9 @@ this is never later than etcd's own expiry) and hands the lease to the reaper so
 revoked when etcd is back. The watcher waits for the holder's key to be deleted (a
 release, a revoke, or the lease expiring) and reports it at once. Before its first
 renewal a hold marks the holder's key `renewed` (`Mutex.mark_renewed`), which keeps the
-lease out of reuse: renewals and revokes by lease id never reach a later lock.
+lease out of reuse: renewals and revokes by lease id never reach a later lock. Only the
+principal that acquired the lock may hold it (`tenancy.py`): anyone else, even with the
+token, is told NOT_HOLDER.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from services.locks.errors import EtcdUnavailable, LockLost
 from services.locks.etcd_client import KeyValue
 from services.locks.etcd_watch import RevisionCompacted
 from services.locks.keys import LockKey
-from services.locks.lock_views import LockView, Record
+from services.locks.lock_views import Caller, LockView, Record
 from services.locks.metrics import HOLDS_CAPPED, LOCK_RENEWALS
 from services.locks.mutex import Mutex
 
@@ -61,10 +63,13 @@ class Holding:
         mutex: Mutex,
         key: LockKey,
         token: int,
+        caller: Caller,
         call_timeout: float,
         max_hold_seconds: float | None = None,
     ) -> None:
+        """Hold `key` for `caller`, who must be the principal that acquired it (`token`)."""
         self.mutex = mutex
+        self.caller = caller
         # "Never extend a lock without bound": renewals stop this long after the acquire.
         self.max_hold_seconds = max_hold_seconds
         self.key = key
@@ -78,7 +83,7 @@ class Holding:
     async def start(self) -> None:
         """Check the token, renew once, then keep renewing and watching in the background."""
         try:
-            kv = await self.mutex.holder(self.key, self.token)
+            kv = await self.mutex.holder(self.key, self.token, self.caller)
             # Before renewing by lease id: a lease whose key is marked is never reused, so
             # every renewal and revoke of this hold only ever touches this lock's lease.
             await self.mutex.mark_renewed(self.key, kv)
@@ -128,6 +133,7 @@ class Holding:
             expires_at=expires_at,
             correlation_id=record.correlation_id,
             ttl_seconds=record.ttl,
+            principal=record.principal,
         )
 
     async def _keep_alive(self, kv: KeyValue, record: Record, last_ok_mono: float) -> None:
@@ -183,7 +189,7 @@ class Holding:
                 deleted, _ = await self.mutex.etcd.wait_deleted([kv.key], start)
             except RevisionCompacted:
                 try:
-                    kv = await self.mutex.holder(self.key, self.token)
+                    kv = await self.mutex.holder(self.key, self.token, self.caller)
                 except LockLost:
                     self._report(Lost(LostReason.KEY_DELETED, "the lock key was deleted"))
                     return

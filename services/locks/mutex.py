@@ -15,6 +15,11 @@ fencing token (revisions grow across the whole cluster, across restarts).
   transaction (never a newer holder's key: etcd #22082). The holder's key name is
   remembered from its acquire (bounded), so a release on the same replica is that one
   transaction; otherwise the holder is read first.
+- Each contender's record names the principal that acquired it (`Caller.principal`); a
+  Release, Refresh or Hold must come from that principal as well as carry the token, else
+  it is answered as a stale token is. The principal never changes for a create revision,
+  so checking it on the record read beside the token is as good as in the transaction.
+  A LOCK_HELD refusal carries no token, and the holder's owner only for who may see it.
 
 Keys are deleted, not their leases revoked, when a contender lets go; an idle lease
 without keys expires by itself within its TTL. That keeps "the predecessor's lease no
@@ -66,7 +71,7 @@ from services.locks.etcd_client import Deleted, Etcd, KeyValue, prefix_end
 from services.locks.etcd_watch import RevisionCompacted
 from services.locks.keys import KeySpace, LockKey
 from services.locks.lease_pool import Lease, LeasePool
-from services.locks.lock_views import LockState, LockView, Record, WaiterView, lock_view
+from services.locks.lock_views import Caller, LockState, LockView, Record, lock_view, waiter_view
 from services.locks.metrics import LOCK_CONTENTION, LOCK_WAIT_SECONDS, STALE_LOCK_RECOVERIES
 from services.locks.reaper import LeaseReaper
 
@@ -83,15 +88,17 @@ class Mutex:
         self.keys = keys
         self.reaper = reaper
         self.leases = leases or LeasePool(etcd)
-        # (lock folder, token) -> the holder's contender key, and its lease when that may
-        # be reused after the release, for tokens this replica handed out. Only a name
-        # to try: the delete still checks the create revision.
-        self._holder_keys: OrderedDict[tuple[bytes, int], tuple[bytes, Lease | None]] = (
+        # (lock folder, token) -> the holder's contender key, its principal, and its lease
+        # when that may be reused after the release, for tokens this replica handed out.
+        # Only a name to try: the delete still checks the create revision.
+        self._holder_keys: OrderedDict[tuple[bytes, int], tuple[bytes, str, Lease | None]] = (
             OrderedDict()
         )
 
-    def _remember(self, key: LockKey, token: int, my_key: bytes, reusable: Lease | None) -> None:
-        self._holder_keys[(key.etcd_prefix, token)] = (my_key, reusable)
+    def _remember(
+        self, key: LockKey, token: int, my_key: bytes, principal: str, reusable: Lease | None
+    ) -> None:
+        self._holder_keys[(key.etcd_prefix, token)] = (my_key, principal, reusable)
         if len(self._holder_keys) > HOLDER_KEYS_REMEMBERED:
             self._holder_keys.popitem(last=False)
 
@@ -114,8 +121,11 @@ class Mutex:
         wait_timeout_ms: int,
         correlation_id: str,
         admit: Admission | None = None,
+        *,
+        caller: Caller,
     ) -> LockView:
-        """Take the lock, waiting up to `wait_timeout_ms`; LockHeld when the wait runs out.
+        """Take the lock for `caller`, waiting up to `wait_timeout_ms`; LockHeld when the
+        wait runs out (naming the holder only if `caller` may see it).
 
         `admit.check(my_revision, is_holder, counted_keys)` runs once my key exists and
         before any wait; if it raises (a cap), my key is removed and the error propagates.
@@ -127,7 +137,9 @@ class Mutex:
         granted = await self.leases.take(ttl)
         lease = granted.id
         my_key = key.contender_key(lease)
-        record = Record(owner, correlation_id, ttl, waiting_since=requested_at)
+        record = Record(
+            owner, correlation_id, ttl, waiting_since=requested_at, principal=caller.principal
+        )
         my_rev = 0
         reusable: Lease | None = None  # the lease, while nothing but my claim touched it
         try:
@@ -145,7 +157,7 @@ class Mutex:
                 await admit.check(my_rev, is_holder, claim.counted_keys)
             if is_holder:
                 _acquired_histogram(pattern).observe(time.monotonic() - started)
-                self._remember(key, my_rev, my_key, reusable)
+                self._remember(key, my_rev, my_key, caller.principal, reusable)
                 # The lease's TTL runs from its grant (a spare may be a moment older).
                 expires_at = granted.granted_at + ttl
                 return lock_view(key.name, my_rev, lease, record, requested_at, expires_at)
@@ -158,7 +170,7 @@ class Mutex:
             await self._abandon(my_key, my_rev, lease, reusable)
             LOCK_CONTENTION.labels("failed", pattern).inc()
             LOCK_WAIT_SECONDS.labels("timed_out", pattern).observe(time.monotonic() - started)
-            raise await self._held_error(key) from None
+            raise await self._held_error(key, caller) from None
         except BaseException:
             # Lost, cancelled by the caller, or etcd trouble: leave no waiter behind.
             await asyncio.shield(self._abandon(my_key, my_rev, lease, reusable))
@@ -167,7 +179,7 @@ class Mutex:
             raise
         LOCK_CONTENTION.labels("waited", pattern).inc()
         LOCK_WAIT_SECONDS.labels("acquired", pattern).observe(time.monotonic() - started)
-        self._remember(key, my_rev, my_key, None)
+        self._remember(key, my_rev, my_key, caller.principal, None)
         return view
 
     async def _wait_turn(
@@ -190,9 +202,7 @@ class Mutex:
         refreshed_at = time.time()
         if await self.etcd.keep_alive(lease) <= 0:
             raise LockLost("lease expired while waiting", key=key.name, token=my_rev)
-        acquired = Record(
-            record.owner, record.correlation_id, record.ttl, record.waiting_since, refreshed_at
-        )
+        acquired = dataclasses.replace(record, acquired_at=refreshed_at)
         if not await self.etcd.put_if_created_at(my_key, my_rev, acquired.encode(), lease):
             raise LockLost("own key vanished while waiting", key=key.name, token=my_rev)
         if last_predecessor is not None and await self._expired(last_predecessor):
@@ -243,31 +253,37 @@ class Mutex:
         except EtcdUnavailable:
             self.reaper.doom(lease)
 
-    async def _held_error(self, key: LockKey) -> LockHeld:
-        state = await self.describe(key)
-        holder = state.holder
+    async def _held_error(self, key: LockKey, caller: Caller) -> LockHeld:
+        # Never the holder's token (a token is what Release and Hold are asked for); the
+        # holder's owner only for those who may see the holder.
+        holder = (await self.describe(key)).seen_by(caller).holder
         if holder is None:
             return LockHeld("the lock was held until the wait ran out", key=key.name)
+        if not holder.owner:
+            return LockHeld(
+                f"{key.name} is held by another principal",
+                key=key.name,
+                holder_expires_at=_iso(holder.expires_at),
+            )
         return LockHeld(
             f"{key.name} is held by {holder.owner}",
             key=key.name,
             holder_owner=holder.owner,
-            holder_token=holder.token,
             holder_expires_at=_iso(holder.expires_at),
         )
 
     # -- holder operations ----------------------------------------------------
 
-    async def holder(self, key: LockKey, token: int) -> KeyValue:
-        """The holder's key if `token` is the holder's; else LockLost."""
+    async def holder(self, key: LockKey, token: int, caller: Caller) -> KeyValue:
+        """The holder's key if `token` is the holder's and `caller` acquired it; else
+        LockLost (which says nothing of the holder: not its token, not who it is)."""
         kv = await self.etcd.first_created(key.etcd_prefix)
-        if kv is None or kv.create_revision != token:
-            raise LockLost(
-                "token is not the holder's",
-                key=key.name,
-                token=token,
-                holder_token=kv.create_revision if kv else None,
-            )
+        if (
+            kv is None
+            or kv.create_revision != token
+            or not caller.holds(Record.decode(kv.value).principal)
+        ):
+            raise LockLost("token is not the holder's", key=key.name, token=token)
         return kv
 
     async def mark_renewed(self, key: LockKey, kv: KeyValue) -> None:
@@ -284,9 +300,9 @@ class Mutex:
         if not await self.etcd.put_if_created_at(kv.key, kv.create_revision, marked, kv.lease):
             raise LockLost("the lock was released", key=key.name, token=kv.create_revision)
 
-    async def refresh(self, key: LockKey, token: int) -> LockView:
-        """Renew the holder's lease; LockLost when `token` is not the holder's any more."""
-        kv = await self.holder(key, token)
+    async def refresh(self, key: LockKey, token: int, caller: Caller) -> LockView:
+        """Renew the holder's lease; LockLost when `token` is not `caller`'s lock any more."""
+        kv = await self.holder(key, token, caller)
         await self.mark_renewed(key, kv)
         refreshed_at = time.time()
         ttl = await self.etcd.keep_alive(kv.lease)
@@ -302,18 +318,24 @@ class Mutex:
             refreshed_at + ttl,
         )
 
-    async def release(self, key: LockKey, token: int) -> bool:
-        """Delete the holder's key iff it still has `token`; False when nothing changed."""
-        remembered = self._holder_keys.pop((key.etcd_prefix, token), None)
+    async def release(self, key: LockKey, token: int, caller: Caller) -> bool:
+        """Delete the holder's key iff it still has `token` and `caller` acquired it;
+        False when nothing changed."""
+        remembered = self._holder_keys.get((key.etcd_prefix, token))
         if remembered is not None:
+            my_key, principal, reusable = remembered
+            if not caller.holds(principal):
+                return False
+            del self._holder_keys[(key.etcd_prefix, token)]
             # A token this replica handed out to a holder: while its key exists with that
             # create revision no older key can appear, so it is still the holder's.
-            my_key, reusable = remembered
             deleted = await self.etcd.delete_created_at(my_key, token)
             self._give_back(reusable, deleted)
             return deleted.released
         kv = await self.etcd.first_created(key.etcd_prefix)
         if kv is None or kv.create_revision != token:
+            return False
+        if not caller.holds(Record.decode(kv.value).principal):
             return False
         return await self.etcd.delete_if_created_at(kv.key, token)
 
@@ -367,12 +389,9 @@ class Mutex:
             record.acquired_at or record.waiting_since,
             time.time() + max(remaining, 0),
         )
-        waiters = []
-        for kv in rest:
-            r = Record.decode(kv.value)
-            waiters.append(
-                WaiterView(r.owner, kv.create_revision, kv.lease, r.waiting_since, r.correlation_id)
-            )
+        waiters = [
+            waiter_view(kv.create_revision, kv.lease, Record.decode(kv.value)) for kv in rest
+        ]
         return LockState(holder, waiters)
 
 

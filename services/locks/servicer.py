@@ -1,7 +1,8 @@
 """gRPC surface of `serentak.locks.v1.LockService`: who, where, validate, call, convert.
 
-Every RPC first identifies its principal (UNAUTHENTICATED without one) and decides the
-tenant key space it acts in (`tenancy.scope_for`); only then does it touch etcd.
+Every RPC first identifies its principal (UNAUTHENTICATED without one), decides the
+tenant key space it acts in (`tenancy.scope_for`) and whether it may name the key
+(`Scope.check_key`); only then does it touch etcd, on that principal's authority.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from services.locks.metrics import LOCKS_HELD
 from services.locks.mutex import Admission, Mutex
 from services.locks.paging import decode_token, encode_token, page_size
 from services.locks.session import LockSession
-from services.locks.tenancy import Scope, scope_for, service_list_prefix
+from services.locks.tenancy import Scope, scope_for
 
 
 class LockServicer(locks_pb2_grpc.LockServiceServicer):
@@ -60,11 +61,14 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         self.services = services
 
     def _locate(
-        self, context: grpc.aio.ServicerContext, key: str, tenant_id: str
+        self, context: grpc.aio.ServicerContext, key: str, tenant_id: str, reading: bool = False
     ) -> tuple[LockKey, Scope]:
-        """The caller's principal and tenant, then the lock key in that tenant's space."""
-        scope = scope_for(self.auth.identify(context), tenant_id, key, self.services)
-        return self.keys.lock_key(key, scope.tenant), scope
+        """The caller's principal and tenant, then the lock key in that tenant's space, if
+        the caller may name it (`reading`: Describe)."""
+        scope = scope_for(self.auth.identify(context), tenant_id, self.services)
+        lock_key = self.keys.lock_key(key, scope.tenant)
+        scope.check_key(key, reading=reading)
+        return lock_key, scope
 
     async def Acquire(
         self, request: locks_pb2.AcquireRequest, context: grpc.aio.ServicerContext
@@ -78,35 +82,36 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
             await self.caps.admit(scope.tenant, my_revision, is_holder, keys)
 
         admit = Admission(self.keys.tenant_root(scope.tenant), check) if scope.capped else None
-        view = await self.mutex.acquire(key, owner, ttl, wait, current_correlation_id(), admit)
+        view = await self.mutex.acquire(
+            key, owner, ttl, wait, current_correlation_id(), admit, caller=scope.caller
+        )
         return lock_pb(view)
 
     async def Refresh(
         self, request: locks_pb2.RefreshRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.Lock:
-        key, _ = self._locate(context, request.key, request.tenant_id)
-        return lock_pb(await self.mutex.refresh(key, check_token(request.token)))
+        key, scope = self._locate(context, request.key, request.tenant_id)
+        return lock_pb(await self.mutex.refresh(key, check_token(request.token), scope.caller))
 
     async def Release(
         self, request: locks_pb2.ReleaseRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.ReleaseResponse:
-        key, _ = self._locate(context, request.key, request.tenant_id)
-        released = await self.mutex.release(key, check_token(request.token))
+        key, scope = self._locate(context, request.key, request.tenant_id)
+        released = await self.mutex.release(key, check_token(request.token), scope.caller)
         return locks_pb2.ReleaseResponse(released=released)
 
     async def Describe(
         self, request: locks_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.DescribeResponse:
-        key, _ = self._locate(context, request.key, request.tenant_id)
-        return describe_pb(await self.mutex.describe(key))
+        key, scope = self._locate(context, request.key, request.tenant_id, reading=True)
+        return describe_pb((await self.mutex.describe(key)).seen_by(scope.caller))
 
     async def List(
         self, request: locks_pb2.ListRequest, context: grpc.aio.ServicerContext
     ) -> locks_pb2.ListResponse:
-        scope = scope_for(
-            self.auth.identify(context), request.tenant_id, request.prefix, self.services
-        )
-        prefix = service_list_prefix(request.prefix) if scope.is_service else request.prefix
+        scope = scope_for(self.auth.identify(context), request.tenant_id, self.services)
+        self.keys.list_prefix(request.prefix, scope.tenant)  # a malformed prefix: INVALID first
+        prefix = scope.list_prefix(request.prefix)
         size = page_size(request.page_size, request.limit, self.list_limit, self.list_max)
         range_prefix = self.keys.list_prefix(prefix, scope.tenant)
         after = decode_token(request.page_token, prefix)
@@ -114,7 +119,7 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
             self.keys.tenant_root(scope.tenant), range_prefix, after, size
         )
         return locks_pb2.ListResponse(
-            locks=[describe_pb(s) for s in states],
+            locks=[describe_pb(s.seen_by(scope.caller)) for s in states],
             next_page_token=encode_token(last, prefix) if last is not None else "",
         )
 
@@ -128,9 +133,14 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None:
             return
-        key, _ = self._locate(context, first.key, first.tenant_id)
+        key, scope = self._locate(context, first.key, first.tenant_id)
         holding = Holding(
-            self.mutex, key, check_token(first.token), self.call_timeout, self.max_hold_seconds
+            self.mutex,
+            key,
+            check_token(first.token),
+            scope.caller,
+            self.call_timeout,
+            self.max_hold_seconds,
         )
         # The client closing its side ends the hold: read (and ignore) pings until then.
         client_done = asyncio.create_task(_drain(request_iterator))
@@ -196,11 +206,13 @@ def lock_pb(view: LockView) -> locks_pb2.Lock:
         expires_at=_ts(view.expires_at),
         correlation_id=view.correlation_id,
         ttl_seconds=view.ttl_seconds,
+        principal=view.principal,
     )
 
 
 def describe_pb(state: LockState) -> locks_pb2.DescribeResponse:
-    """The `DescribeResponse` for one lock's holder and waiters."""
+    """The `DescribeResponse` for one lock's holder and waiters (already `seen_by` the
+    caller: hidden fields are left empty)."""
     if state.holder is None:
         return locks_pb2.DescribeResponse(held=False)
     return locks_pb2.DescribeResponse(
@@ -213,6 +225,7 @@ def describe_pb(state: LockState) -> locks_pb2.DescribeResponse:
                 lease_id=w.lease_id,
                 waiting_since=_ts(w.waiting_since),
                 correlation_id=w.correlation_id,
+                principal=w.principal,
             )
             for w in state.waiters
         ],

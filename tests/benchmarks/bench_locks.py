@@ -118,7 +118,7 @@ def acquire_release(
 
     async def op(i: int) -> None:
         lock = await stub.Acquire(
-            locks_pb2.AcquireRequest(key=f"file:{i % 64}", owner="bench", ttl_seconds=30),
+            locks_pb2.AcquireRequest(key=f"user:alice:{i % 64}", owner="bench", ttl_seconds=30),
             metadata=metadata,
         )
         await stub.Release(
@@ -138,7 +138,7 @@ def session_acquire_release(
             locks_pb2.SessionRequest(
                 id=2 * i,
                 acquire=locks_pb2.AcquireRequest(
-                    key=f"file:{i % 64}", owner="bench", ttl_seconds=30
+                    key=f"user:alice:{i % 64}", owner="bench", ttl_seconds=30
                 ),
             )
         )
@@ -271,12 +271,13 @@ async def run(n: int, contenders: int, endpoint: str, paired: int) -> dict[str, 
                     t = time.perf_counter()
                     lock = await stub.Acquire(
                         locks_pb2.AcquireRequest(
-                            key="file:hot", owner="c", ttl_seconds=30, wait_timeout_ms=60_000
+                            key="user:alice:hot", owner="c", ttl_seconds=30, wait_timeout_ms=60_000
                         ),
                         metadata=AUTH,
                     )
                     await stub.Release(
-                        locks_pb2.ReleaseRequest(key="file:hot", token=lock.token), metadata=AUTH
+                        locks_pb2.ReleaseRequest(key="user:alice:hot", token=lock.token),
+                        metadata=AUTH,
                     )
                     latencies.append(time.perf_counter() - t)
 

@@ -59,7 +59,9 @@ async def test_an_oversized_lock_request_is_refused_before_it_is_parsed(etcd) ->
             started = time.monotonic()
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.Acquire(
-                    locks_pb2.AcquireRequest(key="file:x", owner="o" * (60 * MIB), ttl_seconds=5),
+                    locks_pb2.AcquireRequest(
+                        key="user:alice:x", owner="o" * (60 * MIB), ttl_seconds=5
+                    ),
                     metadata=md,
                 )
             elapsed = time.monotonic() - started
@@ -69,7 +71,7 @@ async def test_an_oversized_lock_request_is_refused_before_it_is_parsed(etcd) ->
             print(f"60 MiB Acquire refused in {elapsed:.3f} s")
             # Still serving ordinary requests.
             lock = await stub.Acquire(
-                locks_pb2.AcquireRequest(key="file:x", owner="me", ttl_seconds=5), metadata=md
+                locks_pb2.AcquireRequest(key="user:alice:x", owner="me", ttl_seconds=5), metadata=md
             )
             assert lock.token > 0
             assert _acquires() == before + 1

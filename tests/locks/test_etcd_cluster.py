@@ -184,7 +184,7 @@ async def test_locks_keep_working_when_the_leader_dies(etcd_cluster: EtcdCluster
 
             async def worker(i: int) -> None:
                 nonlocal after_kill
-                key = f"file:k{i % 2}"
+                key = f"user:alice:k{i % 2}"
                 for _ in range(60):
                     lock = await stub.Acquire(
                         locks_pb2.AcquireRequest(
@@ -219,7 +219,7 @@ async def test_locks_keep_working_when_the_leader_dies(etcd_cluster: EtcdCluster
             # failover of each call, which took over 5 s on a loaded 2-core run; a TTL
             # shorter than that is lost by design, whatever the client does.
             holder = LockClient(channel, owner="long-job", token="dev-alice")
-            async with holder.hold("file:held", ttl=HELD_TTL_S) as held:
+            async with holder.hold("user:alice:held", ttl=HELD_TTL_S) as held:
                 await asyncio.gather(kill_leader(), *(worker(i) for i in range(4)))
                 killed_at = time.time()
                 async with asyncio.timeout(3 * HELD_TTL_S):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from locks.principals import SERVICE_TOKEN, bearer
 from serentak.locks.v1 import locks_pb2
 from sqlalchemy import insert, select
 
@@ -38,14 +39,24 @@ async def test_paused_holder_is_rejected_and_new_holder_commits(lock_service, da
                 )
             )
         stub = lock_service.stub
+        # The file's lock is the merge's: taken as the upload principal, in its tenant.
+        merge = bearer(SERVICE_TOKEN)
         paused = await stub.Acquire(
-            locks_pb2.AcquireRequest(key="file:f1", owner="paused", ttl_seconds=2)
+            locks_pb2.AcquireRequest(
+                key="file:f1", owner="paused", ttl_seconds=2, tenant_id="acme"
+            ),
+            metadata=merge,
         )
         # The first holder "pauses" (no refresh); its lease expires and the next one gets in.
         fresh = await stub.Acquire(
             locks_pb2.AcquireRequest(
-                key="file:f1", owner="fresh", ttl_seconds=30, wait_timeout_ms=15_000
-            )
+                key="file:f1",
+                owner="fresh",
+                ttl_seconds=30,
+                wait_timeout_ms=15_000,
+                tenant_id="acme",
+            ),
+            metadata=merge,
         )
         assert fresh.token > paused.token
         async with sessions() as session, session.begin():

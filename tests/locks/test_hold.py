@@ -46,8 +46,10 @@ class HoldStream:
 
 async def test_hold_keeps_the_lease_alive_past_its_ttl_then_reports_release(lock_service) -> None:  # type: ignore[no-untyped-def]
     stub = lock_service.stub
-    lock = await stub.Acquire(locks_pb2.AcquireRequest(key="file:h1", owner="o", ttl_seconds=2))
-    hold = HoldStream(stub, "file:h1", lock.token)
+    lock = await stub.Acquire(
+        locks_pb2.AcquireRequest(key="user:alice:h1", owner="o", ttl_seconds=2)
+    )
+    hold = HoldStream(stub, "user:alice:h1", lock.token)
     assert (await hold.open()).held.token == lock.token
     # Three TTLs later the lock is still ours (the service renewed it).
     renewals = 0
@@ -57,9 +59,9 @@ async def test_hold_keeps_the_lease_alive_past_its_ttl_then_reports_release(lock
         assert event.HasField("held")
         renewals += 1
     assert renewals >= 6
-    state = await stub.Describe(locks_pb2.DescribeRequest(key="file:h1"))
+    state = await stub.Describe(locks_pb2.DescribeRequest(key="user:alice:h1"))
     assert state.lock.token == lock.token
-    await stub.Release(locks_pb2.ReleaseRequest(key="file:h1", token=lock.token))
+    await stub.Release(locks_pb2.ReleaseRequest(key="user:alice:h1", token=lock.token))
     lost, _ = await hold.until_lost(3)
     assert lost.reason == locks_pb2.LOST_REASON_KEY_DELETED
     hold.call.cancel()
@@ -67,11 +69,13 @@ async def test_hold_keeps_the_lease_alive_past_its_ttl_then_reports_release(lock
 
 async def test_hold_reports_lease_expiry_and_wrong_token(lock_service) -> None:  # type: ignore[no-untyped-def]
     stub = lock_service.stub
-    lock = await stub.Acquire(locks_pb2.AcquireRequest(key="file:h2", owner="o", ttl_seconds=30))
-    wrong = HoldStream(stub, "file:h2", lock.token + 1)
+    lock = await stub.Acquire(
+        locks_pb2.AcquireRequest(key="user:alice:h2", owner="o", ttl_seconds=30)
+    )
+    wrong = HoldStream(stub, "user:alice:h2", lock.token + 1)
     first = await wrong.open()
     assert first.lost.reason == locks_pb2.LOST_REASON_NOT_HOLDER
-    hold = HoldStream(stub, "file:h2", lock.token)
+    hold = HoldStream(stub, "user:alice:h2", lock.token)
     assert (await hold.open()).HasField("held")
     await lock_service.etcd.revoke_lease(lock.lease_id)  # as if the lease expired
     lost, _ = await hold.until_lost(5)
@@ -81,13 +85,17 @@ async def test_hold_reports_lease_expiry_and_wrong_token(lock_service) -> None: 
 
 async def test_closing_the_hold_stream_lets_the_lease_expire(lock_service) -> None:  # type: ignore[no-untyped-def]
     stub = lock_service.stub
-    lock = await stub.Acquire(locks_pb2.AcquireRequest(key="file:h3", owner="o", ttl_seconds=2))
-    hold = HoldStream(stub, "file:h3", lock.token)
+    lock = await stub.Acquire(
+        locks_pb2.AcquireRequest(key="user:alice:h3", owner="o", ttl_seconds=2)
+    )
+    hold = HoldStream(stub, "user:alice:h3", lock.token)
     await hold.open()
     hold.call.cancel()
     # Without renewals the lease (and the lock) is gone within about one TTL.
     nxt = await stub.Acquire(
-        locks_pb2.AcquireRequest(key="file:h3", owner="next", ttl_seconds=5, wait_timeout_ms=8000)
+        locks_pb2.AcquireRequest(
+            key="user:alice:h3", owner="next", ttl_seconds=5, wait_timeout_ms=8000
+        )
     )
     assert nxt.token > lock.token
 
@@ -98,7 +106,7 @@ async def test_lock_client_cancels_the_body_and_raises_when_the_lock_is_lost(loc
     body_cancelled = False
     try:
         with pytest.raises(LockLost) as caught:
-            async with client.hold("file:h4", ttl=5) as lock:
+            async with client.hold("user:alice:h4", ttl=5) as lock:
                 await lock_service.etcd.revoke_lease(lock.lock.lease_id)
                 try:
                     await asyncio.wait_for(never.wait(), 10)
@@ -108,12 +116,12 @@ async def test_lock_client_cancels_the_body_and_raises_when_the_lock_is_lost(loc
         assert body_cancelled
         assert caught.value.metadata["lost_reason"] == "LOST_REASON_LEASE_EXPIRED"
         # A busy holder gets LockHeld from the helper, and a normal exit releases.
-        async with client.hold("file:h5", ttl=5) as held:
+        async with client.hold("user:alice:h5", ttl=5) as held:
             with pytest.raises(LockHeld):
-                async with client.hold("file:h5", ttl=5, wait_timeout=0):
+                async with client.hold("user:alice:h5", ttl=5, wait_timeout=0):
                     pass
             token = held.token
-        state = await lock_service.stub.Describe(locks_pb2.DescribeRequest(key="file:h5"))
+        state = await lock_service.stub.Describe(locks_pb2.DescribeRequest(key="user:alice:h5"))
         assert not state.held and token > 0
     finally:
         await client.close()
@@ -131,9 +139,9 @@ async def test_hold_reports_loss_within_one_ttl_when_etcd_stops_and_recovers(etc
         async with bearer_channel(f"127.0.0.1:{svc.app.bound_port}", "dev-alice") as channel:
             stub = locks_pb2_grpc.LockServiceStub(channel)
             lock = await stub.Acquire(
-                locks_pb2.AcquireRequest(key="file:e1", owner="o", ttl_seconds=ttl)
+                locks_pb2.AcquireRequest(key="user:alice:e1", owner="o", ttl_seconds=ttl)
             )
-            hold = HoldStream(stub, "file:e1", lock.token)
+            hold = HoldStream(stub, "user:alice:e1", lock.token)
             assert (await hold.open()).HasField("held")
             await asyncio.to_thread(etcd.stop)
             stopped = time.monotonic()
@@ -144,7 +152,7 @@ async def test_hold_reports_loss_within_one_ttl_when_etcd_stops_and_recovers(etc
 
             # While etcd is down, RPCs answer UNAVAILABLE with a reason, never INTERNAL.
             with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await stub.Describe(locks_pb2.DescribeRequest(key="file:e1"))
+                await stub.Describe(locks_pb2.DescribeRequest(key="user:alice:e1"))
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
             await asyncio.to_thread(etcd.start)
@@ -152,10 +160,12 @@ async def test_hold_reports_loss_within_one_ttl_when_etcd_stops_and_recovers(etc
             # long before etcd's renewed TTL would have run out.
             nxt = await stub.Acquire(
                 locks_pb2.AcquireRequest(
-                    key="file:e1", owner="after", ttl_seconds=30, wait_timeout_ms=20_000
+                    key="user:alice:e1", owner="after", ttl_seconds=30, wait_timeout_ms=20_000
                 )
             )
             assert nxt.token > lock.token
-            stale = await stub.Release(locks_pb2.ReleaseRequest(key="file:e1", token=lock.token))
+            stale = await stub.Release(
+                locks_pb2.ReleaseRequest(key="user:alice:e1", token=lock.token)
+            )
             assert not stale.released
             hold.call.cancel()

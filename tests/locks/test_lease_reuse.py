@@ -24,7 +24,7 @@ from services.locks.etcd_connection import options_from_settings
 from services.locks.hold import Holding, Lost, LostReason
 from services.locks.keys import KeySpace
 from services.locks.lease_pool import LeasePool
-from services.locks.lock_views import LockView
+from services.locks.lock_views import Caller, LockView
 from services.locks.metrics import LEASES_REUSED, STALE_LOCK_RECOVERIES
 from services.locks.mutex import Mutex
 from services.locks.reaper import LeaseReaper
@@ -33,6 +33,7 @@ from services.locks.settings import LocksSettings
 pytestmark = pytest.mark.etcd
 
 TTL = 30  # the pool's age limit is then min(max_age, 3 s)
+MERGE = Caller("service:upload")  # who takes the locks below (the Mutex's own tests)
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ async def mutex(etcd) -> AsyncIterator[Mutex]:  # type: ignore[no-untyped-def]
 
 
 async def acquire(m: Mutex, name: str, wait_ms: int = 0, ttl: int = TTL) -> LockView:
-    return await m.acquire(m.keys.lock_key(name, "acme"), "o", ttl, wait_ms, "cid")
+    return await m.acquire(m.keys.lock_key(name, "acme"), "o", ttl, wait_ms, "cid", caller=MERGE)
 
 
 def key(m: Mutex, name: str):  # type: ignore[no-untyped-def]
@@ -83,7 +84,7 @@ def shelved(m: Mutex, lease_id: int) -> bool:
 async def test_a_released_lease_is_reused_with_its_grant_time_and_a_newer_token(mutex) -> None:  # type: ignore[no-untyped-def]
     m = mutex
     a = await acquire(m, "file:a")
-    assert await m.release(key(m, "file:a"), a.token)
+    assert await m.release(key(m, "file:a"), a.token, MERGE)
     assert shelved(m, a.lease_id)
     # Same lock, same lease: the same contender key name, re-created with a newer revision.
     reused_before = LEASES_REUSED._value.get()
@@ -96,10 +97,10 @@ async def test_a_released_lease_is_reused_with_its_grant_time_and_a_newer_token(
     assert b.expires_at - time.time() <= remaining + 1  # expires_at is never late
 
     # The stale holder's token touches nothing of the new lock.
-    assert not await m.release(key(m, "file:a"), a.token)
+    assert not await m.release(key(m, "file:a"), a.token, MERGE)
     with pytest.raises(LockLost):
-        await m.refresh(key(m, "file:a"), a.token)
-    stale_hold = Holding(m, key(m, "file:a"), a.token, call_timeout=5)
+        await m.refresh(key(m, "file:a"), a.token, MERGE)
+    stale_hold = Holding(m, key(m, "file:a"), a.token, MERGE, call_timeout=5)
     await stale_hold.start()
     lost = stale_hold.events.get_nowait()
     assert isinstance(lost, Lost) and lost.reason is LostReason.NOT_HOLDER
@@ -109,13 +110,13 @@ async def test_a_released_lease_is_reused_with_its_grant_time_and_a_newer_token(
     assert not shelved(m, b.lease_id)  # a held lease is off the shelf
 
     # Reused by another lock name too; the old name is free and its old tokens dead.
-    assert await m.release(key(m, "file:a"), b.token)
+    assert await m.release(key(m, "file:a"), b.token, MERGE)
     c = await acquire(m, "file:c")
     assert c.lease_id == a.lease_id and m.leases.reused == 2
     assert (await m.describe(key(m, "file:a"))).holder is None
-    assert not await m.release(key(m, "file:a"), b.token)
+    assert not await m.release(key(m, "file:a"), b.token, MERGE)
     assert (await m.describe(key(m, "file:c"))).holder.token == c.token  # type: ignore[union-attr]
-    assert await m.release(key(m, "file:c"), c.token)
+    assert await m.release(key(m, "file:c"), c.token, MERGE)
 
 
 async def test_a_release_that_deleted_nothing_gives_no_lease_back(mutex, etcd) -> None:  # type: ignore[no-untyped-def]
@@ -123,7 +124,7 @@ async def test_a_release_that_deleted_nothing_gives_no_lease_back(mutex, etcd) -
     # Lost lock: the lease expired (revoked here), so the key went with it.
     a = await acquire(m, "file:lost")
     await m.etcd.revoke_lease(a.lease_id)
-    assert not await m.release(key(m, "file:lost"), a.token)
+    assert not await m.release(key(m, "file:lost"), a.token, MERGE)
     assert not shelved(m, a.lease_id)
 
     # Released through another replica (which never saw the token): nothing is given back
@@ -131,8 +132,8 @@ async def test_a_release_that_deleted_nothing_gives_no_lease_back(mutex, etcd) -
     other = Mutex(m.etcd, m.keys, m.reaper, LeasePool(m.etcd, max_age=3.0))
     try:
         b = await acquire(m, "file:elsewhere")
-        assert await other.release(key(m, "file:elsewhere"), b.token)
-        assert not await m.release(key(m, "file:elsewhere"), b.token)
+        assert await other.release(key(m, "file:elsewhere"), b.token, MERGE)
+        assert not await m.release(key(m, "file:elsewhere"), b.token, MERGE)
         assert not shelved(m, b.lease_id) and not shelved(other, b.lease_id)
     finally:
         await other.leases.close()
@@ -144,22 +145,22 @@ async def test_a_renewed_lease_is_never_reused(mutex) -> None:  # type: ignore[n
     m = mutex
     # Refresh, then release: the mark came first, so the release keeps the lease out.
     a = await acquire(m, "file:r")
-    assert (await m.refresh(key(m, "file:r"), a.token)).token == a.token
-    assert await m.release(key(m, "file:r"), a.token)
+    assert (await m.refresh(key(m, "file:r"), a.token, MERGE)).token == a.token
+    assert await m.release(key(m, "file:r"), a.token, MERGE)
     assert not shelved(m, a.lease_id)
     # A Hold marks too.
     b = await acquire(m, "file:h")
-    hold = Holding(m, key(m, "file:h"), b.token, call_timeout=5)
+    hold = Holding(m, key(m, "file:h"), b.token, MERGE, call_timeout=5)
     await hold.start()
     assert isinstance(hold.events.get_nowait(), LockView)
-    assert await m.release(key(m, "file:h"), b.token)
+    assert await m.release(key(m, "file:h"), b.token, MERGE)
     await hold.close()
     assert not shelved(m, b.lease_id)
     # Release, then a stale refresh: LOCK_LOST, no renewal, and the lease is reused.
     c = await acquire(m, "file:r")
-    assert await m.release(key(m, "file:r"), c.token)
+    assert await m.release(key(m, "file:r"), c.token, MERGE)
     with pytest.raises(LockLost):
-        await m.refresh(key(m, "file:r"), c.token)
+        await m.refresh(key(m, "file:r"), c.token, MERGE)
     d = await acquire(m, "file:r")
     assert d.lease_id == c.lease_id and d.token > c.token
     assert m.leases.reused == 1
@@ -172,7 +173,10 @@ async def test_refresh_racing_release_never_renews_a_reused_lease(mutex) -> None
     outcomes = set()
     for i in range(40):
         a = await acquire(m, "file:race")
-        ops = [m.release(key(m, "file:race"), a.token), m.refresh(key(m, "file:race"), a.token)]
+        ops = [
+            m.release(key(m, "file:race"), a.token, MERGE),
+            m.refresh(key(m, "file:race"), a.token, MERGE),
+        ]
         released, refreshed = await asyncio.gather(
             *(ops if i % 2 else ops[::-1]), return_exceptions=True
         )
@@ -190,7 +194,7 @@ async def test_refresh_racing_release_never_renews_a_reused_lease(mutex) -> None
         if reused:
             assert isinstance(refreshed, LockLost)
         assert b.token > a.token
-        assert await m.release(key(m, "file:race"), b.token)
+        assert await m.release(key(m, "file:race"), b.token, MERGE)
     assert outcomes  # at least one ordering seen (typically both)
 
 
@@ -209,11 +213,11 @@ async def test_a_waiters_lease_is_not_reused_and_a_try_locks_is(mutex) -> None: 
     with pytest.raises(LockHeld):
         await acquire(m, "file:w", wait_ms=200)
     assert m.leases.reused == 1 and not shelved(m, tried[0])
-    assert await m.release(key(m, "file:w"), a.token)
+    assert await m.release(key(m, "file:w"), a.token, MERGE)
     async with asyncio.timeout(20):
         w = await waiting
     assert w.token > a.token
-    assert await m.release(key(m, "file:w"), w.token)
+    assert await m.release(key(m, "file:w"), w.token, MERGE)
     assert not shelved(m, w.lease_id)  # it waited: its keepalives could outlive it
     assert shelved(m, a.lease_id)
 
@@ -246,15 +250,15 @@ async def test_stale_recoveries_are_counted_only_for_expired_leases(mutex) -> No
                 w = await waiting
         finally:
             del m.etcd.last_created_before
-        assert await m.release(key(m, "file:s"), w.token)
+        assert await m.release(key(m, "file:s"), w.token, MERGE)
         return STALE_LOCK_RECOVERIES._value.get() - before
 
     async def release_and_reuse(a: LockView) -> None:
-        assert await m.release(key(m, "file:s"), a.token)
+        assert await m.release(key(m, "file:s"), a.token, MERGE)
         # The released lease goes straight to another lock, then back to the pool.
         other = await acquire(m, "file:other")
         assert other.lease_id == a.lease_id
-        assert await m.release(key(m, "file:other"), other.token)
+        assert await m.release(key(m, "file:other"), other.token, MERGE)
 
     async def expire(a: LockView) -> None:
         await m.etcd.revoke_lease(a.lease_id)
@@ -266,7 +270,7 @@ async def test_stale_recoveries_are_counted_only_for_expired_leases(mutex) -> No
 async def test_two_acquires_race_for_one_given_back_lease(mutex) -> None:  # type: ignore[no-untyped-def]
     m = mutex
     a = await acquire(m, "file:one")
-    assert await m.release(key(m, "file:one"), a.token)
+    assert await m.release(key(m, "file:one"), a.token, MERGE)
     views = await asyncio.gather(*(acquire(m, f"file:r{i}") for i in range(8)))
     leases = [v.lease_id for v in views]
     assert len(set(leases)) == 8 and leases.count(a.lease_id) == 1
@@ -293,7 +297,7 @@ async def test_a_release_racing_the_pools_age_out_keeps_the_lease_alive(etcd) ->
         await until(spare, "a spare granted ahead")
         third = await acquire(m, "file:z")  # takes the spare; its age-out timer runs
         assert third.lease_id not in (first.lease_id, second.lease_id)
-        assert await m.release(key(m, "file:z"), third.token)
+        assert await m.release(key(m, "file:z"), third.token, MERGE)
         assert shelved(m, third.lease_id)
 
         async def timers_done() -> bool:  # every grant-ahead and its age-out timer ended
@@ -337,10 +341,10 @@ async def test_many_contenders_on_few_names_keep_exclusion_with_reuse(mutex) -> 
             live_leases[view.lease_id] = name
             await asyncio.sleep(0)
             if r % 5 == 4:
-                await m.refresh(key(m, name), view.token)
+                await m.refresh(key(m, name), view.token, MERGE)
             del live_leases[view.lease_id]
             inside[name] -= 1
-            assert await m.release(key(m, name), view.token)
+            assert await m.release(key(m, name), view.token, MERGE)
 
     async with asyncio.timeout(120):
         await asyncio.gather(*(worker(w) for w in range(8)))
@@ -351,7 +355,7 @@ async def test_many_contenders_on_few_names_keep_exclusion_with_reuse(mutex) -> 
 
 async def test_through_the_service_a_stale_token_bounces_off_a_reused_lease(lock_service) -> None:  # type: ignore[no-untyped-def]
     stub = lock_service.stub
-    name = f"file:{uuid.uuid4().hex[:8]}"
+    name = f"user:alice:{uuid.uuid4().hex[:8]}"
     request = locks_pb2.AcquireRequest(key=name, owner="o", ttl_seconds=20)
     # The service's pool reuses within 0.5 s of a grant: a loaded machine may miss that,
     # so try a few pairs until a lease comes back (each pair is checked either way).
@@ -400,14 +404,14 @@ async def test_a_claim_resent_on_failover_never_gives_its_lease_back(etcd_cluste
     )
     try:
         a = await acquire(m, "file:f", ttl=600)
-        assert await m.release(key(m, "file:f"), a.token)
+        assert await m.release(key(m, "file:f"), a.token, MERGE)
         assert shelved(m, a.lease_id)  # sent once: reused
         etcd_cluster.pause(follower)  # SIGSTOP: the claim sent there times out, unanswered
         try:
             b = await acquire(m, "file:g", ttl=600)
             assert b.lease_id == a.lease_id  # the shelved lease, claimed through a failover
             assert client.connection.current_endpoint != endpoints[follower]
-            assert await m.release(key(m, "file:g"), b.token)
+            assert await m.release(key(m, "file:g"), b.token, MERGE)
             assert not shelved(m, b.lease_id)
         finally:
             etcd_cluster.resume(follower)

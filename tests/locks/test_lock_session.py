@@ -76,12 +76,12 @@ async def test_acquire_and_release_on_one_stream_are_the_unary_rpcs_own(etcd) ->
         session = stub.Session(metadata=ALICE)
         tokens = []
         for i in range(3):
-            lock = (await ask(session, acquire(10 * i + 1, "file:s1"))).lock
-            state = await holder(stub, "file:s1")
+            lock = (await ask(session, acquire(10 * i + 1, "user:alice:s1"))).lock
+            state = await holder(stub, "user:alice:s1")
             assert state.held and state.lock.token == lock.token and lock.owner == "o"
-            answer = await ask(session, release(10 * i + 2, "file:s1", lock.token))
+            answer = await ask(session, release(10 * i + 2, "user:alice:s1", lock.token))
             assert answer.release.released
-            assert not (await holder(stub, "file:s1")).held
+            assert not (await holder(stub, "user:alice:s1")).held
             tokens.append(lock.token)
         # Fencing tokens grow across the session's locks, as across unary calls.
         assert tokens == sorted(set(tokens))
@@ -91,12 +91,12 @@ async def test_acquire_and_release_on_one_stream_are_the_unary_rpcs_own(etcd) ->
 async def test_a_waiting_acquire_does_not_hold_back_a_release_on_the_same_stream(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
         session = stub.Session(metadata=ALICE)
-        first = (await ask(session, acquire(1, "file:s2"))).lock
+        first = (await ask(session, acquire(1, "user:alice:s2"))).lock
         # A second Acquire of the same key waits behind the first lock...
-        await session.write(acquire(2, "file:s2", wait_ms=20_000))
-        await wait_for_waiters(stub, "file:s2", 1, metadata=ALICE)
+        await session.write(acquire(2, "user:alice:s2", wait_ms=20_000))
+        await wait_for_waiters(stub, "user:alice:s2", 1, metadata=ALICE)
         # ...while the Release of the first is answered on the same stream,
-        await session.write(release(3, "file:s2", first.token))
+        await session.write(release(3, "user:alice:s2", first.token))
         answers = {}
         for _ in range(2):
             answer = await session.read()
@@ -105,7 +105,7 @@ async def test_a_waiting_acquire_does_not_hold_back_a_release_on_the_same_stream
         # and the waiter then holds the lock under a newer token.
         second = answers[2].lock
         assert second.token > first.token
-        assert (await holder(stub, "file:s2")).lock.token == second.token
+        assert (await holder(stub, "user:alice:s2")).lock.token == second.token
         session.cancel()
 
 
@@ -115,15 +115,16 @@ def domain_errors(reason: str) -> float:
 
 async def test_a_failed_request_is_answered_with_its_status_and_the_stream_goes_on(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
-        taken = await taken_by_someone(stub, "file:s3")
+        taken = await taken_by_someone(stub, "user:alice:s3")
         session = stub.Session(metadata=ALICE)
         cases = [
-            (acquire(1, "file:s3"), grpc.StatusCode.ABORTED, "LOCK_HELD"),
+            (acquire(1, "user:alice:s3"), grpc.StatusCode.ABORTED, "LOCK_HELD"),
             (acquire(2, "no-such-form"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_LOCK_KEY"),
             (locks_pb2.SessionRequest(id=3), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
             (
                 locks_pb2.SessionRequest(
-                    id=4, refresh=locks_pb2.RefreshRequest(key="file:s3", token=taken.token - 1)
+                    id=4,
+                    refresh=locks_pb2.RefreshRequest(key="user:alice:s3", token=taken.token - 1),
                 ),
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "LOCK_LOST",
@@ -137,13 +138,13 @@ async def test_a_failed_request_is_answered_with_its_status_and_the_stream_goes_
             # Counted as the unary RPC's error would be.
             assert domain_errors(reason) == counted + 1
         # LOCK_HELD names the holder, as the unary status's ErrorInfo does.
-        held = (await ask(session, acquire(5, "file:s3"))).error
+        held = (await ask(session, acquire(5, "user:alice:s3"))).error
         assert held.metadata["holder_owner"] == "x"
         # The stream is still open and serving.
         refreshed = await ask(
             session,
             locks_pb2.SessionRequest(
-                id=6, refresh=locks_pb2.RefreshRequest(key="file:s3", token=taken.token)
+                id=6, refresh=locks_pb2.RefreshRequest(key="user:alice:s3", token=taken.token)
             ),
         )
         assert refreshed.lock.token == taken.token
@@ -158,29 +159,29 @@ async def test_anonymous_and_forged_callers_are_refused_before_any_request_runs(
         ):
             session = stub.Session(metadata=metadata)
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await session.write(acquire(1, "file:s4"))
+                await session.write(acquire(1, "user:alice:s4"))
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await session.read()
             assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert error_info(caught.value).reason == reason
-        assert not (await holder(stub, "file:s4")).held
+        assert not (await holder(stub, "user:alice:s4")).held
 
 
 async def test_another_tenant_cannot_reach_a_lock_through_a_session(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
         held = await stub.Acquire(
-            locks_pb2.AcquireRequest(key="file:secret", owner="alice", ttl_seconds=30),
+            locks_pb2.AcquireRequest(key="user:alice:secret", owner="alice", ttl_seconds=30),
             metadata=ALICE,
         )
         session = stub.Session(metadata=MALLORY)
         # Naming alice's tenant: NOT_FOUND, for every operation.
         for request in (
-            acquire(1, "file:secret", tenant="acme"),
-            release(2, "file:secret", held.token, tenant="acme"),
+            acquire(1, "user:alice:secret", tenant="acme"),
+            release(2, "user:alice:secret", held.token, tenant="acme"),
             locks_pb2.SessionRequest(
                 id=3,
                 refresh=locks_pb2.RefreshRequest(
-                    key="file:secret", token=held.token, tenant_id="acme"
+                    key="user:alice:secret", token=held.token, tenant_id="acme"
                 ),
             ),
         ):
@@ -189,49 +190,52 @@ async def test_another_tenant_cannot_reach_a_lock_through_a_session(etcd) -> Non
                 grpc.StatusCode.NOT_FOUND.value[0],
                 "LOCK_NOT_FOUND",
             )
-        # In her own key space alice's token releases nothing, and her own lock of the
-        # same name is another lock.
-        assert not (await ask(session, release(4, "file:secret", held.token))).release.released
-        hers = (await ask(session, acquire(5, "file:secret"))).lock
+        # In her own tenant she may not name alice's space at all; her own space is hers.
+        error = (await ask(session, release(4, "user:alice:secret", held.token))).error
+        assert (error.code, error.reason) == (
+            grpc.StatusCode.PERMISSION_DENIED.value[0],
+            "USER_KEY_FORBIDDEN",
+        )
+        hers = (await ask(session, acquire(5, "user:mallory:secret"))).lock
         assert hers.token != held.token
-        state = await holder(stub, "file:secret")
+        state = await holder(stub, "user:alice:secret")
         assert state.held and state.lock.token == held.token and state.lock.owner == "alice"
         session.cancel()
 
 
 async def test_a_session_runs_at_most_its_limit_of_requests_at_once(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd, lock_session_max_in_flight=2) as (stub, _, _):
-        await taken_by_someone(stub, "file:s5")
+        await taken_by_someone(stub, "user:alice:s5")
         session = stub.Session(metadata=ALICE)
-        await session.write(acquire(1, "file:s5", wait_ms=20_000))
-        await session.write(acquire(2, "file:s5", wait_ms=20_000))
+        await session.write(acquire(1, "user:alice:s5", wait_ms=20_000))
+        await session.write(acquire(2, "user:alice:s5", wait_ms=20_000))
         # An id still in flight is refused whatever the limit.
-        reused = await ask(session, acquire(1, "file:other"))
+        reused = await ask(session, acquire(1, "user:alice:other"))
         assert reused.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         assert reused.error.metadata["field"] == "id"
-        refused = await ask(session, acquire(3, "file:other"))
+        refused = await ask(session, acquire(3, "user:alice:other"))
         assert refused.error.reason == "SESSION_IN_FLIGHT_LIMIT"
         assert refused.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
         # The refused request touched nothing; the two in flight still wait.
-        assert not (await holder(stub, "file:other")).held
-        await wait_for_waiters(stub, "file:s5", 2, metadata=ALICE)
+        assert not (await holder(stub, "user:alice:other")).held
+        await wait_for_waiters(stub, "user:alice:s5", 2, metadata=ALICE)
         session.cancel()
 
 
 async def test_ending_the_stream_abandons_its_waiting_acquires(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
-        taken = await taken_by_someone(stub, "file:s6")
+        taken = await taken_by_someone(stub, "user:alice:s6")
         session = stub.Session(metadata=ALICE)
-        await session.write(acquire(1, "file:s6", wait_ms=30_000))
-        await wait_for_waiters(stub, "file:s6", 1, metadata=ALICE)
+        await session.write(acquire(1, "user:alice:s6", wait_ms=30_000))
+        await wait_for_waiters(stub, "user:alice:s6", 1, metadata=ALICE)
         session.cancel()
         # The waiter's key is removed: the holder is alone, and its release frees the lock
         # for the next caller at once (nobody left in the queue).
-        await wait_for_waiters(stub, "file:s6", 0, metadata=ALICE)
+        await wait_for_waiters(stub, "user:alice:s6", 0, metadata=ALICE)
         await stub.Release(
-            locks_pb2.ReleaseRequest(key="file:s6", token=taken.token), metadata=ALICE
+            locks_pb2.ReleaseRequest(key="user:alice:s6", token=taken.token), metadata=ALICE
         )
-        assert not (await holder(stub, "file:s6")).held
+        assert not (await holder(stub, "user:alice:s6")).held
 
 
 async def test_a_session_whose_token_expires_is_ended_unauthenticated(etcd) -> None:  # type: ignore[no-untyped-def]
@@ -245,13 +249,13 @@ async def test_a_session_whose_token_expires_is_ended_unauthenticated(etcd) -> N
         ):
             expires = int(time.time()) + 3
             session = stub.Session(metadata=bearer(key.sign(claims(exp=expires))))
-            lock = (await ask(session, acquire(1, "file:s7"))).lock
+            lock = (await ask(session, acquire(1, "user:alice:s7"))).lock
             assert lock.token > 0
             # Requests go on being checked: once the token is past its exp, the stream ends.
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 async with asyncio.timeout(30):
                     for i in range(2, 100_000):
-                        await ask(session, release(i, "file:none", 1))
+                        await ask(session, release(i, "user:alice:none", 1))
                         await asyncio.sleep(0.2)
             assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert error_info(caught.value).reason == "TOKEN_EXPIRED"
@@ -265,9 +269,9 @@ async def test_lock_client_takes_and_releases_through_one_session(etcd) -> None:
         client = LockClient(channel, owner="worker", token=USER_TOKEN)
         try:
             for _ in range(3):
-                async with client.hold("file:s8", ttl=10, wait_timeout=5) as lock:
-                    assert (await holder(stub, "file:s8")).lock.token == lock.token
-                assert not (await holder(stub, "file:s8")).held
+                async with client.hold("user:alice:s8", ttl=10, wait_timeout=5) as lock:
+                    assert (await holder(stub, "user:alice:s8")).lock.token == lock.token
+                assert not (await holder(stub, "user:alice:s8")).held
             assert not client.session.unsupported
         finally:
             await client.close()
@@ -296,7 +300,7 @@ async def test_a_lock_whose_answer_cannot_be_sent_is_released(etcd) -> None:  # 
         stream = GoneClientStream()
 
         async def requests() -> AsyncIterator[locks_pb2.SessionRequest]:
-            yield acquire(1, "file:s10")
+            yield acquire(1, "user:alice:s10")
 
         session = LockSession(
             stream,  # type: ignore[arg-type]
@@ -312,10 +316,11 @@ async def test_a_lock_whose_answer_cannot_be_sent_is_released(etcd) -> None:  # 
         async with grpc.aio.insecure_channel(f"127.0.0.1:{svc.app.bound_port}") as channel:
             stub = locks_pb2_grpc.LockServiceStub(channel)
             # ... and, since nobody could hear of it, gave it back at once.
-            state = await holder(stub, "file:s10")
+            state = await holder(stub, "user:alice:s10")
             assert not state.held and not state.waiters
             again = await stub.Release(
-                locks_pb2.ReleaseRequest(key="file:s10", token=unsent.lock.token), metadata=ALICE
+                locks_pb2.ReleaseRequest(key="user:alice:s10", token=unsent.lock.token),
+                metadata=ALICE,
             )
             assert not again.released
 
@@ -325,19 +330,22 @@ async def waiting_acquires_past_the_session_limit_go_as_calls(
 ) -> None:
     """Three Acquires of one held key from `client`, whose session takes fewer at once:
     all three queue as waiters (none refused), then each gets the lock in turn."""
-    taken = await taken_by_someone(stub, "file:s9")
+    taken = await taken_by_someone(stub, "user:alice:s9")
     waiting = {
-        asyncio.create_task(client.acquire("file:s9", ttl=10, wait_timeout=30)) for _ in range(3)
+        asyncio.create_task(client.acquire("user:alice:s9", ttl=10, wait_timeout=30))
+        for _ in range(3)
     }
-    await wait_for_waiters(stub, "file:s9", 3, metadata=ALICE)
-    await stub.Release(locks_pb2.ReleaseRequest(key="file:s9", token=taken.token), metadata=ALICE)
+    await wait_for_waiters(stub, "user:alice:s9", 3, metadata=ALICE)
+    await stub.Release(
+        locks_pb2.ReleaseRequest(key="user:alice:s9", token=taken.token), metadata=ALICE
+    )
     tokens = []
     while waiting:
         done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             lock = task.result()
             tokens.append(lock.token)
-            assert await client.release("file:s9", lock.token)
+            assert await client.release("user:alice:s9", lock.token)
     assert len(set(tokens)) == 3 and min(tokens) > taken.token
 
 
@@ -382,9 +390,9 @@ async def test_lock_client_falls_back_to_unary_calls_without_session() -> None:
     await server.start()
     client = LockClient(f"127.0.0.1:{port}", owner="worker")
     try:
-        lock = await client.acquire("file:1", ttl=10, wait_timeout=1)
+        lock = await client.acquire("user:alice:1", ttl=10, wait_timeout=1)
         assert lock.token == 7
-        assert await client.release("file:1", lock.token)
+        assert await client.release("user:alice:1", lock.token)
         assert client.session.unsupported and servicer.released == [7]
     finally:
         await client.close()

@@ -28,7 +28,7 @@ async def test_fifty_contenders_increment_a_shared_counter_exactly(lock_service)
     async def contender(client: LockClient) -> None:
         nonlocal counter, inside
         for _ in range(ROUNDS):
-            lock = await client.acquire("file:counter", ttl=30, wait_timeout=120)
+            lock = await client.acquire("user:alice:counter", ttl=30, wait_timeout=120)
             inside += 1
             assert inside == 1, "two holders at once"
             tokens.append(lock.token)
@@ -36,7 +36,7 @@ async def test_fifty_contenders_increment_a_shared_counter_exactly(lock_service)
             await asyncio.sleep(0)  # a read-await-write race if exclusion ever fails
             counter = seen + 1
             inside -= 1
-            assert await client.release("file:counter", lock.token)
+            assert await client.release("user:alice:counter", lock.token)
 
     try:
         await asyncio.wait_for(asyncio.gather(*(contender(c) for c in clients)), 240)
@@ -45,7 +45,7 @@ async def test_fifty_contenders_increment_a_shared_counter_exactly(lock_service)
             await c.close()
     assert counter == CONTENDERS * ROUNDS
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
-    state = await lock_service.stub.Describe(locks_pb2.DescribeRequest(key="file:counter"))
+    state = await lock_service.stub.Describe(locks_pb2.DescribeRequest(key="user:alice:counter"))
     assert not state.held and list(state.waiters) == []
 
 
@@ -54,7 +54,7 @@ async def test_waiters_are_served_first_come_first_served(lock_service) -> None:
     client = LockClient(lock_service.address, owner="fifo", token=USER_TOKEN)
     try:
         for round_no in range(3):
-            key = f"file:fifo{round_no}"
+            key = f"user:alice:fifo{round_no}"
             first = await stub.Acquire(
                 locks_pb2.AcquireRequest(key=key, owner="first", ttl_seconds=30)
             )

@@ -15,7 +15,7 @@ from serentak.errors import LockLost
 from serentak.locks.v1 import locks_pb2
 from serentak.sdk.locks import LockClient
 from support.ports import free_port
-from support.services import REPO_ROOT, service_process, wait_serving
+from support.services import REPO_ROOT, SUBPROCESS_PYTHONPATH, service_process, wait_serving
 
 pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
@@ -32,7 +32,7 @@ def _start_locks(port: int, env: dict[str, str], log_path: Path) -> subprocess.P
     """`python -m services.locks` on a fixed port (so a restart keeps its address)."""
     full_env = {
         **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONPATH": SUBPROCESS_PYTHONPATH,
         "SERENTAK_LOCKS_PORT": str(port),
         "SERENTAK_LOCKS_METRICS_PORT": "0",
         **env,
@@ -62,7 +62,7 @@ async def test_client_reattaches_after_a_quick_service_restart(etcd, tmp_path) -
     processes = [await asyncio.to_thread(_start_locks, port, env, log_path)]
     client = LockClient(f"127.0.0.1:{port}", owner="long-job", token=USER_TOKEN)
     try:
-        async with client.hold("file:r1", ttl=8) as lock:
+        async with client.hold("user:alice:r1", ttl=8) as lock:
             token = lock.token
             _stop(processes[0])  # SIGKILL: a crash, mid-hold
             processes.append(await asyncio.to_thread(_start_locks, port, env, log_path))
@@ -71,9 +71,9 @@ async def test_client_reattaches_after_a_quick_service_restart(etcd, tmp_path) -
             # The restarted service keeps renewing: expiry moves forward again.
             await _until(lambda: lock.lock.expires_at.ToSeconds() > renewed_after, within=8)
             assert lock.token == token and lock.lost is None
-            state = await client.describe("file:r1")
+            state = await client.describe("user:alice:r1")
             assert state.lock.token == token
-        state = await client.describe("file:r1")
+        state = await client.describe("user:alice:r1")
         assert not state.held
     finally:
         await client.close()
@@ -89,7 +89,7 @@ async def test_client_reports_loss_when_the_service_stays_away_longer_than_the_t
         client = LockClient(svc.address, owner="long-job", token=USER_TOKEN)
         try:
             with pytest.raises(LockLost):
-                async with client.hold("file:r2", ttl=2) as lock:
+                async with client.hold("user:alice:r2", ttl=2) as lock:
                     svc.process.kill()
                     await asyncio.sleep(30)  # the body would run on; the loss cancels it
             assert lock.lost is not None

@@ -6,13 +6,18 @@ Real etcd, the service in-process; calls carry dev-mode bearer credentials.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 import pytest
 from locks.isolated_service import locks_service
-from locks.lock_assertions import wait_for_waiters
+from locks.lock_assertions import (
+    expect,
+    hold_first_event,
+    session_first_answer,
+    wait_for_waiters,
+)
 from locks.principals import (
+    OPS_TOKEN,
     OTHER_TENANT_TOKEN,
     SAME_TENANT_TOKEN,
     SERVICE_TOKEN,
@@ -28,11 +33,12 @@ from services.locks.keys import KeySpace
 
 pytestmark = pytest.mark.etcd
 
-ALICE, BOB, MALLORY, SERVICE = (
+ALICE, BOB, MALLORY, SERVICE, OPS = (
     bearer(USER_TOKEN),
     bearer(SAME_TENANT_TOKEN),
     bearer(OTHER_TENANT_TOKEN),
     bearer(SERVICE_TOKEN),
+    bearer(OPS_TOKEN),
 )
 
 
@@ -44,123 +50,81 @@ def acquire(
     )
 
 
-async def expect(call, code: grpc.StatusCode, reason: str) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    assert caught.value.code() == code, caught.value.details()
-    assert error_info(caught.value).reason == reason
-
-
-async def first_answer(call, request):  # type: ignore[no-untyped-def]
-    """Send `request` on a bidi `call` and read its first answer. A call the server
-    refused at once may already be closed when the request goes out: that write fails
-    with the client's own error ("Internal error from Core"), and the read then raises
-    the status the server sent, which is what the caller checks."""
-    try:
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await call.write(request)
-        return await call.read()
-    finally:
-        call.cancel()
-
-
-async def hold_first_event(stub, request: locks_pb2.HoldRequest, metadata=()):  # type: ignore[no-untyped-def]
-    return await first_answer(stub.Hold(metadata=metadata), request)
-
-
-async def session_first_answer(stub, request: locks_pb2.SessionRequest, metadata=()):  # type: ignore[no-untyped-def]
-    return await first_answer(stub.Session(metadata=metadata), request)
-
-
 async def test_anonymous_and_unknown_callers_are_refused_on_every_rpc(etcd) -> None:  # type: ignore[no-untyped-def]
     methods = locks_pb2.DESCRIPTOR.services_by_name["LockService"].methods_by_name
     assert set(methods) == {"Acquire", "Refresh", "Release", "Describe", "List", "Hold", "Session"}
     async with locks_service(etcd) as (stub, _, _):
-        held = await stub.Acquire(acquire("file:a1"), metadata=ALICE)
+        held = await stub.Acquire(acquire("user:alice:a1"), metadata=ALICE)
         for metadata, reason in (
             ((), "MISSING_CREDENTIALS"),
             (bearer("forged"), "INVALID_CREDENTIALS"),
         ):
             calls = [
-                stub.Acquire(acquire("file:a2"), metadata=metadata),
+                stub.Acquire(acquire("user:alice:a2"), metadata=metadata),
                 stub.Refresh(
-                    locks_pb2.RefreshRequest(key="file:a1", token=held.token), metadata=metadata
+                    locks_pb2.RefreshRequest(key="user:alice:a1", token=held.token),
+                    metadata=metadata,
                 ),
                 stub.Release(
-                    locks_pb2.ReleaseRequest(key="file:a1", token=held.token), metadata=metadata
+                    locks_pb2.ReleaseRequest(key="user:alice:a1", token=held.token),
+                    metadata=metadata,
                 ),
-                stub.Describe(locks_pb2.DescribeRequest(key="file:a1"), metadata=metadata),
+                stub.Describe(locks_pb2.DescribeRequest(key="user:alice:a1"), metadata=metadata),
                 stub.List(locks_pb2.ListRequest(), metadata=metadata),
                 hold_first_event(
-                    stub, locks_pb2.HoldRequest(key="file:a1", token=held.token), metadata
+                    stub, locks_pb2.HoldRequest(key="user:alice:a1", token=held.token), metadata
                 ),
                 session_first_answer(
-                    stub, locks_pb2.SessionRequest(id=1, acquire=acquire("file:a2")), metadata
+                    stub, locks_pb2.SessionRequest(id=1, acquire=acquire("user:alice:a2")), metadata
                 ),
             ]
             for call in calls:
                 await expect(call, grpc.StatusCode.UNAUTHENTICATED, reason)
         # Nothing of the above touched the lock.
-        state = await stub.Describe(locks_pb2.DescribeRequest(key="file:a1"), metadata=ALICE)
+        state = await stub.Describe(locks_pb2.DescribeRequest(key="user:alice:a1"), metadata=ALICE)
         assert state.held and state.lock.token == held.token
 
 
 async def test_another_tenants_lock_is_invisible_and_untouchable(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
-        held = await stub.Acquire(acquire("file:secret"), metadata=ALICE)
-        # Same tenant: bob sees it.
-        seen = await stub.Describe(locks_pb2.DescribeRequest(key="file:secret"), metadata=BOB)
-        assert seen.held and seen.lock.token == held.token
-
-        # Another tenant, in its own key space: the key is simply not held there.
-        desc = await stub.Describe(locks_pb2.DescribeRequest(key="file:secret"), metadata=MALLORY)
-        assert not desc.held and not desc.HasField("lock")
+        held = await stub.Acquire(acquire("user:alice:secret"), metadata=ALICE)
+        # Another tenant's user lists only its own (empty) space.
         listed = await stub.List(locks_pb2.ListRequest(), metadata=MALLORY)
         assert list(listed.locks) == [] and listed.next_page_token == ""
-        released = await stub.Release(
-            locks_pb2.ReleaseRequest(key="file:secret", token=held.token), metadata=MALLORY
-        )
-        assert not released.released
-        await expect(
-            stub.Refresh(
-                locks_pb2.RefreshRequest(key="file:secret", token=held.token), metadata=MALLORY
-            ),
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "LOCK_LOST",
-        )
-        event = await hold_first_event(
-            stub, locks_pb2.HoldRequest(key="file:secret", token=held.token), MALLORY
-        )
-        assert event.lost.reason == locks_pb2.LOST_REASON_NOT_HOLDER
 
-        # Naming alice's tenant explicitly: NOT_FOUND on every RPC.
+        # Naming alice's tenant explicitly: NOT_FOUND on every RPC, whatever the key.
         acme = "acme"
-        for call in (
-            stub.Acquire(acquire("file:secret", tenant=acme), metadata=MALLORY),
-            stub.Describe(
-                locks_pb2.DescribeRequest(key="file:secret", tenant_id=acme), metadata=MALLORY
-            ),
+        for key in ("user:alice:secret", "user:mallory:secret"):
+            for call in (
+                stub.Acquire(acquire(key, tenant=acme), metadata=MALLORY),
+                stub.Describe(locks_pb2.DescribeRequest(key=key, tenant_id=acme), metadata=MALLORY),
+                stub.Release(
+                    locks_pb2.ReleaseRequest(key=key, token=held.token, tenant_id=acme),
+                    metadata=MALLORY,
+                ),
+                stub.Refresh(
+                    locks_pb2.RefreshRequest(key=key, token=held.token, tenant_id=acme),
+                    metadata=MALLORY,
+                ),
+                hold_first_event(
+                    stub,
+                    locks_pb2.HoldRequest(key=key, token=held.token, tenant_id=acme),
+                    MALLORY,
+                ),
+            ):
+                await expect(call, grpc.StatusCode.NOT_FOUND, "LOCK_NOT_FOUND")
+        await expect(
             stub.List(locks_pb2.ListRequest(tenant_id=acme), metadata=MALLORY),
-            stub.Release(
-                locks_pb2.ReleaseRequest(key="file:secret", token=held.token, tenant_id=acme),
-                metadata=MALLORY,
-            ),
-            stub.Refresh(
-                locks_pb2.RefreshRequest(key="file:secret", token=held.token, tenant_id=acme),
-                metadata=MALLORY,
-            ),
-            hold_first_event(
-                stub,
-                locks_pb2.HoldRequest(key="file:secret", token=held.token, tenant_id=acme),
-                MALLORY,
-            ),
-        ):
-            await expect(call, grpc.StatusCode.NOT_FOUND, "LOCK_NOT_FOUND")
+            grpc.StatusCode.NOT_FOUND,
+            "LOCK_NOT_FOUND",
+        )
 
-        # Mallory's own lock of the same name is a different lock; alice's is untouched.
-        hers = await stub.Acquire(acquire("file:secret"), metadata=MALLORY)
+        # Mallory's own lock lives in her tenant; alice's is untouched.
+        hers = await stub.Acquire(acquire("user:mallory:secret"), metadata=MALLORY)
         assert hers.token != held.token
-        state = await stub.Describe(locks_pb2.DescribeRequest(key="file:secret"), metadata=ALICE)
+        state = await stub.Describe(
+            locks_pb2.DescribeRequest(key="user:alice:secret"), metadata=ALICE
+        )
         assert state.held and state.lock.token == held.token
 
 
@@ -169,8 +133,10 @@ async def test_service_principal_locks_file_keys_of_any_tenant(etcd) -> None:  #
         acme = await stub.Acquire(acquire("file:f1", tenant="acme"), metadata=SERVICE)
         evil = await stub.Acquire(acquire("file:f1", tenant="evil"), metadata=SERVICE)
         assert acme.token != evil.token
-        for metadata, token in ((ALICE, acme.token), (MALLORY, evil.token)):
-            state = await stub.Describe(locks_pb2.DescribeRequest(key="file:f1"), metadata=metadata)
+        for tenant, token in (("acme", acme.token), ("evil", evil.token)):
+            state = await stub.Describe(
+                locks_pb2.DescribeRequest(key="file:f1", tenant_id=tenant), metadata=SERVICE
+            )
             assert state.held and state.lock.token == token
         # alice's own user: lock is not the service's business, nor in its listing.
         await stub.Acquire(acquire("user:alice:inbox"), metadata=ALICE)
@@ -220,11 +186,12 @@ async def test_service_principal_locks_file_keys_of_any_tenant(etcd) -> None:  #
 async def test_lock_client_as_service_holds_a_tenants_file_lock(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, channel):
         client = LockClient(channel, owner="merge", token=SERVICE_TOKEN)
+        described = locks_pb2.DescribeRequest(key="file:m1", tenant_id="acme")
         async with client.hold("file:m1", ttl=5, tenant_id="acme") as lock:
-            state = await stub.Describe(locks_pb2.DescribeRequest(key="file:m1"), metadata=ALICE)
+            state = await stub.Describe(described, metadata=OPS)
             assert state.held and state.lock.token == lock.token
-            assert state.lock.owner == "merge"
-        state = await stub.Describe(locks_pb2.DescribeRequest(key="file:m1"), metadata=ALICE)
+            assert (state.lock.owner, state.lock.principal) == ("merge", "service:upload")
+        state = await stub.Describe(described, metadata=OPS)
         assert not state.held
 
 
@@ -234,27 +201,27 @@ async def test_caps_on_held_locks_and_waiters_per_tenant(etcd) -> None:  # type:
         _,
         _,
     ):
-        await stub.Acquire(acquire("file:c1"), metadata=ALICE)
-        await stub.Acquire(acquire("file:c2"), metadata=BOB)  # same tenant, same budget
+        await stub.Acquire(acquire("user:alice:c1"), metadata=ALICE)
+        await stub.Acquire(acquire("user:bob:c2"), metadata=BOB)  # same tenant, same budget
         await expect(
-            stub.Acquire(acquire("file:c3"), metadata=ALICE),
+            stub.Acquire(acquire("user:alice:c3"), metadata=ALICE),
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "TENANT_LOCK_LIMIT",
         )
         # Another tenant has its own budget; services are not capped.
-        await stub.Acquire(acquire("file:c3"), metadata=MALLORY)
+        await stub.Acquire(acquire("user:mallory:c3"), metadata=MALLORY)
         await stub.Acquire(acquire("file:c3", tenant="acme"), metadata=SERVICE)
         # One waiter may queue; the second is refused at once, leaving no key behind.
         waiting = asyncio.ensure_future(
-            stub.Acquire(acquire("file:c1", wait_ms=20_000), metadata=BOB)
+            stub.Acquire(acquire("user:alice:c1", wait_ms=20_000), metadata=ALICE)
         )
-        await wait_for_waiters(stub, "file:c1", 1, metadata=ALICE)
+        await wait_for_waiters(stub, "user:alice:c1", 1, metadata=ALICE)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.Acquire(acquire("file:c2", wait_ms=20_000), metadata=ALICE)
+            await stub.Acquire(acquire("user:bob:c2", wait_ms=20_000), metadata=BOB)
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         info = error_info(caught.value)
         assert info.reason == "TENANT_WAITER_LIMIT" and info.metadata["limit"] == "1"
-        state = await stub.Describe(locks_pb2.DescribeRequest(key="file:c2"), metadata=ALICE)
+        state = await stub.Describe(locks_pb2.DescribeRequest(key="user:bob:c2"), metadata=BOB)
         assert list(state.waiters) == []
         waiting.cancel()
 
@@ -263,7 +230,7 @@ async def test_lock_cap_holds_when_many_acquires_race(etcd) -> None:  # type: ig
     cap = 3
     async with locks_service(etcd, lock_max_held_per_tenant=cap) as (stub, prefix, _):
         results = await asyncio.gather(
-            *(stub.Acquire(acquire(f"file:r{i}"), metadata=ALICE) for i in range(12)),
+            *(stub.Acquire(acquire(f"user:alice:r{i}"), metadata=ALICE) for i in range(12)),
             return_exceptions=True,
         )
         won = [r for r in results if isinstance(r, locks_pb2.Lock)]
@@ -281,13 +248,13 @@ async def test_lock_cap_holds_when_many_acquires_race(etcd) -> None:  # type: ig
 
 async def test_list_is_paginated_with_an_opaque_token(etcd) -> None:  # type: ignore[no-untyped-def]
     async with locks_service(etcd) as (stub, _, _):
-        names = ["file:p1", "file:p2", "file:p3", "file:p4", "file:p5", "user:alice:x"]
+        names = [f"user:alice:p{i}" for i in range(1, 6)] + ["user:alice:x"]
         for name in names:
             await stub.Acquire(acquire(name), metadata=ALICE)
         seen, token, pages = [], "", 0
         while True:
             page = await stub.List(
-                locks_pb2.ListRequest(prefix="file:", page_size=2, page_token=token),
+                locks_pb2.ListRequest(prefix="user:alice:p", page_size=2, page_token=token),
                 metadata=ALICE,
             )
             pages += 1
@@ -301,15 +268,19 @@ async def test_list_is_paginated_with_an_opaque_token(etcd) -> None:  # type: ig
         assert everything.next_page_token == ""
 
         first = await stub.List(locks_pb2.ListRequest(page_size=2), metadata=ALICE)
-        # Another tenant replaying the token lists only its own (empty) space.
-        replay = await stub.List(
-            locks_pb2.ListRequest(page_size=2, page_token=first.next_page_token),
-            metadata=MALLORY,
-        )
-        assert list(replay.locks) == []
+        # Another user replaying the token: it is bound to alice's space, not hers.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.List(
+                locks_pb2.ListRequest(page_size=2, page_token=first.next_page_token),
+                metadata=MALLORY,
+            )
+        assert error_info(caught.value).metadata["field"] == "page_token"
         bad = [
             (locks_pb2.ListRequest(page_token="not-a-token"), "page_token"),
-            (locks_pb2.ListRequest(prefix="user:", page_token=first.next_page_token), "page_token"),
+            (
+                locks_pb2.ListRequest(prefix="user:alice:p", page_token=first.next_page_token),
+                "page_token",
+            ),
             (locks_pb2.ListRequest(page_size=-1), "page_size"),
         ]
         for request, field in bad:

@@ -19,6 +19,9 @@ from support.ports import free_port
 from support.process import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# A service process imports this checkout: its client package (the generated stubs of its
+# protos) before any installed copy, then the server.
+SUBPROCESS_PYTHONPATH = os.pathsep.join([str(REPO_ROOT / "client"), str(REPO_ROOT)])
 READY_TIMEOUT_S = 60.0
 
 
@@ -96,7 +99,7 @@ def service_process(
         "SERENTAK_AUTH_MODE": "dev",
         f"SERENTAK_{name.upper()}_PORT": str(port),
         f"SERENTAK_{name.upper()}_METRICS_PORT": str(metrics_port),
-        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONPATH": SUBPROCESS_PYTHONPATH,
         # The upload process's webhook listener: a free port, so parallel services never collide.
         "SERENTAK_SYNC_WEBHOOK_PORT": str(free_port()),
         **(env or {}),

@@ -16,10 +16,15 @@ from typing import Any
 import grpc
 import pytest
 from prometheus_client import REGISTRY
-from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import delete
-from upload.upload_helpers import chunk_request, create_request, split, wait_status
+from upload.upload_helpers import (
+    chunk_request,
+    create_request,
+    file_lock_client,
+    split,
+    wait_status,
+)
 
 from services.common.db import create_engine, session_factory
 from services.common.jobs import RuntimeOptions
@@ -101,7 +106,7 @@ async def test_each_upload_metric_moves_with_what_it_counts(cluster, locks_addre
 
     # A merge that waits for a held file lock fails that attempt for the lock, then, with the
     # lock released, completes: both status times observed.
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    holder = file_lock_client(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
     up = await alice.uploads.CreateUpload(create_request(data, CHUNK, name="m.bin"), metadata=md)
     lock = await holder.acquire(f"file:{up.file_id}", ttl=30, wait_timeout=5)
     try:

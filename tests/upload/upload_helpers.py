@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2
 from serentak.events.v1 import events_pb2
+from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import func, select
 from support.grpc_errors import error_info
@@ -22,6 +23,14 @@ from services.upload.merge.merge_job import enqueue_merge
 from services.upload.models import ChunkRow, UploadRow
 
 DEADLINE_S = 60.0
+# Who takes a file's `file:` lock from outside the merge: the operator, in alice's tenant
+# (`file:` keys are the merge's and the operators', never a user's; issue 33).
+FILE_LOCK_TOKEN, FILE_LOCK_TENANT = "dev-ops", "acme"
+
+
+def file_lock_client(locks_address: str, owner: str) -> LockClient:
+    """A lock client that may hold a file's lock against the merge (the operator's)."""
+    return LockClient(locks_address, owner=owner, token=FILE_LOCK_TOKEN, tenant_id=FILE_LOCK_TENANT)
 
 
 async def expect_error(
@@ -153,16 +162,18 @@ async def content_updated_uploads(database_url: str) -> list[str]:
     ]
 
 
-async def wait_status(client: Any, upload_id: str, *statuses: int) -> upload_pb2.Upload:
-    """Poll GetUpload until it reaches one of `statuses` (deadline DEADLINE_S)."""
-    deadline = time.monotonic() + DEADLINE_S
+async def wait_status(
+    client: Any, upload_id: str, *statuses: int, deadline_s: float = DEADLINE_S
+) -> upload_pb2.Upload:
+    """Poll GetUpload until it reaches one of `statuses`; fail after `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
     while True:
         upload = await client.uploads.GetUpload(
             upload_pb2.GetUploadRequest(upload_id=upload_id), metadata=client.metadata
         )
         if upload.status in statuses:
             return upload
-        assert time.monotonic() < deadline, f"upload stuck in {upload.status}"
+        assert time.monotonic() < deadline, f"upload stuck in {upload.status} for {deadline_s} s"
         await asyncio.sleep(0.02)
 
 

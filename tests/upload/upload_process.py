@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import grpc
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from support.services import ServiceProcess, service_process
-from upload.upload_helpers import wait_status
+from upload.upload_helpers import DEADLINE_S, wait_status
 
 ALICE = (("authorization", "Bearer dev-alice"),)
 
@@ -59,11 +59,16 @@ def kill(proc: ServiceProcess) -> None:
 
 
 async def wait_completed(
-    stub: upload_pb2_grpc.UploadServiceStub, upload_id: str, metadata=ALICE
+    stub: upload_pb2_grpc.UploadServiceStub,
+    upload_id: str,
+    metadata=ALICE,
+    deadline_s: float = DEADLINE_S,
 ) -> upload_pb2.Upload:
-    """The upload once it is COMPLETED (bounded by `wait_status`)."""
+    """The upload once it is COMPLETED; fails after `deadline_s` (`wait_status`)."""
     client = SimpleNamespace(uploads=stub, metadata=metadata)
-    return await wait_status(client, upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+    return await wait_status(
+        client, upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED, deadline_s=deadline_s
+    )
 
 
 async def wait_for(predicate: Callable[[], object], what: Callable[[], str], limit_s=30.0):

@@ -425,6 +425,10 @@ class SerentakClient(FileCalls):
     ) -> HeldLock:
         """`async with` this to hold `key` while the block runs (`serentak.sdk.locks`).
 
+        A user's `key` lives in its own space, `user:{user_id}:{scope}` (e.g.
+        `user:alice:report`); `file:` keys and other users' spaces are refused
+        (PERMISSION_DENIED).
+
         Acquires (`LockHeld` when another holder keeps it past `wait_timeout_ms`), keeps its
         lease alive over a Hold stream and releases it on exit. The `HeldLock` has the
         fencing `token` (and the Lock message as `lock`): carry it into writes made under

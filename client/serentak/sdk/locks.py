@@ -11,7 +11,9 @@ Every call carries a credential (the lock service refuses anonymous callers): th
 principal's call credentials in `security` (a `serentak.credentials.ClientSecurity`: its
 token and TLS files), or a bearer `token` added to each call's metadata. A service
 principal names the tenant whose key space holds the lock (`tenant_id`); a user principal
-may leave it empty (its own tenant).
+may leave it empty (its own tenant). `file:` keys are for the merge and operators; a user
+locks in its own space, `user:{user_id}:{scope}`. Only the principal that acquired a lock
+releases, refreshes or holds it.
 
 `hold()` acquires (raising `LockHeld` when the wait runs out), opens a `Hold` stream so
 the service renews the lease, and exposes `lock.token` for fencing.

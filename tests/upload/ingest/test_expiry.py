@@ -10,12 +10,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from upload.upload_helpers import (
     chunk_row_count,
     create_request,
     download,
+    file_lock_client,
     put_chunks,
     split,
     wait_chunks_purged,
@@ -61,7 +61,7 @@ async def test_cleanup_spares_merging_and_completed_uploads(cluster, locks_addre
         metadata=alice.metadata,
     )
     # Park a merge on the file lock: the upload stays `merging` with all its chunks.
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    holder = file_lock_client(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
     ups["merging"] = await _start(alice, data["merging"], "merging.bin")
     key = f"file:{ups['merging'].file_id}"
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)

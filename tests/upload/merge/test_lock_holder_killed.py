@@ -13,10 +13,9 @@ import sys
 import uuid
 
 import pytest
-from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from support.services import REPO_ROOT
-from upload.upload_helpers import chunk_request, create_request, wait_status
+from upload.upload_helpers import chunk_request, create_request, file_lock_client, wait_status
 
 from services.common.db import create_engine, session_factory
 from services.upload.errors import StaleFencingToken
@@ -29,7 +28,7 @@ import asyncio, sys
 from serentak.sdk.locks import LockClient
 
 async def main() -> None:
-    client = LockClient(sys.argv[1], owner="doomed", token="dev-alice")
+    client = LockClient(sys.argv[1], owner="doomed", token="dev-ops", tenant_id="acme")
     async with client.hold(sys.argv[2], ttl=int(sys.argv[3]), wait_timeout=10) as held:
         print(held.token, flush=True)
         await asyncio.Event().wait()  # holds (Hold keeps the lease alive) until killed
@@ -40,7 +39,7 @@ asyncio.run(main())
 
 @pytest.fixture
 async def lock_client(locks_address: str):
-    client = LockClient(locks_address, owner=f"next-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    client = file_lock_client(locks_address, owner=f"next-{uuid.uuid4().hex[:6]}")
     yield client
     await client.close()
 

@@ -16,12 +16,12 @@ import uuid
 from typing import Any
 
 import pytest
-from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
 from upload.conftest import upload_settings
 from upload.upload_helpers import (
     chunk_request,
     create_request,
+    file_lock_client,
     put_chunks,
     sha256,
     split,
@@ -104,7 +104,7 @@ async def test_file_lock_held_past_every_attempt_fails_the_upload(cluster, locks
     data = os.urandom(CHUNK * 2)
     upload = await alice.uploads.CreateUpload(create_request(data, CHUNK), metadata=alice.metadata)
     key = f"file:{upload.file_id}"
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    holder = file_lock_client(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     try:
         await put_chunks(alice, upload.upload_id, split(data, CHUNK))

@@ -8,9 +8,15 @@ import uuid
 
 import pytest
 from prometheus_client import REGISTRY
-from serentak.sdk.locks import LockClient
 from serentak.upload.v1 import upload_pb2
-from upload.upload_helpers import chunk_request, create_request, put_chunks, split, wait_status
+from upload.upload_helpers import (
+    chunk_request,
+    create_request,
+    file_lock_client,
+    put_chunks,
+    split,
+    wait_status,
+)
 
 from services.common.db import create_engine, session_factory
 from services.upload.errors import StaleFencingToken
@@ -55,7 +61,7 @@ async def test_corrupt_chunk_fails_the_upload_with_the_reason(cluster) -> None:
 
 @pytest.fixture
 async def lock_client(locks_address: str):
-    client = LockClient(locks_address, owner=f"test-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    client = file_lock_client(locks_address, owner=f"test-{uuid.uuid4().hex[:6]}")
     yield client
     await client.close()
 

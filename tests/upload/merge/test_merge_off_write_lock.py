@@ -14,6 +14,7 @@ from upload.upload_helpers import (
     chunk_request,
     create_request,
     download,
+    file_lock_client,
     put_chunks,
     split,
     wait_status,
@@ -46,7 +47,7 @@ async def test_chunks_of_other_uploads_are_stored_while_a_merge_waits(
         create_request(other, CHUNK, name="other.bin"), metadata=alice.metadata
     )
     key = f"file:{upload.file_id}"
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    holder = file_lock_client(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     try:
         await put_chunks(alice, upload.upload_id, split(data, CHUNK))

@@ -21,6 +21,7 @@ from upload.upload_helpers import (
     create_request,
     download,
     expect_error,
+    file_lock_client,
     put_chunks,
     split,
     wait_status,
@@ -84,7 +85,7 @@ async def _merge_parked_on_the_lock(cluster, locks_address, file_id: str, data: 
         metadata=bob.metadata,
     )
     key = f"file:{file_id}"
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    holder = file_lock_client(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
     lock = await holder.acquire(key, ttl=60, wait_timeout=5)
     await put_chunks(bob, upload.upload_id, split(data, CHUNK))
     await _wait_for_waiter(holder, key)

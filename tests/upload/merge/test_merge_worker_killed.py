@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 import uuid
 
-from serentak.sdk.locks import LockClient
-from upload.upload_helpers import chunk_request, content_updated_uploads, create_request, split
+from upload.upload_helpers import (
+    chunk_request,
+    content_updated_uploads,
+    create_request,
+    file_lock_client,
+    split,
+)
 from upload.upload_process import ALICE, kill, upload_env, upload_process, wait_completed, wait_for
 
 CHUNK = 4096
@@ -17,7 +22,7 @@ async def test_killed_merge_worker_still_completes_once(
 ) -> None:
     env = upload_env(database_url, locks_address, worker_lease_seconds="2")
     data = os.urandom(CHUNK * 6 + 10)
-    holder = LockClient(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}", token="dev-alice")
+    holder = file_lock_client(locks_address, owner=f"blocker-{uuid.uuid4().hex[:6]}")
     async with upload_process(tmp_path, env) as (proc, stub):
         upload = await stub.CreateUpload(create_request(data, CHUNK), metadata=ALICE)
         # Park the merge after merge_core, waiting for the file lock we hold.
