@@ -112,6 +112,12 @@ class BlobStore(Protocol):
         """`key`'s bytes from `offset` in blocks of at most `block` (range reads)."""
         ...
 
+    async def copy(self, source: str, key: str) -> None:
+        """Make a copy of the object under `source` the object under `key`: all of it
+        appears at once or nothing does (a restored version's own content, RestoreVersion).
+        FileNotFoundError when `source` is missing."""
+        ...
+
     async def delete(self, key: str) -> None:
         """Delete the object under `key` (missing is fine)."""
         ...

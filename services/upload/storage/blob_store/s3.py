@@ -67,6 +67,8 @@ _THREAD_FROM = 256 * 1024
 # for obstore's default three minutes.
 _RETRY: Any = {"max_retries": 3, "retry_timeout": timedelta(seconds=30)}
 _CONNECT_TIMEOUT = timedelta(seconds=5)
+# S3's limit for one CopyObject.
+COPY_OBJECT_MAX = 5 * 1024**3
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,8 @@ class S3BlobStore:
         self._part_size = part_size
         self._concurrency = concurrency
         self.description = description
+        # The largest object one CopyObject copies (S3's limit); bigger ones are streamed.
+        self.copy_object_max = COPY_OBJECT_MAX
 
     @classmethod
     def from_settings(cls, settings: UploadSettings) -> S3BlobStore:
@@ -286,6 +290,24 @@ class S3BlobStore:
                 view = memoryview(piece)
                 for start in range(0, len(view), block):
                     yield bytes(view[start : start + block])
+
+    async def copy(self, source: str, key: str) -> None:
+        """One server-side CopyObject (no bytes through this process) up to the 5 GiB S3
+        allows in one; above that, `source` streamed into a multipart upload of `key`
+        (memory: the parts in flight), completed only once every byte was read."""
+        size = await self.size(source)
+        with _store_errors("copy", key):
+            if size <= self.copy_object_max:
+                await obstore.copy_async(self._store, source, key)
+                return
+            await obstore.put_async(
+                self._store,
+                key,
+                self._blocks(source, 0, -1, self._part_size),
+                use_multipart=True,
+                chunk_size=self._part_size,
+                max_concurrency=self._concurrency,
+            )
 
     async def delete(self, key: str) -> None:
         """Delete the object under `key` (missing is fine)."""
