@@ -73,7 +73,7 @@ def build_app(
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(parts.auth, parts.files, parts.limiter),
+                FileServicer(parts.auth, parts.files, parts.limiter, parts.restores),
                 _SERVICES["FileService"].full_name,
             ),
             Servicer(

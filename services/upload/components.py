@@ -30,6 +30,7 @@ from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.inline import InlineMerges
 from services.upload.merge.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
+from services.upload.merge.restore_version import VersionRestores
 from services.upload.merge.stuck_merges import fail_dead_merges
 from services.upload.merge.upload_file import FileLockPolicy, UploadFiles
 from services.upload.settings import UploadSettings
@@ -64,6 +65,8 @@ class UploadComponents:
     # Merges run in the request that starts them (UploadFile, small uploads' last chunk).
     inline: InlineMerges
     upload_files: UploadFiles
+    # RestoreVersion: an older version committed again under the file lock.
+    restores: VersionRestores
     files: Files
     # Per-caller limit on the expensive RPCs (one limiter: counters per RPC and caller).
     limiter: RateLimiter
@@ -79,6 +82,7 @@ class UploadComponents:
         await self.uploads.close()
         # Before the lock client closes: a run still going hands its job back.
         await self.upload_files.close()
+        await self.restores.close()
         await self.inline.close()
         await self.signals.close()
         await self.sync.close()
@@ -199,6 +203,10 @@ def build_components(
     inline = InlineMerges(
         sessions, registry, node_id=options.node_id, lease_seconds=options.lease_seconds
     )
+    lock_policy = FileLockPolicy(
+        ttl_seconds=settings.merge_lock_ttl_seconds,
+        wait_seconds=settings.merge_lock_wait_ms / 1000,
+    )
     return UploadComponents(
         settings=settings,
         engine=engine,
@@ -220,11 +228,9 @@ def build_components(
             locks=locks,
             signals=signals,
             max_chunk_size=settings.max_chunk_size,
-            lock_policy=FileLockPolicy(
-                ttl_seconds=settings.merge_lock_ttl_seconds,
-                wait_seconds=settings.merge_lock_wait_ms / 1000,
-            ),
+            lock_policy=lock_policy,
         ),
+        restores=VersionRestores(sessions, blobs, locks, settings, lock_policy),
         files=Files(
             sessions,
             blobs,

@@ -19,12 +19,14 @@ from services.common.errors import InvalidArgument
 from services.common.rate_limit import RateLimiter
 from services.upload import convert
 from services.upload.audit import UploadAudit
+from services.upload.files.history import version_message
 from services.upload.files.use_cases import Files
 from services.upload.ingest.chunk_commits import Chain
 from services.upload.ingest.chunks import ChunkOutcome, ChunkStore, PreparedChunk
 from services.upload.ingest.finish_waits import UploadWaits
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.inline import InlineMerges
+from services.upload.merge.restore_version import VersionRestores
 from services.upload.merge.upload_file import UploadFiles
 from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT, INLINE_MERGES
 
@@ -237,10 +239,17 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
 class FileServicer(upload_pb2_grpc.FileServiceServicer):
     """The versioned file tree."""
 
-    def __init__(self, auth: Authenticator, files: Files, limiter: RateLimiter) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        files: Files,
+        limiter: RateLimiter,
+        restores: VersionRestores | None = None,
+    ) -> None:
         self._auth = auth
         self._files = files
         self._limiter = limiter
+        self._restores = restores
 
     async def CreateFolder(
         self, request: upload_pb2.CreateFolderRequest, context: grpc.aio.ServicerContext
@@ -346,14 +355,36 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
     ) -> AsyncIterator[upload_pb2.DownloadChunk]:
         identity = self._auth.require_user(context)
         await self._limiter.check(identity, "Download")
-        file, blocks = await self._files.open_download(identity, request)
+        content, blocks = await self._files.open_download(identity, request)
         offset = request.offset
         async for block in blocks:
             yield upload_pb2.DownloadChunk(offset=offset, data=block)
             BYTES_SENT.inc(len(block))
             offset += len(block)
-        context.set_trailing_metadata(
-            (("x-checksum", file.checksum), ("x-checksum-algorithm", file.checksum_algorithm))
+        trailing = [
+            ("x-checksum", content.checksum),
+            ("x-checksum-algorithm", content.checksum_algorithm),
+        ]
+        if content.version:
+            trailing.append(("x-version", str(content.version)))
+        context.set_trailing_metadata(tuple(trailing))
+
+    async def ListVersions(
+        self, request: upload_pb2.ListVersionsRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ListVersionsResponse:
+        return await self._files.list_versions(self._auth.require_user(context), request)
+
+    async def RestoreVersion(
+        self, request: upload_pb2.RestoreVersionRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.RestoreVersionResponse:
+        identity = self._auth.require_user(context)
+        await self._limiter.check(identity, "RestoreVersion")
+        assert self._restores is not None, "RestoreVersion needs the VersionRestores use case"
+        done = await self._restores.restore(identity, request)
+        return upload_pb2.RestoreVersionResponse(
+            file=convert.committed_file_message(done.file, done.role, done.upload),
+            version=version_message(done.file, done.upload),
+            restored_from=done.restored_from,
         )
 
 
