@@ -199,6 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="destination file, or a directory (existing, or any path ending in /) to "
         "download into under the file's name; a missing directory is an error",
     )
+    dl.add_argument(
+        "--version",
+        type=positive,
+        default=0,
+        metavar="N",
+        help="an older version (a number `serentak versions FILE_ID` lists; default: current)",
+    )
+    vs = command("versions", "a file's versions, newest first (current, kept, or purged)")
+    vs.add_argument("file_id")
     sh = command("share", "share a file or folder with a user")
     sh.add_argument("file_id")
     sh.add_argument("user", help="a user id, e.g. bob (dev token dev-bob is user bob)")
@@ -217,8 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("--name", default="", help="a new name in its folder")
     rm = command("rm", "delete files or folders (soft: `serentak restore ID` undoes it)")
     rm.add_argument("file_ids", nargs="+", metavar="FILE_ID")
-    rs = command("restore", "undo rm")
+    rs = command(
+        "restore",
+        "undo rm; with VERSION, make that older version the file's next version",
+    )
     rs.add_argument("file_id")
+    rs.add_argument(
+        "version",
+        nargs="?",
+        type=positive,
+        default=None,
+        help="a version number from `serentak versions FILE_ID` (omit it to undo rm)",
+    )
     wa = command(
         "watch",
         "print your notifications as they happen (Ctrl-C stops; --json: one object a line)",

@@ -387,27 +387,41 @@ class SerentakClient(FileCalls):
     # -- files (FileService calls: serentak.sdk.files) -----------------------------
 
     async def download(
-        self, file_id: str, dest: Path, *, progress: ProgressCallback | None = None
+        self,
+        file_id: str,
+        dest: Path,
+        *,
+        version: int = 0,
+        progress: ProgressCallback | None = None,
     ) -> DownloadResult:
-        """Download a file's current content to `dest`, atomically and verified.
+        """Download a file's current content (or kept content `version`, a number
+        `versions()` lists) to `dest`, atomically and verified.
 
         The bytes go to a temporary file in `dest`'s directory, renamed over `dest` only
         after the sha256 matched the server's trailing checksum; on any error nothing is
-        left behind. FileNotFoundError for a missing directory; ChecksumMismatch.
+        left behind. FileNotFoundError for a missing directory; ChecksumMismatch; a version
+        the file never had is NOT_FOUND / VERSION_NOT_FOUND, one past retention
+        FAILED_PRECONDITION / VERSION_PURGED.
         """
-        info = await self.get_file(file_id)
+        size = 0
+        if progress:
+            size = (await self.get_file(file_id)).size
+            if version:
+                size = next(
+                    (v.size for v in await self.versions(file_id) if v.version == version), 0
+                )
         digest = hashlib.sha256()
         done = 0
         if progress:
-            progress(0, info.size)
+            progress(0, size)
         with atomic_destination(dest) as f:
-            call = self.files.Download(upload_pb2.DownloadRequest(file_id=file_id))
+            call = self.files.Download(upload_pb2.DownloadRequest(file_id=file_id, version=version))
             async for block in call:
                 f.write(block.data)
                 digest.update(block.data)
                 done += len(block.data)
                 if progress:
-                    progress(done, max(info.size, done))
+                    progress(done, max(size, done))
             trailing = dict(await call.trailing_metadata() or ())
             algorithm = str(trailing.get("x-checksum-algorithm", ""))
             expected = str(trailing.get("x-checksum", ""))
