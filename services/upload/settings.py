@@ -81,7 +81,8 @@ class UploadSettings(CommonSettings):
     rate_limit: str = Field(
         "300/minute;10000/hour",
         description="Per caller and RPC, for the expensive RPCs (CreateUpload, UploadFile, "
-        "CreateFolder, ListUploads, Download): `limits` notation; RATE_LIMITED with RetryInfo"
+        "CreateFolder, ListUploads, Download, RestoreVersion): `limits` notation; RATE_LIMITED"
+        " with RetryInfo"
         " past it.",
     )
     upload_max_message_bytes: int | None = Field(
