@@ -278,9 +278,10 @@ async def commit_restore(
 def _new_version_row(
     identity: Identity, file: FileRow, source: UploadRow, request_key: str | None, crid: str
 ) -> UploadRow:
-    """The new version's upload row, not yet stored: one chunk's worth, as UploadFile's,
-    `merging` until `commit_content` moves it to `completed` with its version; where the
-    file is now (it may have been renamed or moved since `source`)."""
+    """The new version's upload row, not yet stored: `merging` until `commit_content`
+    moves it to `completed` with its version; where the file is now (it may have been
+    renamed or moved since `source`). No chunks, and it says so (0 of 0), so the audit's
+    chunk counts (invariants 2 and 3) hold for it."""
     now = utcnow()
     content = content_of(source)
     return UploadRow(
@@ -294,12 +295,12 @@ def _new_version_row(
         folder_id=file.parent_id or "",
         name=file.name,
         status=MERGING,
-        total_chunks=1,
+        total_chunks=0,
         total_size=content.size,
         chunk_size=max(content.size, 1),
         checksum_algorithm=content.checksum_algorithm,
         expected_checksum=content.checksum,
-        received_chunk_count=1,
+        received_chunk_count=0,
         created_at=now,
         updated_at=now,
         expires_at=now,

@@ -25,6 +25,7 @@ from upload.version_helpers import (
     versions,
 )
 
+from services.upload.audit import UploadAudit
 from services.upload.files.versions import commit_fenced
 from services.upload.models import COMPLETED, FileRow, UploadRow
 from services.upload.storage.blob_store import content_key
@@ -94,6 +95,12 @@ async def test_a_restore_is_a_new_version_with_its_own_bytes_announced_once(
     assert (await read(alice, file_id))[0] == first
     assert (await read(alice, file_id, version=3))[0] == first
     assert [v.kept for v in (await versions(alice, file_id)).versions] == [True, False, False]
+    # The audit finds nothing wrong with a version that has no chunks: it says 0 of 0, and
+    # its re-hash matches.
+    audit = await UploadAudit(sessions, cluster.blobs, default_sample=100).run()
+    assert done.version.upload_id not in {m.upload_id for m in audit.count_mismatches}
+    checked = {c.file_id: c.ok for c in audit.checksum_checks}
+    assert checked[file_id] is True
 
 
 async def test_only_an_editor_restores(cluster) -> None:
