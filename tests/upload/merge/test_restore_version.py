@@ -56,6 +56,7 @@ async def _two_versions(client) -> tuple[str, bytes, bytes, list[str]]:
     return made.file.file_id, first, second, [made.upload.upload_id, again.upload.upload_id]
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_a_restore_is_a_new_version_with_its_own_bytes_announced_once(
     cluster, sessions
 ) -> None:
