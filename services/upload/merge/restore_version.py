@@ -19,7 +19,8 @@ announced like any upload.
    If the sweep deletes the old bytes before the copy opens them, the answer is
    VERSION_PURGED; once the copy exists, the old version's fate no longer matters.
 3. Under the file lock `file:{file_id}` (the merge's key through the same `FileLocks`,
-   without a Hold stream as UploadFile: one short transaction, fenced), one transaction
+   held `briefly` as UploadFile holds it: no Hold stream, the release not waited for; the
+   body is one short transaction whose write is fenced), one transaction
    re-checks the caller's rights and the file (not deleted, `expected_version`, the source
    still not the current content), stores the new version's upload row within the
    caller's open-upload cap and the tenant's quota, and commits with `commit_content`, the
@@ -186,16 +187,15 @@ class VersionRestores:
         self, identity: Identity, source: UploadRow, upload: UploadRow, expected_version: int
     ) -> Restored:
         """Step 3: re-check, store the row and commit, in one transaction under the lock."""
-        async with self._locks.hold(
+        async with self._locks.briefly(
             f"file:{upload.file_id}",
             tenant_id=upload.tenant_id,
             ttl=self._lock.ttl_seconds,
             wait_timeout=self._lock.wait_seconds,
-            watch=False,
-        ) as lock:
+        ) as token:
             async with self._sessions.begin() as session:
                 done = await commit_restore(
-                    session, self._settings, identity, source, upload, lock.token, expected_version
+                    session, self._settings, identity, source, upload, token, expected_version
                 )
         return done
 
