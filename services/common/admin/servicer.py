@@ -16,6 +16,7 @@ from google.protobuf import timestamp_pb2
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common import audit
 from services.common.auth import Authenticator
 from services.common.errors import InvalidArgument, NotFound
 from services.common.jobs.dead_letters import (
@@ -127,12 +128,21 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.ReplayDeadLetterRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.ReplayDeadLetterResponse:
         """Queue the dead letter's job again (once); it passes the idempotency check."""
-        self._auth.require_ops(context)
+        identity = self._auth.require_ops(context)
         if request.id <= 0:
             raise InvalidArgument("id", "must be a positive dead letter id")
         try:
             async with self._sessions() as session, session.begin():
                 replay = await replay_dead_letter(session, request.id)
+                await audit.record(
+                    session,
+                    tenant_id="",
+                    principal=audit.principal_of(identity),
+                    action="dead_letter.replayed",
+                    target_type="dead_letter",
+                    target_id=str(request.id),
+                    detail={"job_id": replay.job_id, "enqueued": replay.enqueued},
+                )
         except DeadLetterNotFound as exc:
             raise NotFound(f"no dead letter {request.id}", reason="DEAD_LETTER_NOT_FOUND") from exc
         log.info(
@@ -147,13 +157,25 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.PurgeDeadLettersRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.PurgeDeadLettersResponse:
         """Delete dead letters (of one job type, dead before older_than)."""
-        self._auth.require_ops(context)
+        identity = self._auth.require_ops(context)
         older_than = None
         if request.HasField("older_than"):
             older_than = request.older_than.ToDatetime(tzinfo=UTC)
         async with self._sessions() as session, session.begin():
             purged = await purge_dead_letters(
                 session, job_type=request.job_type, older_than=older_than
+            )
+            await audit.record(
+                session,
+                tenant_id="",
+                principal=audit.principal_of(identity),
+                action="dead_letters.purged",
+                target_type="dead_letters",
+                target_id=request.job_type or "*",
+                detail={
+                    "purged": purged,
+                    "older_than": older_than.isoformat() if older_than else "",
+                },
             )
         log.info("dead_letters_purged", purged=purged, job_type=request.job_type)
         return admin_pb2.PurgeDeadLettersResponse(purged=purged)

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.common import validation
+from services.common import audit, validation
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import InvalidArgument
@@ -334,6 +334,17 @@ class Files:
         if not 0 <= request.offset <= file.size:
             raise InvalidArgument("offset", f"must be 0..{file.size}")
         assert file.blob_key is not None
+        # A read changes nothing to share a transaction with: its audit row has its own.
+        async with self._sessions.begin() as session:
+            await audit.record(
+                session,
+                tenant_id=identity.tenant_id,
+                principal=audit.principal_of(identity),
+                action="file.downloaded",
+                target_type="file",
+                target_id=file.id,
+                detail={"version": file.version, "offset": request.offset},
+            )
         return file, _replaced_is_aborted(
             self._blobs.iter_read(file.blob_key, request.offset, DOWNLOAD_BLOCK), file.id
         )
