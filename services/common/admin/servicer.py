@@ -66,8 +66,60 @@ def dead_letter_message(row: dict[str, Any]) -> admin_pb2.DeadLetter:
     )
 
 
+def audit_event_message(row: dict[str, Any]) -> admin_pb2.AuditEvent:
+    """An audit_events row as its protobuf message."""
+    return admin_pb2.AuditEvent(
+        id=row["id"],
+        at=_timestamp(row["at"]),
+        tenant_id=row["tenant_id"],
+        principal=row["principal"],
+        action=row["action"],
+        target_type=row["target_type"],
+        target_id=row["target_id"],
+        correlation_id=row["correlation_id"],
+        detail_json=json.dumps(row["detail"], sort_keys=True),
+    )
+
+
+def _page_size(value: int) -> int:
+    if value < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    return min(value or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _page_after(token: str) -> int:
+    """The id a page token carries (0: the first page)."""
+    if not token:
+        return 0
+    if not token.isdigit():
+        raise InvalidArgument(
+            "page_token", "not a token from a previous page", reason="INVALID_PAGE_TOKEN"
+        )
+    return int(token)
+
+
+def audit_query(request: admin_pb2.ListAuditEventsRequest) -> audit.AuditQuery:
+    """The request's filters, checked: INVALID_ARGUMENT naming the field otherwise."""
+    since = request.since.ToDatetime(tzinfo=UTC) if request.HasField("since") else None
+    until = request.until.ToDatetime(tzinfo=UTC) if request.HasField("until") else None
+    if since is not None and until is not None and until <= since:
+        raise InvalidArgument("until", "must be after since", reason="EMPTY_TIME_RANGE")
+    for field in ("tenant_id", "principal", "target_id"):
+        if len(getattr(request, field)) > 255:
+            raise InvalidArgument(field, "longer than 255 characters")
+    return audit.AuditQuery(
+        tenant_id=request.tenant_id,
+        principal=request.principal,
+        target_id=request.target_id,
+        since=since,
+        until=until,
+        before_id=_page_after(request.page_token),
+        limit=_page_size(request.page_size) + 1,
+    )
+
+
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    """QueueStats, ListDeadLetters, ReplayDeadLetter, PurgeDeadLetters."""
+    """QueueStats, ListDeadLetters, ReplayDeadLetter, PurgeDeadLetters, ListAuditEvents."""
 
     def __init__(
         self, sessions: async_sessionmaker[AsyncSession], authenticator: Authenticator
@@ -103,16 +155,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     ) -> admin_pb2.ListDeadLettersResponse:
         """Dead letters oldest first; page_token is the last id seen."""
         self._auth.require_ops(context)
-        if request.page_size < 0:
-            raise InvalidArgument("page_size", "must not be negative")
-        size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        after = 0
-        if request.page_token:
-            if not request.page_token.isdigit():
-                raise InvalidArgument(
-                    "page_token", "not a token from a previous page", reason="INVALID_PAGE_TOKEN"
-                )
-            after = int(request.page_token)
+        size = _page_size(request.page_size)
+        after = _page_after(request.page_token)
         async with self._sessions() as session, session.begin():
             rows = await list_dead_letters(
                 session, job_type=request.job_type, after_id=after, limit=size + 1
@@ -179,3 +223,19 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             )
         log.info("dead_letters_purged", purged=purged, job_type=request.job_type)
         return admin_pb2.PurgeDeadLettersResponse(purged=purged)
+
+    async def ListAuditEvents(
+        self, request: admin_pb2.ListAuditEventsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ListAuditEventsResponse:
+        """The audit trail newest first, filtered; page_token is the last id seen."""
+        self._auth.require_ops(context)
+        q = audit_query(request)
+        async with self._sessions() as session:
+            rows = await audit.query(session, q)
+        size = q.limit - 1
+        more = len(rows) > size
+        rows = rows[:size]
+        return admin_pb2.ListAuditEventsResponse(
+            events=[audit_event_message(r) for r in rows],
+            next_page_token=str(rows[-1]["id"]) if more else "",
+        )
