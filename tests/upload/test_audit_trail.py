@@ -265,3 +265,22 @@ async def test_operators_replays_and_purges_are_recorded(cluster, sessions) -> N
     ]
     assert json.loads(trail[0].detail_json)["purged"] == purged.purged == 1
     assert json.loads(trail[1].detail_json)["job_id"] == replay.job_id
+
+
+async def test_an_abort_is_recorded_and_a_refused_one_is_not(cluster) -> None:
+    alice = cluster["alice"]
+    up = await alice.uploads.CreateUpload(
+        create_request(b"z" * 2000, 1024, name="aborted.bin"), metadata=alice.metadata
+    )
+    request = upload_pb2.AbortUploadRequest(upload_id=up.upload_id)
+    await alice.uploads.AbortUpload(request, metadata=alice.metadata)
+    await expect_error(
+        alice.uploads.AbortUpload(request, metadata=alice.metadata),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "UPLOAD_NOT_ACTIVE",
+    )
+    trail = await _trail(cluster, target_id=up.upload_id)
+    assert [(e.action, e.principal, e.target_type) for e in trail] == [
+        ("upload.aborted", "alice", "upload")
+    ]
+    assert json.loads(trail[0].detail_json)["name"] == "aborted.bin"
