@@ -10,12 +10,13 @@ import secrets
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from serentak.errors import ConfigError as ConfigError
 from serentak.settings import DEFAULT_SERVICE_TOKENS
 
 DEFAULT_DATA_DIR = Path(".data")
+DAY_SECONDS = 24 * 3600
 
 # Dev-mode identities: bearer token -> tenant and user. Production replaces this table.
 DEFAULT_AUTH_TOKENS: dict[str, dict[str, str]] = {
@@ -170,6 +171,38 @@ class CommonSettings(BaseSettings):
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )
+    # --- Retention of the job runtime's tables (services with one: upload, notify;
+    # services/common/jobs/retention.py).
+    outbox_retention_seconds: float = Field(
+        7 * DAY_SECONDS,
+        ge=0,
+        description="Published outbox events older than this are purged (unpublished ones "
+        "never are).",
+    )
+    applied_jobs_retention_seconds: float = Field(
+        30 * DAY_SECONDS,
+        ge=0,
+        description="Applied-job records (idempotency keys) older than this are purged; keep "
+        "it longer than any redelivery or replay window (at least dead_letter_retention_seconds).",
+    )
+    dead_letter_retention_seconds: float = Field(
+        30 * DAY_SECONDS, ge=0, description="Dead letters older than this are purged."
+    )
+    audit_retention_seconds: float = Field(
+        365 * DAY_SECONDS, ge=0, description="Audit trail rows older than this are purged."
+    )
+    runtime_retention_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the runtime_retention job runs (periodic schedule)."
+    )
+
+    @model_validator(mode="after")
+    def _replays_find_their_keys(self) -> CommonSettings:
+        # A replayed dead letter passes the idempotency check only while its key is kept.
+        if self.applied_jobs_retention_seconds < self.dead_letter_retention_seconds:
+            raise ValueError(
+                "applied_jobs_retention_seconds must be >= dead_letter_retention_seconds"
+            )
+        return self
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

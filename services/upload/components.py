@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -20,8 +21,10 @@ from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
 from services.common.page_tokens import PageTokens
 from services.common.rate_limit import RateLimiter
+from services.common.retention import register_runtime_retention
 from services.upload.files.listing_cache import ListingCache
 from services.upload.files.retire import retire_files
+from services.upload.files.trash import PURGE_TRASH_JOB, purge_trash_handler, purge_trash_schedule
 from services.upload.files.use_cases import Files
 from services.upload.ingest.chunks import ChunkStore
 from services.upload.ingest.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
@@ -173,6 +176,11 @@ def build_components(
         retry=RetryPolicy(max_attempts=10, base_seconds=1, cap_seconds=300),
     )
     registry.register(
+        PURGE_TRASH_JOB,
+        purge_trash_handler(timedelta(days=settings.trash_retention_days)),
+        retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
+    )
+    registry.register(
         RECLAIM_JOB,
         reclaim_handler(blobs, reclaim_policy(settings)),
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
@@ -190,6 +198,8 @@ def build_components(
     schedules = [
         expiry_schedule(settings.expiry_interval_seconds),
         reclaim_schedule(settings.reclaim_interval_seconds),
+        purge_trash_schedule(settings.trash_purge_interval_seconds),
+        register_runtime_retention(registry, settings),
     ]
     if sync_config.enabled:
         schedules.extend(sync.schedules)

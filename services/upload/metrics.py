@@ -131,3 +131,19 @@ UPLOAD_WAIT_RECHECKS = Counter(
     "serentak_upload_wait_rechecks_total",
     "Fallback re-reads of the waited uploads' status (one query each, for every waiter).",
 )
+TRASH_PURGED = Counter(
+    "serentak_upload_trash_purged_total",
+    "Items the upload.purge_trash job removed from the trash past retention, by kind"
+    " (file, folder).",
+    ["kind"],
+)
+TRASH_PURGED_BYTES = Counter(
+    "serentak_upload_trash_purged_bytes_total",
+    "Sizes of the files purged from the trash (quota released; the blob store's bytes are"
+    " reclaimed by upload.reclaim, kind retired).",
+)
+UPLOAD_ROWS_FORGOTTEN = Counter(
+    "serentak_upload_rows_forgotten_total",
+    "Upload rows (with their chunk rows) deleted once their file was purged and their"
+    " bytes reclaimed.",
+)

@@ -151,6 +151,15 @@ class UploadSettings(CommonSettings):
         description="Temp files (a killed merge's *.merge-tmp) are deleted once this old;"
         " longer than any live write.",
     )
+    trash_retention_days: float = Field(
+        30.0,
+        ge=0,
+        description="Deleted items are purged this long after their deletion (their versions'"
+        " bytes reclaimed, their quota released).",
+    )
+    trash_purge_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the upload.purge_trash job runs (periodic)."
+    )
     worker_lease_seconds: float = Field(
         10.0,
         gt=0,

@@ -1,4 +1,5 @@
-"""`serentak admin ...`: job-queue stats, dead letters, replay, purge and the upload audit.
+"""`serentak admin ...`: job-queue stats, dead letters, replay, purge, the upload audit and
+the audit trail (`audit_trail.py`).
 
 The address comes from the settings (`SERENTAK_UPLOAD_ADDRESS` / `SERENTAK_NOTIFY_ADDRESS`)
 unless `--address` is given; the token is `--token`, else `SERENTAK_TOKEN` (as for every
@@ -16,6 +17,7 @@ import grpc
 
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 from serentak.channels import open_channel
+from serentak.cli import audit_trail
 from serentak.cli.output import EXIT_FAILED, EXIT_OK, Output, message_dict
 from serentak.credentials import operator_security
 from serentak.settings import ClientSettings
@@ -47,6 +49,10 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         key_file=args.key if "key" in args.given else None,
     )
     async with open_channel(_address(args, settings), security) as channel:
+        if args.admin_command == "audit-trail" or (
+            args.admin_command == "audit" and audit_trail.wanted(args)
+        ):
+            return await audit_trail.show(args, channel, out)
         if args.admin_command == "audit":
             return await _audit(args, channel, out)
         stub = admin_pb2_grpc.AdminServiceStub(channel)

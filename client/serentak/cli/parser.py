@@ -9,6 +9,7 @@ import re
 import sys
 from importlib import metadata
 
+from serentak.cli.audit_trail import instant
 from serentak.cli.output import EXIT_CODES_HELP
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -270,9 +271,29 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("id", type=positive)
     pg = adsub.add_parser("purge", parents=[common], help="delete dead letters")
     pg.add_argument("--job-type", default="")
-    au = adsub.add_parser("audit", parents=[common], help="upload store audit")
+    au = adsub.add_parser(
+        "audit",
+        parents=[common],
+        help="upload store audit; given a filter (--tenant/--user/--file/--since/--until): "
+        "the audit trail",
+    )
     au.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
+    trail_flags(au)
+    at = adsub.add_parser(
+        "audit-trail", parents=[common], help="who changed or read what (newest first)"
+    )
+    trail_flags(at)
     return p
+
+
+def trail_flags(p: argparse.ArgumentParser) -> None:
+    """The audit trail's filters (`serentak.cli.audit_trail`)."""
+    p.add_argument("--tenant", default="", help="one tenant's events")
+    p.add_argument("--user", default="", help="one principal's (a user id, or service:NAME)")
+    p.add_argument("--file", default="", help="one file's or folder's (any target id)")
+    p.add_argument("--since", type=instant, default=None, help="ISO 8601 (UTC) or age (7d)")
+    p.add_argument("--until", type=instant, default=None, help="ISO 8601 (UTC) or age (1h)")
+    p.add_argument("--limit", type=positive, default=50, help="most events shown")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

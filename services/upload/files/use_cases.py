@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.common import validation
+from services.common import audit, validation
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import InvalidArgument
@@ -347,6 +347,17 @@ class Files:
             content = await history.version_content(session, file, request.version)
         if not 0 <= request.offset <= content.size:
             raise InvalidArgument("offset", f"must be 0..{content.size}")
+        # A read changes nothing to share a transaction with: its audit row has its own.
+        async with self._sessions.begin() as session:
+            await audit.record(
+                session,
+                tenant_id=identity.tenant_id,
+                principal=audit.principal_of(identity),
+                action="file.downloaded",
+                target_type="file",
+                target_id=file.id,
+                detail={"version": content.version or file.version, "offset": request.offset},
+            )
         blocks = self._blobs.iter_read(content.key, request.offset, DOWNLOAD_BLOCK)
         if request.length:
             blocks = _at_most(blocks, request.length)
