@@ -117,7 +117,7 @@ def build_components(
         poll_interval=settings.worker_poll_seconds,
         stats_interval=settings.metrics_sample_seconds,
     )
-    blobs = open_blob_store(settings)
+    blobs = open_blob_store(settings, sessions)
     auth = build_authenticator(settings)
     # Calls to locks and notify go out as the `upload` principal, each verifying the name
     # its callee's certificates carry.

@@ -16,14 +16,16 @@ How bytes are laid out (measured and argued in the README, "Blob store"):
   verified as bytes pass; hashing
   on a worker thread with the GIL released) into a multipart upload of the final key. The
   upload is completed only after the last chunk and the whole file verified: a failure
-  raises inside the byte stream, obstore stops and aborts the upload, and no object ever
-  appears. Memory: `concurrency` x (a chunk, at most `max_chunk_size`, + a part of
-  `part_size`) plus the chunk being hashed, whatever the file's size.
+  raises inside the byte stream, the upload is aborted, and no object ever appears.
+  Memory: `concurrency` x (a chunk, at most `max_chunk_size`, + a part of `part_size`)
+  plus the chunk being hashed, whatever the file's size.
+- Multipart uploads are recorded while they run (`recorded_multipart.py`, the
+  `s3_multipart_uploads` table): one a killed merge left is aborted by the re-run merge of
+  its key or by the reclaim sweep (`abort_unfinished`). That needs the upload id, which
+  obstore does not give, so with static keys the merge makes the multipart calls itself
+  (`s3_multipart.py`); without (the AWS chain) it uses obstore's, unrecorded, and a bucket
+  lifecycle rule (AbortIncompleteMultipartUpload) is the only net (logged at start).
 - Downloads are range reads (`offset` onwards), split into blocks of at most `block`.
-
-Some servers refuse AbortMultipartUpload (s3s-fs answers 403): the failed merge still
-raises its own error and the parts stay invisible; a bucket lifecycle rule
-(AbortIncompleteMultipartUpload) removes them.
 
 Settings: the SERENTAK_S3_* values are passed explicitly and win. obstore's S3 client also
 consults the standard AWS chain (AWS_* variables, web identity, instance metadata) for what
@@ -41,7 +43,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,6 +51,7 @@ import obstore
 from obstore import Bytes
 from obstore.exceptions import BaseError
 from obstore.store import S3Store
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import merge_core
 from services.common.logging import get_logger
@@ -56,6 +59,13 @@ from services.upload import checksums, metrics
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store.base import ChunkRef, Merged, StoredObject
+from services.upload.storage.blob_store.multipart_journal import MultipartJournal
+from services.upload.storage.blob_store.recorded_multipart import RecordedMultipart
+from services.upload.storage.blob_store.s3_multipart import (
+    S3Multipart,
+    S3RequestFailed,
+    location_of,
+)
 
 log = get_logger(__name__)
 
@@ -84,7 +94,7 @@ def _store_errors(operation: str, key: str) -> Iterator[None]:
         yield
     except FileNotFoundError:
         raise
-    except (BaseError, OSError) as exc:
+    except (BaseError, OSError, S3RequestFailed) as exc:
         # The detail (endpoint, bucket, server answer) is for the operator's log, not for
         # the caller, who only needs to know to retry.
         metrics.BLOB_STORE_ERRORS.labels(operation).inc()
@@ -177,15 +187,34 @@ class S3BlobStore:
         part_size: int = 8 * 1024 * 1024,
         concurrency: int = 4,
         description: str = "s3",
+        multipart: S3Multipart | None = None,
+        journal: MultipartJournal | None = None,
     ) -> None:
         self._store = store
         self._part_size = part_size
         self._concurrency = concurrency
         self.description = description
+        self._recorded = (
+            RecordedMultipart(
+                multipart,
+                journal,
+                part_size=part_size,
+                concurrency=concurrency,
+                exists=self.exists,
+                put_whole=self._put_whole,
+            )
+            if multipart is not None
+            else None
+        )
 
     @classmethod
-    def from_settings(cls, settings: UploadSettings) -> S3BlobStore:
-        """The store `settings.blob_url` (s3://bucket/prefix) and the SERENTAK_S3_* name."""
+    def from_settings(
+        cls,
+        settings: UploadSettings,
+        sessions: async_sessionmaker[AsyncSession] | None = None,
+    ) -> S3BlobStore:
+        """The store `settings.blob_url` (s3://bucket/prefix) and the SERENTAK_S3_* name;
+        with `sessions` (the upload database) its multipart uploads are recorded."""
         assert settings.blob_url is not None
         url = urlsplit(settings.blob_url)
         prefix = url.path.strip("/") or None
@@ -210,11 +239,21 @@ class S3BlobStore:
             retry_config=_RETRY,
             **config,
         )
+        location = location_of(settings, url.netloc, prefix)
+        if location is None:
+            log.warning(
+                "multipart_uploads_unrecorded",
+                detail="no SERENTAK_S3_ACCESS_KEY_ID/SECRET_ACCESS_KEY: merges use obstore's "
+                "multipart upload, which a killed merge can leave behind; set a bucket "
+                "lifecycle rule (AbortIncompleteMultipartUpload)",
+            )
         return cls(
             store,
             part_size=settings.s3_part_size,
             concurrency=settings.s3_merge_concurrency,
             description=f"s3://{url.netloc}/{prefix or ''}",
+            multipart=S3Multipart(location) if location is not None else None,
+            journal=MultipartJournal(sessions) if sessions is not None else None,
         )
 
     async def stage(self, key: str, data: bytes) -> object:
@@ -303,9 +342,20 @@ class S3BlobStore:
                     count += len(paths)
         return count
 
+    async def _put_whole(self, key: str, data: bytes) -> None:
+        await obstore.put_async(self._store, key, data, use_multipart=False)
+
+    async def abort_unfinished(self, before: datetime) -> int:
+        """Abort multipart uploads of merges started before `before` and never finished
+        (recorded, or listed where the server lists them); how many."""
+        if self._recorded is None:
+            return 0
+        with _store_errors("abort multipart", "files"):
+            return await self._recorded.reclaim(before)
+
     async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
         """Every object under `prefix/` (S3 has no temp objects: an unfinished multipart
-        upload is not an object; a bucket lifecycle rule aborts those)."""
+        upload is not an object; `abort_unfinished` takes care of those)."""
         with _store_errors("list", prefix):
             async for batch in obstore.list(self._store, prefix.rstrip("/") + "/"):
                 for meta in batch:
@@ -344,14 +394,17 @@ class S3BlobStore:
             finished.append(verifier.finish())
 
         with _store_errors("multipart put", key):
-            await obstore.put_async(
-                self._store,
-                key,
-                verified_blocks(),
-                use_multipart=True,
-                chunk_size=self._part_size,
-                max_concurrency=self._concurrency,
-            )
+            if self._recorded is not None:
+                await self._recorded.upload(key, verified_blocks())
+            else:
+                await obstore.put_async(
+                    self._store,
+                    key,
+                    verified_blocks(),
+                    use_multipart=True,
+                    chunk_size=self._part_size,
+                    max_concurrency=self._concurrency,
+                )
         size, checksum, algorithm_name, count = finished[0]
         return Merged(key, size, checksum, algorithm_name, count)
 
@@ -363,4 +416,6 @@ class S3BlobStore:
         return hasher.hexdigest()
 
     async def close(self) -> None:
-        """obstore's client pool needs no explicit close."""
+        """Close the multipart client (obstore's pool needs no explicit close)."""
+        if self._recorded is not None:
+            await self._recorded.close()
