@@ -22,6 +22,9 @@ so a crash leaves at worst a row whose bytes are gone for something never read a
    (a SIGKILLed merge's `*.merge-tmp`, a killed chunk write's `.tmp`), once older than
    their grace (`orphan_grace_seconds`; temp files `temp_grace_seconds`, longer than any
    live write: merge_core writes its temp file continuously and renames it when done).
+6. Unfinished S3 multipart uploads (a SIGKILLed merge's, recorded in
+   `s3_multipart_uploads`, or listed where the server lists them) started more than
+   `temp_grace_seconds` ago: aborted, their parts deleted (`BlobStore.abort_unfinished`).
 """
 
 from __future__ import annotations
@@ -329,6 +332,15 @@ async def _reclaim_orphans(run: _Run) -> None:
                     await run.delete_object(item, "orphan", "orphan_reclaimed")
 
 
+async def _reclaim_multipart(run: _Run) -> None:
+    """Step 6: multipart uploads a killed merge left, past the temp grace."""
+    cutoff = run.now - timedelta(seconds=run.policy.temp_grace_seconds)
+    try:
+        run.result.objects += await run.blobs.abort_unfinished(cutoff)
+    except BlobStoreUnavailable:
+        log.warning("multipart_sweep_skipped")  # the records stay for the next run
+
+
 async def reclaim(
     sessions: async_sessionmaker[AsyncSession],
     blobs: BlobStore,
@@ -344,6 +356,7 @@ async def reclaim(
         _reclaim_versions,
         _reclaim_retired,
         _reclaim_orphans,
+        _reclaim_multipart,
     ):
         await step(run)
     log.info("storage_reclaimed", objects=result.objects, **dict(result.bytes))
