@@ -96,7 +96,8 @@ def service_process(
         "SERENTAK_AUTH_MODE": "dev",
         f"SERENTAK_{name.upper()}_PORT": str(port),
         f"SERENTAK_{name.upper()}_METRICS_PORT": str(metrics_port),
-        "PYTHONPATH": str(REPO_ROOT),
+        # The checkout's client package too, not whichever one is installed.
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "client")]),
         # The upload process's webhook listener: a free port, so parallel services never collide.
         "SERENTAK_SYNC_WEBHOOK_PORT": str(free_port()),
         **(env or {}),
