@@ -26,6 +26,7 @@ from support.pki import CertFiles, Pki, client_tls_settings, server_tls_settings
 from support.ports import free_port
 from support.postgres import PostgresDatabases
 
+from services.common.admin.cli import main as admin_cli
 from services.common.grpc_server import RunningService, ServiceApp, start
 from services.common.jobs import RuntimeOptions
 from services.locks.app import build_app as build_locks_app
@@ -266,5 +267,11 @@ async def test_cli_reaches_a_replica_list_by_the_name_from_its_settings(
     assert await asyncio.to_thread(serentak_cli, argv) == 2  # usage: the name is missing
     monkeypatch.setenv("SERENTAK_NOTIFY_TLS_SERVER_NAME", NOTIFY_NAME)
     assert await asyncio.to_thread(serentak_cli, argv) == 0
+    # The operators' admin tool (python -m services.common.admin) takes the name as a flag.
+    ops = ["--address", _list(deployment.notify), "--ca", str(deployment.pki.ca), "stats"]
+    assert await asyncio.to_thread(admin_cli, ops) == 2  # refused: no name to verify
+    named = ["--tls-server-name", NOTIFY_NAME, *ops]
+    assert await asyncio.to_thread(admin_cli, named) == 0
     await deployment.notify[0].stop()
     assert await asyncio.to_thread(serentak_cli, argv) == 0
+    assert await asyncio.to_thread(admin_cli, named) == 0
