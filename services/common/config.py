@@ -162,6 +162,22 @@ class CommonSettings(BaseSettings):
     tls_ca_file: Path | None = Field(None, description="Clients: CA that signed the servers.")
     tls_client_cert_file: Path | None = Field(None, description="Clients: certificate (mTLS).")
     tls_client_key_file: Path | None = Field(None, description="Clients: private key (mTLS).")
+    # A list of addresses (10.0.0.1:50052,10.0.0.2:50052) is no host name a certificate can
+    # carry: over TLS the name the replicas' certificates share is verified instead.
+    upload_tls_server_name: str = Field(
+        "",
+        description="Clients: name upload's certificates carry, verified instead of the address.",
+    )
+    locks_tls_server_name: str = Field(
+        "",
+        description="Clients: name locks' certificates carry (e.g. locks.serentak.internal), "
+        "verified instead of the address; needed for a list of IPs over TLS.",
+    )
+    notify_tls_server_name: str = Field(
+        "",
+        description="Clients: name notify's certificates carry (e.g. notify.serentak.internal), "
+        "verified instead of the address; needed for a list of IPs over TLS.",
+    )
     malloc_retain_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,

@@ -124,12 +124,14 @@ def build_components(
         poll_interval=settings.worker_poll_seconds,
         stats_interval=settings.metrics_sample_seconds,
     )
-    blobs = open_blob_store(settings)
+    blobs = open_blob_store(settings, sessions)
     auth = build_authenticator(settings)
-    # Calls to locks and notify go out as the `upload` principal.
-    as_upload = service_client_security(settings, UPLOAD)
+    # Calls to locks and notify go out as the `upload` principal, each verifying the name
+    # its callee's certificates carry.
+    to_locks = service_client_security(settings, UPLOAD, "locks")
+    to_notify = service_client_security(settings, UPLOAD, "notify")
     locks = FileLocks(
-        settings.locks_address, owner=f"upload-merge:{options.node_id}", security=as_upload
+        settings.locks_address, owner=f"upload-merge:{options.node_id}", security=to_locks
     )
     tokens = PageTokens(settings.page_token_secret.get_secret_value())
     signals = FinishSignals(
@@ -205,7 +207,7 @@ def build_components(
         schedules.extend(sync.schedules)
     # Events reach collaborators through notify's Ingest (idempotent by event_id).
     subscribers = (
-        [GrpcIngestSubscriber(settings.notify_address, as_upload)]
+        [GrpcIngestSubscriber(settings.notify_address, to_notify)]
         if settings.publish_events
         else []
     )

@@ -39,6 +39,12 @@ BLOB_STORE_ERRORS = Counter(
     "Object store requests that failed (answered BLOB_STORE_UNAVAILABLE), by operation.",
     ["operation"],
 )
+MULTIPART_UPLOADS_ABORTED = Counter(
+    "serentak_upload_multipart_uploads_aborted_total",
+    "Unfinished S3 multipart uploads of merges aborted, by reason (merge_failed, rerun: a"
+    " killed predecessor's, sweep: recorded and past the grace, listed: found by listing).",
+    ["reason"],
+)
 CACHE_HITS = Counter(
     "serentak_upload_listing_cache_hits_total", "Folder listings served from cache."
 )

@@ -172,3 +172,21 @@ class ChunkRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1", default=1)
 
     __table_args__ = (UniqueConstraint("upload_id", "chunk_index", name="uq_upload_chunks_index"),)
+
+
+class MultipartUploadRow(Base):
+    """An S3 multipart upload a merge started and has not completed or aborted yet.
+
+    Written (committed) right after CreateMultipartUpload answers, before any part is sent,
+    and deleted once the upload is completed or aborted: a merge killed in between leaves
+    this row, and the re-run merge of the same key or the reclaim sweep aborts the upload
+    (services/upload/storage/blob_store/multipart_journal.py).
+    """
+
+    __tablename__ = "s3_multipart_uploads"
+
+    # S3's upload id (opaque; AWS's run to ~150 characters).
+    upload_id: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    # The blob store's key (without the bucket prefix): files/{file_id}/{upload_id}.
+    object_key: Mapped[str] = mapped_column(String(255), nullable=False, index=True)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)

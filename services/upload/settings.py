@@ -148,8 +148,8 @@ class UploadSettings(CommonSettings):
     temp_grace_seconds: float = Field(
         3600,
         gt=0,
-        description="Temp files (a killed merge's *.merge-tmp) are deleted once this old;"
-        " longer than any live write.",
+        description="Temp files (a killed merge's *.merge-tmp) are deleted, and unfinished S3"
+        " multipart uploads of merges aborted, once this old; longer than any live write.",
     )
     trash_retention_days: float = Field(
         30.0,

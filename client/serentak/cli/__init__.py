@@ -72,6 +72,8 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
         cert_file=args.cert,
         key_file=args.key,
         notify_address=watch.address(args) if args.command == "watch" else None,
+        tls_server_name=args.tls_server_name,
+        notify_tls_server_name=watch.tls_server_name(args) if args.command == "watch" else "",
     )
     async with client:
         return await COMMANDS[args.command](args, client, out)

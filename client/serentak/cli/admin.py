@@ -30,6 +30,14 @@ def _address(args: argparse.Namespace, settings: ClientSettings) -> str:
     return settings.notify_address if args.service == "notify" else settings.upload_address
 
 
+def _server_name(args: argparse.Namespace, settings: ClientSettings) -> str:
+    if args.tls_server_name:
+        return str(args.tls_server_name)
+    if args.service == "notify":
+        return settings.notify_tls_server_name
+    return settings.upload_tls_server_name
+
+
 def _when(ts: object) -> str:
     if not getattr(ts, "seconds", 0):
         return "-"
@@ -47,7 +55,7 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         ca_file=args.ca if "ca" in args.given else None,
         cert_file=args.cert if "cert" in args.given else None,
         key_file=args.key if "key" in args.given else None,
-    )
+    ).with_server_name(_server_name(args, settings))
     async with open_channel(_address(args, settings), security) as channel:
         if args.admin_command == "audit-trail" or (
             args.admin_command == "audit" and audit_trail.wanted(args)

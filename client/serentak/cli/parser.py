@@ -68,6 +68,7 @@ _ENVIRONMENT = {
     "ca": "SERENTAK_TLS_CA_FILE",
     "cert": "SERENTAK_TLS_CLIENT_CERT_FILE",
     "key": "SERENTAK_TLS_CLIENT_KEY_FILE",
+    "tls_server_name": "SERENTAK_UPLOAD_TLS_SERVER_NAME",
 }
 
 
@@ -80,6 +81,7 @@ def global_defaults() -> dict[str, object]:
         "ca": env.get(_ENVIRONMENT["ca"]),
         "cert": env.get(_ENVIRONMENT["cert"]),
         "key": env.get(_ENVIRONMENT["key"]),
+        "tls_server_name": env.get(_ENVIRONMENT["tls_server_name"], ""),
         "json": False,
         "no_progress": False,
     }
@@ -88,6 +90,11 @@ def global_defaults() -> dict[str, object]:
 def notify_address() -> str:
     """The notify service for `watch`: $SERENTAK_NOTIFY_ADDRESS, else 127.0.0.1:50053."""
     return os.environ.get("SERENTAK_NOTIFY_ADDRESS", DEFAULT_NOTIFY_ADDRESS)
+
+
+def notify_tls_server_name() -> str:
+    """The TLS name `watch` verifies notify by: $SERENTAK_NOTIFY_TLS_SERVER_NAME, else none."""
+    return os.environ.get("SERENTAK_NOTIFY_TLS_SERVER_NAME", "")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -124,6 +131,12 @@ def _globals() -> _Parser:
     )
     g.add_argument("--cert", default=s, help="client certificate (mTLS)")
     g.add_argument("--key", default=s, help="client key (mTLS)")
+    g.add_argument(
+        "--tls-server-name",
+        default=s,
+        help="name the server's certificate carries, verified instead of --address (needed "
+        "for a list of IPs; default $SERENTAK_UPLOAD_TLS_SERVER_NAME)",
+    )
     g.add_argument(
         "--json",
         action="store_true",
@@ -250,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--notify-address",
         default=None,
         help="notify service host:port (default $SERENTAK_NOTIFY_ADDRESS, else 127.0.0.1:50053)",
+    )
+    wa.add_argument(
+        "--notify-tls-server-name",
+        default=None,
+        help="name notify's certificate carries (default $SERENTAK_NOTIFY_TLS_SERVER_NAME)",
     )
     top_audit = command("audit", "upload store audit (= admin audit; needs an ops token)")
     top_audit.add_argument("--sample", type=int, default=0, help="completed files to re-hash")

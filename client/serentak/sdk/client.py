@@ -74,8 +74,10 @@ class SerentakClient(FileCalls):
     """Async client for one user (or service) of Serentak.
 
     `address` is the upload service (UploadService + FileService); `locks_address` and
-    `notify_address` are needed only for `hold` and `subscribe`. Use as an async context
-    manager, or call `close()`.
+    `notify_address` are needed only for `hold` and `subscribe`. Each address may be a list
+    of IPs (`10.0.0.1:50052,10.0.0.2:50052`); over TLS its `*tls_server_name` is then the
+    name the replicas' certificates carry (verified instead of the address). Use as an
+    async context manager, or call `close()`.
     """
 
     def __init__(
@@ -89,8 +91,18 @@ class SerentakClient(FileCalls):
         locks_address: str | None = None,
         notify_address: str | None = None,
         security: ClientSecurity | None = None,
+        tls_server_name: str = "",
+        locks_tls_server_name: str = "",
+        notify_tls_server_name: str = "",
     ) -> None:
-        self._security = security or user_client_security(token, ca_file, cert_file, key_file)
+        base = security or user_client_security(token, ca_file, cert_file, key_file)
+        names = {
+            "upload": tls_server_name,
+            "locks": locks_tls_server_name,
+            "notify": notify_tls_server_name,
+        }
+        # Per service: each verifies its own name (a ConfigError now, not at the first call).
+        self._securities = {which: base.with_server_name(name) for which, name in names.items()}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._lock_clients: dict[str, LockClient] = {}  # by owner, over the locks channel
         self._addresses = {"upload": address, "locks": locks_address, "notify": notify_address}
@@ -102,7 +114,7 @@ class SerentakClient(FileCalls):
                 raise ValueError(f"no {which} address given to SerentakClient")
             self._channels[which] = open_channel(
                 address,
-                self._security,
+                self._securities[which],
                 retry=_RETRY,
                 options=[
                     ("grpc.max_send_message_length", _MESSAGE_LIMIT),

@@ -140,6 +140,12 @@ class BlobStore(Protocol):
         """Concatenate `chunks` (indexes 0..N-1) into `key`, verified (module docstring)."""
         ...
 
+    async def abort_unfinished(self, before: datetime) -> int:
+        """Abort merge output left unfinished by a killed merge and started before `before`
+        (S3: multipart uploads, which no listing of objects shows; local: none, its temp
+        files are listed objects); returns how many."""
+        ...
+
     async def checksum(self, key: str, algorithm: str) -> str:
         """Lowercase hex checksum of the object under `key`, read back from the store."""
         ...

@@ -263,6 +263,10 @@ class LocalBlobStore:
         os.chmod(output, FILE_MODE)
         return Merged(key, result.size, result.checksum, result.algorithm, result.chunk_count)
 
+    async def abort_unfinished(self, before: datetime) -> int:
+        """Nothing: a killed merge's temp file is an object `list_objects` shows."""
+        return 0
+
     async def checksum(self, key: str, algorithm: str) -> str:
         """merge_core's checksum of the file (GIL released, on a thread)."""
         return await asyncio.to_thread(merge_core.checksum_file, self.path(key), algorithm)

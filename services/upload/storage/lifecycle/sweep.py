@@ -26,6 +26,9 @@ so a crash leaves at worst a row whose bytes are gone for something never read a
    live write: merge_core writes its temp file continuously and renames it when done).
 6. The rows of uploads whose file is gone (purged from the trash or retired) and whose
    blobs steps 1-4 deleted (`retired_rows.py`).
+7. Unfinished S3 multipart uploads (a SIGKILLed merge's, recorded in
+   `s3_multipart_uploads`, or listed where the server lists them) started more than
+   `temp_grace_seconds` ago: aborted, their parts deleted (`BlobStore.abort_unfinished`).
 """
 
 from __future__ import annotations
@@ -334,6 +337,15 @@ async def _reclaim_orphans(run: _Run) -> None:
                     await run.delete_object(item, "orphan", "orphan_reclaimed")
 
 
+async def _reclaim_multipart(run: _Run) -> None:
+    """Step 6: multipart uploads a killed merge left, past the temp grace."""
+    cutoff = run.now - timedelta(seconds=run.policy.temp_grace_seconds)
+    try:
+        run.result.objects += await run.blobs.abort_unfinished(cutoff)
+    except BlobStoreUnavailable:
+        log.warning("multipart_sweep_skipped")  # the records stay for the next run
+
+
 async def reclaim(
     sessions: async_sessionmaker[AsyncSession],
     blobs: BlobStore,
@@ -349,6 +361,7 @@ async def reclaim(
         _reclaim_versions,
         _reclaim_retired,
         _reclaim_orphans,
+        _reclaim_multipart,
     ):
         await step(run)
     await forget_retired_uploads(sessions)
