@@ -20,6 +20,7 @@ import grpc
 from serentak.locks.v1 import locks_pb2
 
 from services.common import correlation
+from services.common.auth import Authenticator
 from services.common.errors import (
     InvalidArgument,
     Unauthenticated,
@@ -110,6 +111,8 @@ class LockSession:
     async def _run(self, request: locks_pb2.SessionRequest) -> None:
         # A task copies the stream's context: binding here binds for this request only.
         correlation.bind_for_call(request.correlation_id or correlation.bound_or_none())
+        # The copy holds the identity verified when the stream opened: verify it again.
+        Authenticator.forget_call_identity()
         name = request.WhichOneof("op")
         try:
             if name is None:
