@@ -43,7 +43,7 @@ class LocksSettings(CommonSettings):
     rate_limit_acquire_per_user: int = Field(
         3000,
         ge=0,
-        description="Acquire calls, Session streams and Session requests one user may make "
+        description="Acquire calls, Session streams and Session acquires one user may make "
         "per window (a refused Session request is answered RATE_LIMITED; the stream stays).",
     )
     rate_limit_acquire_per_tenant: int = Field(
@@ -52,8 +52,8 @@ class LocksSettings(CommonSettings):
     rate_limit_lock_calls_per_user: int = Field(
         6000,
         ge=0,
-        description="Refresh, Release, Describe, List and Hold calls and Hold messages one "
-        "user may make per window.",
+        description="Refresh, Release, Describe, List and Hold calls (and Session refreshes "
+        "and releases) one user may make per window.",
     )
     rate_limit_lock_calls_per_tenant: int = Field(
         60000, ge=0, description="Those calls of one tenant's users together per window."
