@@ -184,6 +184,21 @@ class CommonSettings(BaseSettings):
         le=2**31 - 1,
         description="Freed memory a process keeps for reuse (glibc; 0: glibc's defaults).",
     )
+    # Rate limits per RPC family (services/common/rate_limits/); the families and their
+    # limits are each service's settings.
+    rate_limit_window_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Length of one rate limit window: each family's limits are calls (and "
+        "counted stream messages) per user and per tenant in one window, over all replicas.",
+    )
+    rate_limit_batch_max: int = Field(
+        32,
+        ge=1,
+        description="Most units a replica reserves from the shared count at once (a key's "
+        "limit/50 when smaller): fewer store round trips, and at most this many less one "
+        "left unused per replica and window.",
+    )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )

@@ -62,7 +62,6 @@ def build_app(
                     parts.auth,
                     parts.uploads,
                     parts.chunks,
-                    parts.limiter,
                     parts.runtime.wake,
                     parts.upload_files,
                     parts.inline,
@@ -73,7 +72,7 @@ def build_app(
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(parts.auth, parts.files, parts.limiter, parts.restores),
+                FileServicer(parts.auth, parts.files, parts.restores),
                 _SERVICES["FileService"].full_name,
             ),
             Servicer(
@@ -104,4 +103,5 @@ def build_app(
         max_message_bytes=settings.max_message_bytes,
         security=server_security(settings, parts.auth),
         limits=server_limits(settings),
+        rates=parts.rates,
     )

@@ -20,7 +20,7 @@ from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
 from services.common.page_tokens import PageTokens
-from services.common.rate_limit import RateLimiter
+from services.common.rate_limits import Limiter, RateGate, database_store
 from services.common.retention import register_runtime_retention
 from services.upload.files.listing_cache import ListingCache
 from services.upload.files.retire import retire_files
@@ -36,6 +36,7 @@ from services.upload.merge.merge_job import MERGE_JOB, MergeHandler, enqueue_mer
 from services.upload.merge.restore_version import VersionRestores
 from services.upload.merge.stuck_merges import fail_dead_merges
 from services.upload.merge.upload_file import FileLockPolicy, UploadFiles
+from services.upload.rate_families import rate_policy
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import BlobStore, open_blob_store
 from services.upload.storage.lifecycle import (
@@ -71,8 +72,9 @@ class UploadComponents:
     # RestoreVersion: an older version committed again under the file lock.
     restores: VersionRestores
     files: Files
-    # Per-caller limit on the expensive RPCs (one limiter: counters per RPC and caller).
-    limiter: RateLimiter
+    # Rate limits per RPC family, user and tenant, applied by the RPC wrapper; counted in
+    # the upload database when it is PostgreSQL (every replica's), else in memory.
+    rates: RateGate
     registry: JobRegistry
     runtime: JobRuntime
     sync: SyncWiring
@@ -94,6 +96,7 @@ class UploadComponents:
         await self.locks.close()
         await self.chunks.close()
         await self.blobs.close()
+        await self.rates.limiter.close()
         await dispose_when_returned(self.engine)
 
 
@@ -250,7 +253,16 @@ def build_components(
             tokens,
             share_batch_max=settings.share_batch_max,
         ),
-        limiter=RateLimiter(settings.rate_limit),
+        rates=RateGate(
+            rate_policy(settings),
+            Limiter(
+                database_store(settings.database_url),
+                service="upload",
+                window_seconds=settings.rate_limit_window_seconds,
+                batch_max=settings.rate_limit_batch_max,
+            ),
+            auth,
+        ),
         registry=registry,
         runtime=runtime,
         sync=sync,

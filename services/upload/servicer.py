@@ -1,6 +1,7 @@
 """gRPC surface of `serentak.upload.v1` UploadService, FileService, UploadAdminService.
 
 Each handler identifies the caller, calls one domain use case and converts the result.
+Rate limits are applied around them, at the RPC boundary (rate_families.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 from services.common.auth import Authenticator, Identity
 from services.common.errors import InvalidArgument
-from services.common.rate_limit import RateLimiter
 from services.upload import convert
 from services.upload.audit import UploadAudit
 from services.upload.files.history import version_message
@@ -43,7 +43,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         auth: Authenticator,
         uploads: Uploads,
         chunks: ChunkStore,
-        limiter: RateLimiter,
         on_merge_started: Callable[[], None] = lambda: None,
         upload_files: UploadFiles | None = None,
         inline: InlineMerges | None = None,
@@ -54,7 +53,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self._auth = auth
         self._uploads = uploads
         self._chunks = chunks
-        self._limiter = limiter
         self._upload_files = upload_files
         # The chunk that completes an upload of at most inline_max_bytes merges it before
         # its answer (merge/inline.py); bigger ones, or 0, leave it to the job runtime.
@@ -73,7 +71,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.CreateUploadRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.Upload:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "CreateUpload")
         row = await self._uploads.create(identity, request)
         upload, missing = await self._uploads.get(identity, row.id)
         return convert.upload_message(upload, missing)
@@ -216,7 +213,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.UploadFileRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.UploadFileResponse:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "UploadFile")
         assert self._upload_files is not None, "UploadFile needs the UploadFiles use case"
         BYTES_RECEIVED.inc(len(request.data))
         done = await self._upload_files.upload(identity, request)
@@ -229,7 +225,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.ListUploadsRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.ListUploadsResponse:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "ListUploads")
         rows, token = await self._uploads.list(identity, request)
         return upload_pb2.ListUploadsResponse(
             uploads=[convert.upload_message(r) for r in rows], next_page_token=token
@@ -240,15 +235,10 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
     """The versioned file tree."""
 
     def __init__(
-        self,
-        auth: Authenticator,
-        files: Files,
-        limiter: RateLimiter,
-        restores: VersionRestores | None = None,
+        self, auth: Authenticator, files: Files, restores: VersionRestores | None = None
     ) -> None:
         self._auth = auth
         self._files = files
-        self._limiter = limiter
         self._restores = restores
 
     async def CreateFolder(
@@ -354,7 +344,6 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         self, request: upload_pb2.DownloadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[upload_pb2.DownloadChunk]:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "Download")
         content, blocks = await self._files.open_download(identity, request)
         offset = request.offset
         async for block in blocks:
@@ -378,7 +367,6 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         self, request: upload_pb2.RestoreVersionRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.RestoreVersionResponse:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "RestoreVersion")
         assert self._restores is not None, "RestoreVersion needs the VersionRestores use case"
         done = await self._restores.restore(identity, request)
         return upload_pb2.RestoreVersionResponse(

@@ -78,12 +78,34 @@ class UploadSettings(CommonSettings):
         description="Most grants one ShareFileBatch call may carry (TOO_MANY_GRANTS): one "
         "transaction and one event, whose audience notify caps at SERENTAK_MAX_AUDIENCE.",
     )
-    rate_limit: str = Field(
-        "300/minute;10000/hour",
-        description="Per caller and RPC, for the expensive RPCs (CreateUpload, UploadFile, "
-        "CreateFolder, ListUploads, Download, RestoreVersion): `limits` notation; RATE_LIMITED"
-        " with RetryInfo"
-        " past it.",
+    # Rate limits per window (SERENTAK_RATE_LIMIT_WINDOW_SECONDS) over all replicas
+    # (services/upload/rate_families.py); 0: none. RATE_LIMITED with RetryInfo past one.
+    rate_limit_writes_per_user: int = Field(
+        6000,
+        ge=0,
+        description="Writes one user may make per window: CreateUpload, PutChunk, each "
+        "UploadChunks message, UploadFile, AbortUpload, folder and file changes, RestoreVersion, "
+        "sync links.",
+    )
+    rate_limit_writes_per_tenant: int = Field(
+        60000, ge=0, description="Writes one tenant's users may make together per window."
+    )
+    rate_limit_reads_per_user: int = Field(
+        6000,
+        ge=0,
+        description="Reads one user may make per window: GetUpload, ListUploads, GetFile, "
+        "ListFolder, collaborators, shared-with-me, Download, ListVersions, GetSyncStatus.",
+    )
+    rate_limit_reads_per_tenant: int = Field(
+        60000, ge=0, description="Reads one tenant's users may make together per window."
+    )
+    rate_limit_sharing_per_user: int = Field(
+        600,
+        ge=0,
+        description="ShareFile, ShareFileBatch and UnshareFile calls one user may make per window.",
+    )
+    rate_limit_sharing_per_tenant: int = Field(
+        6000, ge=0, description="Sharing calls one tenant's users may make together per window."
     )
     upload_max_message_bytes: int | None = Field(
         None, ge=1024, description="Largest request; default: max_chunk_size + 1 MiB."
