@@ -9,6 +9,7 @@ When on (`SERENTAK_OTLP_ENDPOINT`, or a test's `install(provider)`):
 - work that leaves the request is carried across the database: a job and an outbox
   event store the `traceparent` current when they were written (`current_traceparent`),
   and the worker and the relay continue that trace when they run them (`continued`);
+  work one task does for another's call (the chunks' group commit) `resumed` its trace;
 - the correlation id stays (logs, events) and is recorded on the spans
   (`CORRELATION_ATTRIBUTE`).
 
@@ -23,11 +24,12 @@ merge opened it); health and reflection calls neither.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import serentak.channels
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -160,6 +162,20 @@ def annotate(span: Any, **attributes: Any) -> None:
         span.set_attributes(_attributes(attributes))
 
 
+@contextlib.contextmanager
+def resumed(traceparent: str | None) -> Iterator[None]:
+    """Make the span `traceparent` names the current one for the block, without a span
+    of its own: for work one task does on behalf of another's call (a group commit)."""
+    if _state.tracer is None or not traceparent:
+        yield
+        return
+    token = otel_context.attach(_PROPAGATOR.extract({"traceparent": traceparent}))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
 def current_traceparent() -> str | None:
     """The W3C traceparent of the current span, to store with work done later; None
     when tracing is off or no span is current."""
@@ -199,6 +215,7 @@ __all__ = [
     "enabled",
     "install",
     "note_correlation_id",
+    "resumed",
     "server_interceptors",
     "shutdown",
     "span",

@@ -83,7 +83,7 @@ async def test_a_callers_traceparent_is_continued_and_the_correlation_id_recorde
                 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
                 await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
-        spans = exporter.get_finished_spans()
+        spans = exporter.finished()
     (acquire,) = named(spans, ACQUIRE)
     (held,) = named(spans, HOLD)
     for span in (acquire, held):
@@ -104,7 +104,7 @@ async def test_a_channel_of_the_client_package_sends_the_trace_on() -> None:
                     await locks_pb2_grpc.LockServiceStub(channel).Acquire(
                         locks_pb2.AcquireRequest(key="file:1")
                     )
-        spans = exporter.get_finished_spans()
+        spans = exporter.finished()
     (caller,) = named(spans, "caller")
     client, server = sorted(named(spans, ACQUIRE), key=lambda s: s.kind != trace.SpanKind.CLIENT)
     assert client.kind == trace.SpanKind.CLIENT and server.kind == trace.SpanKind.SERVER
@@ -138,7 +138,7 @@ async def test_a_job_continues_the_trace_it_was_enqueued_in(runtime_db) -> None:
         assert stored.startswith(f"00-{_hex(request)[0]}-{_hex(request)[1]}-0")
         assert claimed.traceparent == stored
         await worker.execute(claimed)
-        spans = exporter.get_finished_spans()
+        spans = exporter.finished()
     (job,) = named(spans, "job traced")
     assert parent_of(spans, job) is named(spans, "request")[0]
     assert job.attributes is not None
@@ -181,7 +181,7 @@ async def test_the_relay_publishes_an_event_in_the_trace_that_recorded_it(runtim
             async with runtime_db.sessions() as session, session.begin():
                 await record_event(session, _event("f1", 1))
         await Relay(runtime_db.sessions, [one_by_one], relay_id="r1").publish_pending()
-        spans = exporter.get_finished_spans()
+        spans = exporter.finished()
     (publish,) = named(spans, "outbox publish")
     assert parent_of(spans, publish) is named(spans, "commit")[0]
     assert [context for _, context in one_by_one.calls] == [publish.context]
@@ -196,7 +196,7 @@ async def test_a_batch_continues_its_first_events_trace_and_links_the_others(run
                 async with runtime_db.sessions() as session, session.begin():
                     await record_event(session, _event("f1", version))
         await Relay(runtime_db.sessions, [batching], relay_id="r1").publish_pending()
-        spans = exporter.get_finished_spans()
+        spans = exporter.finished()
     (batch,) = named(spans, "outbox publish_batch")
     first, second, third = (named(spans, f"request {v}")[0] for v in (1, 2, 3))
     assert parent_of(spans, batch) is first

@@ -2,9 +2,10 @@
 for service processes.
 
 `memory_spans()` installs a tracer provider (services.common.tracing.install) whose spans
-land in an `InMemorySpanExporter` as each one ends; `OtlpReceiver` is a gRPC server
-implementing the official `opentelemetry.proto.collector.trace.v1.TraceService`, which
-keeps every span the processes export to it, with the service name of its resource.
+land in an `InMemorySpanExporter` as each one ends (`MemorySpans.wait_for` waits for
+one); `OtlpReceiver` is a gRPC server implementing the official
+`opentelemetry.proto.collector.trace.v1.TraceService`, which keeps every span the
+processes export to it, with the service name of its resource.
 """
 
 from __future__ import annotations
@@ -16,22 +17,57 @@ from dataclasses import dataclass
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.common import tracing
 
 
+class MemorySpans:
+    """The spans of this process, kept by the SDK's InMemorySpanExporter as each ends."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self._ended = asyncio.Event()
+
+    def finished(self) -> tuple[ReadableSpan, ...]:
+        """Every span ended so far, in the order they ended."""
+        return self.exporter.get_finished_spans()
+
+    async def wait_for(
+        self, found: Callable[[tuple[ReadableSpan, ...]], bool], deadline_s: float = 30
+    ) -> tuple[ReadableSpan, ...]:
+        """Every finished span, once `found(them)` holds (checked as each span ends)."""
+        async with asyncio.timeout(deadline_s):
+            while not found(spans := self.finished()):
+                self._ended.clear()
+                await self._ended.wait()
+        return spans
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """A span ended (spans end on the event loop's thread here)."""
+        self._ended.set()
+
+
+class _Ended(SpanProcessor):
+    def __init__(self, spans: MemorySpans) -> None:
+        self._spans = spans
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._spans.on_end(span)
+
+
 @contextlib.contextmanager
-def memory_spans() -> Iterator[InMemorySpanExporter]:
+def memory_spans() -> Iterator[MemorySpans]:
     """Trace into memory for the block (servers and channels made inside it are traced)."""
-    exporter = InMemorySpanExporter()
+    spans = MemorySpans()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(SimpleSpanProcessor(spans.exporter))
+    provider.add_span_processor(_Ended(spans))
     previous = tracing.install(provider)
     try:
-        yield exporter
+        yield spans
     finally:
         tracing.install(previous)
         provider.shutdown()
@@ -77,7 +113,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self._received = received
         self._changed = changed
 
-    async def Export(  # noqa: N802 - the generated servicer's method name
+    async def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: object
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         for resource_spans in request.resource_spans:
@@ -129,9 +165,11 @@ class OtlpReceiver:
         """Stop listening."""
         await self._server.stop(None)
 
-    async def wait_for(self, found: Callable[[list[ExportedSpan]], bool], timeout: float) -> None:
+    async def wait_for(
+        self, found: Callable[[list[ExportedSpan]], bool], deadline_s: float = 60
+    ) -> None:
         """Return once `found(spans)` holds (checked at each export), or raise TimeoutError."""
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(deadline_s):
             while not found(self.spans):
                 self._changed.clear()
                 await self._changed.wait()
