@@ -377,12 +377,15 @@ class ChunkCommitter:
                 )
             elif row.status == MERGING:
                 # Under the id and trace of the call whose chunk completed the set.
-                last = per_upload[upload_id][-1]
-                with bound_correlation_id(last.correlation_id), tracing.resumed(last.traceparent):
+                completing = per_upload[upload_id][-1]
+                with (
+                    bound_correlation_id(completing.correlation_id),
+                    tracing.resumed(completing.traceparent),
+                ):
                     log_transition(upload_id, UPLOADING, MERGING)
                     log.info("upload_merge_started", upload_id=upload_id, file_id=row.file_id)
                     # The chunk that completes the set is this upload's last of the batch.
-                    claim = per_upload[upload_id][-1].claim
+                    claim = completing.claim
                     job = None if claim is None else await claim(session, row)
                     if job is None:
                         await self._enqueue_merge(session, row)
