@@ -1,7 +1,7 @@
 # ruff: noqa: E402 - the script puts the repository on sys.path before importing it
 """What tracing costs a call: GetUpload calls/s with tracing off, on, and on unsampled.
 
-    .venv/bin/python tests/benchmarks/bench_tracing.py [--quick]
+    .venv/bin/python tests/benchmarks/bench_tracing.py [--quick] [--rounds N]
 
 The upload service in-process (SQLite in a temp folder, dev auth), built three times in
 one run, each then driven the same way: `concurrency` callers on one channel calling
@@ -106,9 +106,10 @@ async def calls_per_second(
     return sum(counts) / elapsed, sum(counts)
 
 
-async def main(quick: bool) -> None:
+async def main(quick: bool, rounds: int | None) -> None:
     configure_logging("bench", "console", "WARNING")
-    seconds, rounds, concurrency = (2.0, 1, 4) if quick else (6.0, 3, 4)
+    seconds, default_rounds, concurrency = (2.0, 1, 4) if quick else (6.0, 3, 4)
+    rounds = rounds or default_rounds
     modes: dict[str, Sampler | None] = {
         "off": None,
         "on": ParentBased(ALWAYS_ON),
@@ -159,4 +160,6 @@ async def main(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    asyncio.run(main(parser.parse_args().quick))
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3; quick 1)")
+    args = parser.parse_args()
+    asyncio.run(main(args.quick, args.rounds))
