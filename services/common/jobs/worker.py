@@ -260,6 +260,7 @@ class Worker:
                 job_id=job.job_id,
                 job_type=job.job_type,
                 attempt=job.attempts,
+                worker_id=self.worker_id,
                 correlation_id=job.correlation_id,
             ) as span,
         ):

@@ -49,6 +49,12 @@ def _ids(span: ReadableSpan) -> str:
     return f"{span.context.trace_id:032x}-{span.context.span_id:016x}"
 
 
+@pytest.mark.parametrize(
+    "settings_overrides",
+    # The merge job run by a worker, or inline by the PutChunk that completes the set.
+    [{}, {"inline_merge_max_bytes": 1 << 20}],
+    ids=["worker", "inline"],
+)
 async def test_a_chunked_uploads_trace_runs_from_put_chunk_through_the_merge_job(
     cluster, sessions, exporter
 ) -> None:
@@ -65,11 +71,14 @@ async def test_a_chunked_uploads_trace_runs_from_put_chunk_through_the_merge_job
     writes = named(spans, "blob write")
     assert sorted(parent_of(spans, w).name for w in writes) == [PUT_CHUNK] * 3  # type: ignore[union-attr]
 
-    # The job runs in a worker task, yet continues the trace of the PutChunk that enqueued it.
+    # The job runs in a worker's task (or inline, after the group commit's task enqueued
+    # it), yet continues the trace of the PutChunk that enqueued it.
     (job,) = named(spans, "job upload.merge")
     enqueued_by = parent_of(spans, job)
     assert enqueued_by in puts
     assert _attr(job, tracing.CORRELATION_ATTRIBUTE) == "trace-me"
+    inline = cluster.settings.inline_merge_max_bytes > 0
+    assert str(_attr(job, "serentak.worker_id")).endswith("/inline") == inline
     trace_id = job.context.trace_id
 
     (merge,) = named(spans, "upload merge")
@@ -96,6 +105,9 @@ async def test_a_chunked_uploads_trace_runs_from_put_chunk_through_the_merge_job
     server = [s for s in named(spans, HOLD) if s.kind == trace.SpanKind.SERVER]
     assert [parent_of(spans, s) for s in client] == [hold]
     assert [parent_of(spans, s) for s in server] == client
+    # The Acquire went on the lock client's Session stream, which is not traced (it
+    # carries every Acquire of the process, whichever trace opened it).
+    assert not named(spans, "/serentak.locks.v1.LockService/Session")
 
     # One trace from the PutChunk to the commit.
     chain = [enqueued_by, job, merge, blob_merge, hold, commit, job_commit, *client, *server]
