@@ -10,6 +10,8 @@ When on (`SERENTAK_OTLP_ENDPOINT`, or a test's `install(provider)`):
   event store the `traceparent` current when they were written (`current_traceparent`),
   and the worker and the relay continue that trace when they run them (`continued`);
   work one task does for another's call (the chunks' group commit) `resumed` its trace;
+  an event carries its traceparent to notify; work on a batch of events runs in its first
+  event's trace, with a span in each other event's (`in_own_traces`);
 - the correlation id stays (logs, events) and is recorded on the spans
   (`CORRELATION_ATTRIBUTE`).
 
@@ -24,14 +26,13 @@ merge opened it); health and reflection calls neither.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import serentak.channels
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
@@ -141,19 +142,15 @@ def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
     return tracer.start_as_current_span(name, attributes=_attributes(attributes))
 
 
-def continued(
-    traceparent: str | None, name: str, links: Iterable[str | None] = (), **attributes: Any
-) -> AbstractContextManager[Any]:
+def continued(traceparent: str | None, name: str, **attributes: Any) -> AbstractContextManager[Any]:
     """A span continuing the trace `traceparent` names (stored with a job or an outbox
-    event), linked to the spans `links` name (the other events of a batch). Without a
-    traceparent it is a child of the current span, or a new trace's root."""
+    event). Without a traceparent it is a child of the current span, or a new trace's
+    root."""
     tracer = _state.tracer
     if tracer is None:
         return _NOOP
     parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
-    return tracer.start_as_current_span(
-        name, context=parent, links=_links(links), attributes=_attributes(attributes)
-    )
+    return tracer.start_as_current_span(name, context=parent, attributes=_attributes(attributes))
 
 
 def annotate(span: Any, **attributes: Any) -> None:
@@ -163,17 +160,64 @@ def annotate(span: Any, **attributes: Any) -> None:
 
 
 @contextlib.contextmanager
-def resumed(traceparent: str | None) -> Iterator[None]:
+def resumed(traceparent: str | None, *, unless_current_trace: bool = False) -> Iterator[None]:
     """Make the span `traceparent` names the current one for the block, without a span
-    of its own: for work one task does on behalf of another's call (a group commit)."""
-    if _state.tracer is None or not traceparent:
+    of its own: for work one task does on behalf of another's call (a group commit).
+    `unless_current_trace`: leave the current span when it is in that trace already."""
+    parent = _parent(traceparent, unless_current_trace)
+    if parent is None:
         yield
         return
-    token = otel_context.attach(_PROPAGATOR.extract({"traceparent": traceparent}))
+    token = otel_context.attach(parent)
     try:
         yield
     finally:
         otel_context.detach(token)
+
+
+@contextlib.contextmanager
+def in_own_traces(
+    traceparents: Iterable[str | None], name: str, **attributes: Any
+) -> Iterator[None]:
+    """For work on a batch that runs in its first item's trace: a span `name` covering
+    the block in each other trace among `traceparents` (the items', e.g. events'), so
+    every item's trace shows it. Those spans are not made current: what the block starts
+    stays in the current trace. A no-op when tracing is off."""
+    tracer = _state.tracer
+    if tracer is None:
+        yield
+        return
+    seen = {trace.get_current_span().get_span_context().trace_id}
+    spans = []
+    values = _attributes(attributes)
+    for traceparent in traceparents:
+        parent = _parent(traceparent, unless_current_trace=False)
+        if parent is None:
+            continue
+        trace_id = trace.get_current_span(parent).get_span_context().trace_id
+        if trace_id not in seen:
+            seen.add(trace_id)
+            spans.append(tracer.start_span(name, context=parent, attributes=values))
+    try:
+        yield
+    finally:
+        for span in spans:
+            span.end()
+
+
+def _parent(traceparent: str | None, unless_current_trace: bool) -> otel_context.Context | None:
+    """The context `traceparent` names (None: tracing off, no or a bad traceparent, or,
+    `unless_current_trace`, the current span's trace)."""
+    if _state.tracer is None or not traceparent:
+        return None
+    parent = _PROPAGATOR.extract({"traceparent": traceparent})
+    named = trace.get_current_span(parent).get_span_context()
+    if not named.is_valid:
+        return None
+    current = trace.get_current_span().get_span_context()
+    if unless_current_trace and current.is_valid and current.trace_id == named.trace_id:
+        return None
+    return parent
 
 
 def current_traceparent() -> str | None:
@@ -196,16 +240,6 @@ def _attributes(values: dict[str, Any]) -> dict[str, Any]:
     return {f"serentak.{k}": v for k, v in values.items() if v is not None}
 
 
-def _links(traceparents: Iterable[str | None]) -> Sequence[Link]:
-    links = []
-    for traceparent in traceparents:
-        if traceparent:
-            context = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent}))
-            if context.get_span_context().is_valid:
-                links.append(Link(context.get_span_context()))
-    return links
-
-
 __all__ = [
     "CORRELATION_ATTRIBUTE",
     "annotate",
@@ -213,6 +247,7 @@ __all__ = [
     "continued",
     "current_traceparent",
     "enabled",
+    "in_own_traces",
     "install",
     "note_correlation_id",
     "resumed",

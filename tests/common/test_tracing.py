@@ -2,7 +2,8 @@
 default; a caller's W3C traceparent continued by the server span, which records the
 correlation id; channels of the client package send the trace on; a job and an outbox
 event carry the trace of the span that wrote them through the database (SQLite and
-PostgreSQL), and the worker and the relay continue it."""
+PostgreSQL), and the worker and the relay continue it (a batch of events of several
+traces: in the first one's, with a span in each other's)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def _event(aggregate_id: str, version: int) -> events_pb2.Event:
         version=version,
         file_renamed=events_pb2.FileRenamed(file_id=aggregate_id, new_name=f"v{version}"),
     )
+
+
+def _ids(span: ReadableSpan) -> str:
+    """`trace_id-span_id` in hex, as in a traceparent."""
+    return f"{span.context.trace_id:032x}-{span.context.span_id:016x}"
 
 
 def _hex(span: ReadableSpan) -> tuple[str, str]:
@@ -162,13 +168,16 @@ class _Recording:
     def __init__(self, batches: bool) -> None:
         self.batches = batches
         self.calls: list[tuple[list[str], trace.SpanContext]] = []
+        self.events: list[events_pb2.Event] = []
 
     async def publish(self, event: events_pb2.Event) -> None:
+        self.events.append(event)
         self.calls.append(([event.event_id], trace.get_current_span().get_span_context()))
 
     async def publish_many(self, events: Sequence[events_pb2.Event]) -> bool:
         if not self.batches:
             return False
+        self.events.extend(events)
         ids = [e.event_id for e in events]
         self.calls.append((ids, trace.get_current_span().get_span_context()))
         return True
@@ -183,8 +192,10 @@ async def test_the_relay_publishes_an_event_in_the_trace_that_recorded_it(runtim
         await Relay(runtime_db.sessions, [one_by_one], relay_id="r1").publish_pending()
         spans = exporter.finished()
     (publish,) = named(spans, "outbox publish")
-    assert parent_of(spans, publish) is named(spans, "commit")[0]
+    (commit,) = named(spans, "commit")
+    assert parent_of(spans, publish) is commit
     assert [context for _, context in one_by_one.calls] == [publish.context]
+    assert one_by_one.events[0].traceparent[3:52] == _ids(commit)
 
 
 async def test_a_batch_continues_its_first_events_trace_and_links_the_others(runtime_db) -> None:  # type: ignore[no-untyped-def]
@@ -200,9 +211,16 @@ async def test_a_batch_continues_its_first_events_trace_and_links_the_others(run
     (batch,) = named(spans, "outbox publish_batch")
     first, second, third = (named(spans, f"request {v}")[0] for v in (1, 2, 3))
     assert parent_of(spans, batch) is first
-    assert [(link.context.trace_id, link.context.span_id) for link in batch.links] == [
-        (second.context.trace_id, second.context.span_id),
-        (third.context.trace_id, third.context.span_id),
+    # The other events' traces each show the publish, under their own request.
+    assert sorted(parent_of(spans, s).name for s in named(spans, "outbox publish")) == [  # type: ignore[union-attr]
+        second.name,
+        third.name,
     ]
     ((ids, context),) = batching.calls
     assert len(ids) == 3 and context == batch.context
+    # Each event goes out with the traceparent it was recorded under.
+    assert [e.traceparent[3:52] for e in batching.events] == [
+        _ids(first),
+        _ids(second),
+        _ids(third),
+    ]

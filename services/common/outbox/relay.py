@@ -149,15 +149,22 @@ class Relay:
         True: done; False: not sent as a batch, publish it one by one; None: lease lost."""
         events = [row.event for row in batch]
         try:
-            # One call for events of several traces: it continues the first event's and
-            # links the others' (their own spans stay in their traces).
-            with tracing.continued(
-                batch[0].traceparent,
-                "outbox publish_batch",
-                links=[row.traceparent for row in batch[1:]],
-                aggregate=key,
-                events=len(events),
-                correlation_id=events[0].correlation_id,
+            # One call for events of several traces: it continues the first event's, and
+            # each other event's trace gets an `outbox publish` span of it.
+            with (
+                tracing.continued(
+                    batch[0].traceparent,
+                    "outbox publish_batch",
+                    aggregate=key,
+                    events=len(events),
+                    correlation_id=events[0].correlation_id,
+                ),
+                tracing.in_own_traces(
+                    [row.traceparent for row in batch[1:]],
+                    "outbox publish",
+                    aggregate=key,
+                    batch=len(events),
+                ),
             ):
                 for subscriber in self.subscribers:
                     publish_many = getattr(subscriber, "publish_many", None)

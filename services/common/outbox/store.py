@@ -74,7 +74,8 @@ async def pending_aggregates(session: AsyncSession, limit: int) -> list[tuple[st
 async def unpublished_events(
     session: AsyncSession, aggregate_type: str, aggregate_id: str, limit: int
 ) -> list[OutboxEvent]:
-    """The aggregate's unpublished events in the order they were recorded."""
+    """The aggregate's unpublished events in the order they were recorded, each carrying
+    the traceparent stored with it (`Event.traceparent`)."""
     stmt = (
         select(outbox_events.c.id, outbox_events.c.event, outbox_events.c.traceparent)
         .where(
@@ -86,9 +87,18 @@ async def unpublished_events(
         .limit(limit)
     )
     return [
-        OutboxEvent(row_id, events_pb2.Event.FromString(blob), traceparent)
+        OutboxEvent(
+            row_id, _with_trace(events_pb2.Event.FromString(blob), traceparent), traceparent
+        )
         for row_id, blob, traceparent in await session.execute(stmt)
     ]
+
+
+def _with_trace(event: events_pb2.Event, traceparent: str | None) -> events_pb2.Event:
+    """`event` as it is published: with the traceparent it was recorded under, if any."""
+    if traceparent:
+        event.traceparent = traceparent
+    return event
 
 
 async def mark_published(session: AsyncSession, row_id: int) -> None:
