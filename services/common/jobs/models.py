@@ -82,7 +82,7 @@ jobs = Table(
     Column("dedupe_key", String(255), nullable=True),
     Column("payload", JSON, nullable=False),
     Column("correlation_id", String(128), nullable=False),
-    # W3C traceparent of the span that enqueued it, continued by the worker (runtime_0004).
+    # W3C traceparent of the span that enqueued it, continued by the worker (runtime_0005).
     Column("traceparent", String(TRACEPARENT_LEN), nullable=True),
     Column("status", String(16), nullable=False),
     Column("attempts", Integer, nullable=False, default=0),

@@ -79,7 +79,7 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
 
     A job with two or more jobs ahead in its partition is stored 'waiting': claims do not
     look at it until the job right ahead of it is deleted (`runtime_0003`). When tracing is
-    on it stores the current span's traceparent, which its run continues (`runtime_0004`).
+    on it stores the current span's traceparent, which its run continues (`runtime_0005`).
 
     With a `dedupe_key`, the job waits until its dedupe window closes; a job of the same
     type and key enqueued meanwhile collapses into it (latest payload and idempotency key

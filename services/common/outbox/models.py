@@ -22,7 +22,7 @@ outbox_events = Table(
     # The serialized serentak.events.v1.Event, exactly as it will be published.
     Column("event", LargeBinary, nullable=False),
     Column("correlation_id", String(128), nullable=False),
-    # W3C traceparent of the span that recorded it, continued by the relay (runtime_0004).
+    # W3C traceparent of the span that recorded it, continued by the relay (runtime_0005).
     Column("traceparent", String(TRACEPARENT_LEN), nullable=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("published_at", UtcDateTime, nullable=True),

@@ -1,14 +1,16 @@
 """A blob store whose byte-moving calls are spans, when tracing is on.
 
 `traced(store)` wraps any backend: writes (`blob write`: `stage`, `stage_checked`),
-publishes (`blob publish`), merges (`blob merge`) and reads (`blob read`) each get a span
-with the key and the byte count; the rest (existence, listing, deletes) passes straight
-through. With tracing off the store is returned as it is: no wrapper, no cost.
+publishes (`blob publish`), merges (`blob merge`), copies (`blob copy`) and reads
+(`blob read`) each get a span with the key (and the byte count); the rest (existence,
+listing, deletes, sweeps) passes straight through. With tracing off the store is
+returned as it is: no wrapper, no cost.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 
 from services.common import tracing
 from services.upload.storage.blob_store.base import BlobStore, ChunkRef, Merged, StoredObject
@@ -69,6 +71,11 @@ class TracedBlobStore:
         """See `BlobStore.iter_read`."""
         return self.inner.iter_read(key, offset, block)
 
+    async def copy(self, source: str, key: str) -> None:
+        """See `BlobStore.copy`."""
+        with tracing.span("blob copy", backend=self._backend, key=key):
+            await self.inner.copy(source, key)
+
     async def delete(self, key: str) -> None:
         """See `BlobStore.delete`."""
         await self.inner.delete(key)
@@ -97,6 +104,10 @@ class TracedBlobStore:
             bytes=sum(c.size for c in chunks),
         ):
             return await self.inner.merge(chunks, key, algorithm, expected_checksum)
+
+    async def abort_unfinished(self, before: datetime) -> int:
+        """See `BlobStore.abort_unfinished`."""
+        return await self.inner.abort_unfinished(before)
 
     async def checksum(self, key: str, algorithm: str) -> str:
         """See `BlobStore.checksum`."""

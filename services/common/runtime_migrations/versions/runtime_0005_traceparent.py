@@ -6,16 +6,16 @@ the same trace (`services/common/tracing.py`), so one trace goes from the upload
 through the merge job and the outbox to notify's Ingest and its fan-out job. NULL when
 tracing is off or the row was written before this revision.
 
-Revision ID: runtime_0004
-Revises: runtime_0003
+Revision ID: runtime_0005
+Revises: runtime_0004
 Create Date: 2026-12-06
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "runtime_0004"
-down_revision = "runtime_0003"
+revision = "runtime_0005"
+down_revision = "runtime_0004"
 branch_labels = None
 depends_on = None
 
