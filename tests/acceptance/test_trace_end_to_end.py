@@ -50,8 +50,17 @@ RELAY = {"outbox publish", "outbox publish_batch"}
 
 
 def _whole(spans: list[ExportedSpan]) -> bool:
-    """The trace has reached every step: notify wrote the notifications."""
-    return any(s.service == "serentak-notify" and s.name in NOTIFY_FANOUT for s in spans)
+    """Every process has exported its spans of every step (each exports on its own
+    schedule: notify's fan-out may arrive before upload's relay span, which ends after
+    notify answers)."""
+    names = {(s.service, s.name) for s in spans}
+    return (
+        any(("serentak-upload", n) in names for n in RELAY)
+        and ("serentak-upload", "upload commit_version") in names
+        and ("serentak-locks", HOLD) in names
+        and any(("serentak-notify", n) in names for n in NOTIFY_INGEST)
+        and any(("serentak-notify", n) in names for n in NOTIFY_FANOUT)
+    )
 
 
 async def test_one_trace_from_the_put_chunks_to_the_fan_out_in_three_processes(
