@@ -364,7 +364,7 @@ class Files:
             )
 
         if self._groups is not None:
-            await self._groups.run(record)
+            await self._groups.run(record, (identity.tenant_id,))
         else:
             async with self._sessions.begin() as session:
                 await record(session)

@@ -284,7 +284,9 @@ class UploadFiles:
                 return UploadedFile(upload, file, role)
 
             # Shared with the other small files committing now (group commit).
-            done = await self._groups.run(commit)
+            # In lock order (the tenant's allowance and tree locks, then the folder's row).
+            order = (upload.tenant_id, upload.folder_id, upload.file_id)
+            done = await self._groups.run(commit, order)
         return done
 
     async def _earlier(
