@@ -119,6 +119,9 @@ class GroupCommits:
                 await self._commit(group)
 
     async def _commit(self, group: list[_Unit[Any]]) -> None:
+        if len(group) == 1:
+            await self._commit_alone(group[0])
+            return
         done: list[tuple[_Unit[Any], Any]] = []
         try:
             async with self._sessions.begin() as session:
@@ -126,17 +129,13 @@ class GroupCommits:
                     try:
                         async with session.begin_nested():
                             # In the caller's context: its correlation id in every log line.
-                            result = await asyncio.create_task(
-                                _call(unit.work, session), context=unit.context
-                            )
+                            result = await _run_in_context(unit, session)
                     except Exception as exc:
                         unit.settle(error=exc)  # its savepoint is rolled back
                         continue
                     done.append((unit, result))
         except BaseException as exc:
             failure = exc if isinstance(exc, Exception) else Unavailable(f"commit cut: {exc!r}")
-            for unit, _ in done:
-                unit.settle(error=failure)
             for unit in group:
                 unit.settle(error=failure)
             if not isinstance(exc, Exception):
@@ -146,6 +145,23 @@ class GroupCommits:
         self._on_group(len(group))
         for unit, result in done:
             unit.settle(result)
+
+    async def _commit_alone(self, unit: _Unit[Any]) -> None:
+        """A group of one: its failure is the transaction's, so no savepoint."""
+        try:
+            async with self._sessions.begin() as session:
+                result = await _run_in_context(unit, session)
+        except BaseException as exc:
+            unit.settle(error=exc if isinstance(exc, Exception) else Unavailable("commit cut"))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._on_group(1)
+        unit.settle(result)
+
+
+async def _run_in_context(unit: _Unit[T], session: AsyncSession) -> T:
+    return await asyncio.create_task(_call(unit.work, session), context=unit.context)
 
 
 async def _call(work: Callable[[AsyncSession], Awaitable[T]], session: AsyncSession) -> T:

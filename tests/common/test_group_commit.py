@@ -108,3 +108,19 @@ async def test_a_group_runs_its_units_in_lock_order(sessions) -> None:
     await asyncio.gather(first, *later)
     assert ran == ["tenant-a", "tenant-c", "tenant-d", "tenant-e"]
     await groups.close()
+
+
+async def test_a_unit_alone_fails_with_its_own_error_and_stores_nothing(sessions) -> None:
+    groups = GroupCommits(sessions)
+
+    async def refused(session):
+        await session.execute(insert(things).values(name="half-done"))
+        raise Unavailable("refused after a write")
+
+    with pytest.raises(Unavailable, match="refused after a write"):
+        await groups.run(refused)
+    assert await storing(groups, "next") > 0  # the committer goes on
+    async with sessions() as session:
+        names = (await session.execute(select(things.c.name))).scalars().all()
+    assert names == ["next"]
+    await groups.close()
