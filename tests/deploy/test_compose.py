@@ -12,6 +12,8 @@ from pathlib import Path
 import yaml
 from support.prometheus import ALERTS, require
 
+from services.common.config import CommonSettings
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
 COMPOSE = COMPOSE_DIR / "compose.yaml"
@@ -155,3 +157,33 @@ def test_service_addresses_spread_over_replicas_and_match_certificate_names(pki:
                 text=True,
             ).stdout
             assert f"DNS:{host}," in text or text.rstrip().endswith(f"DNS:{host}"), (name, host)
+
+
+def _published(spec: str) -> tuple[list[int], int]:
+    """`[IP:]HOST[-HOST_END]:CONTAINER` -> (host ports, container port)."""
+    parts = spec.split(":")
+    host, container = parts[-2], int(parts[-1].split("/")[0])
+    first, _, last = host.partition("-")
+    return list(range(int(first), int(last or first) + 1)), container
+
+
+def test_published_ports_are_unique_one_per_replica_and_clear_of_make_run() -> None:
+    services = _compose()
+    owner: dict[int, str] = {}
+    for name, svc in services.items():
+        for spec in svc.get("ports", []):
+            hosts, _ = _published(spec)
+            for port in hosts:
+                assert port not in owner, f"host port {port}: {owner[port]} and {name}"
+                owner[port] = name
+    defaults = CommonSettings.model_fields
+    for name in SERVICES:
+        grpc_port = defaults[f"{name}_port"].default
+        (spec,) = services[name]["ports"]
+        hosts, container = _published(spec)
+        assert container == grpc_port, name
+        assert spec.startswith("127.0.0.1:"), spec  # loopback only, as the other parts
+        assert len(hosts) >= services[name]["deploy"]["replicas"], name  # one per replica
+    # `make run`'s ports (the settings' defaults) stay free for a checkout beside compose.
+    make_run = {f.default for key, f in defaults.items() if key.endswith("_port") and f.default}
+    assert not make_run & set(owner), sorted(make_run & set(owner))
