@@ -105,7 +105,7 @@ def test_every_mounted_file_exists() -> None:
     mounted = 0
     for name, svc in _compose().items():
         for volume in svc.get("volumes", []):
-            source = volume.split(":")[0]
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
             if source.startswith("."):
                 assert (COMPOSE_DIR / source).exists(), f"{name}: {source}"
                 mounted += 1
@@ -187,3 +187,65 @@ def test_published_ports_are_unique_one_per_replica_and_clear_of_make_run() -> N
     # `make run`'s ports (the settings' defaults) stay free for a checkout beside compose.
     make_run = {f.default for key, f in defaults.items() if key.endswith("_port") and f.default}
     assert not make_run & set(owner), sorted(make_run & set(owner))
+
+
+# The private keys each container may read: its own (locks: also the etcd client's).
+OWN_KEYS = {
+    "upload": {"upload-key.pem"},
+    "locks": {"locks-key.pem", "etcd-client-key.pem"},
+    "notify": {"notify-key.pem"},
+    "etcd-1": {"etcd-1-key.pem"},
+    "etcd-2": {"etcd-2-key.pem"},
+    "etcd-3": {"etcd-3-key.pem"},
+}
+
+
+def _pki_view(svc: dict, pki: Path) -> dict[str, Path]:
+    """Container path -> file of gen-pki.sh's output, for every PKI file `svc` can read."""
+    seen: dict[str, Path] = {}
+    for volume in svc.get("volumes", []):
+        if isinstance(volume, str):
+            if ":" not in volume:
+                continue  # an anonymous volume (scratch)
+            source, target = volume.split(":")[:2]
+            subpath = ""
+        else:
+            source, target = volume["source"], volume["target"]
+            subpath = volume.get("volume", {}).get("subpath", "")
+        if source != "pki":
+            continue
+        root = pki / subpath
+        assert root.is_dir(), f"subpath {subpath}: not made by gen-pki.sh"
+        for path in root.rglob("*"):
+            if path.is_file():
+                seen[f"{target}/{path.relative_to(root)}"] = path
+    return seen
+
+
+def test_every_container_reads_only_its_own_private_keys(pki: Path) -> None:
+    services = _compose()
+    for name, svc in services.items():
+        if name == "pki":
+            continue  # the one-shot that makes them
+        keys = {Path(p).name for p in _pki_view(svc, pki) if p.endswith("-key.pem")}
+        assert keys == OWN_KEYS.get(name, set()), f"{name} reads {sorted(keys)}"
+    assert {"upload", "locks", "notify", "etcd-1", "migrate", "jwks"} <= set(services)
+
+
+def test_every_pki_file_a_container_names_is_in_its_mount(pki: Path) -> None:
+    named = 0
+    for name, svc in _compose().items():
+        if name == "pki":
+            continue
+        view = _pki_view(svc, pki)
+        env = svc.get("environment", {})
+        words = [str(v) for v in env.values()] + [str(a) for a in svc.get("command", [])]
+        words += [str(a) for a in svc.get("healthcheck", {}).get("test", [])]
+        for word in words:
+            path = word.split("=", 1)[-1]
+            if path.startswith("/pki/") and path.endswith((".pem", ".jwt")):
+                assert path in view, f"{name}: {path} is not mounted"
+                named += 1
+        if name == "jwks":
+            assert "/pki/public/jwks.json" in view
+    assert named >= 30

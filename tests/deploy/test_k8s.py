@@ -111,6 +111,16 @@ def test_tls_and_jwt_settings_point_at_mounted_secrets(objects) -> None:
         assert all("REPLACE_ME" in v for v in secret["stringData"].values()), "placeholders only"
 
 
+def test_every_pod_mounts_only_its_own_secrets(objects) -> None:
+    # Per-service Secrets (never one PKI Secret for all): no pod can read another's key.
+    own = {name: {f"serentak-{name}-tls", f"serentak-{name}-token"} for name in SERVICES}
+    own["locks"].add("serentak-etcd-client")
+    for kind, name in [("Deployment", s) for s in SERVICES] + [("Job", "serentak-migrate")]:
+        pod = _get(objects, kind, name)["spec"]["template"]["spec"]
+        mounted = {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        assert mounted == own.get(name, set()), (name, mounted)
+
+
 def test_headless_services_for_self_balancing_clients(objects) -> None:
     for name in ("locks", "notify", "upload-headless"):
         service = _get(objects, "Service", name)
