@@ -129,7 +129,9 @@ def test_headless_services_for_self_balancing_clients(objects) -> None:
     assert _get(objects, "Service", "upload")["spec"]["type"] == "ClusterIP"
 
 
-def test_network_policies_only_upload_reaches_locks_and_notify(objects) -> None:
+def test_network_policies_only_upload_and_labelled_clients_reach_locks_and_notify(
+    objects,
+) -> None:
     deny = _get(objects, "NetworkPolicy", "serentak-default-deny")
     assert deny["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in deny["spec"]
     for name in ("locks", "notify"):
@@ -140,6 +142,10 @@ def test_network_policies_only_upload_reaches_locks_and_notify(objects) -> None:
             "from"
         ]
         assert all("namespaceSelector" not in peer for peer in grpc_rule["from"])
+        # Another service of the namespace using the SDK (hold(), Subscribe) opts in by label.
+        client = {"podSelector": {"matchLabels": {f"serentak.io/{name}-client": "true"}}}
+        assert client in grpc_rule["from"], name
+        assert len(grpc_rule["from"]) == 2, grpc_rule["from"]  # nothing else
         assert metrics_rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
         (prometheus,) = metrics_rule["from"]
         assert prometheus["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "prometheus"
