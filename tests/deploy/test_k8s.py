@@ -115,7 +115,7 @@ def test_every_pod_mounts_only_its_own_secrets(objects) -> None:
     # Per-service Secrets (never one PKI Secret for all): no pod can read another's key.
     own = {name: {f"serentak-{name}-tls", f"serentak-{name}-token"} for name in SERVICES}
     own["locks"].add("serentak-etcd-client")
-    for kind, name in [("Deployment", s) for s in SERVICES] + [("Job", "serentak-migrate")]:
+    for kind, name in [("Deployment", s) for s in SERVICES] + [("Job", "serentak-migrate-0.1.0")]:
         pod = _get(objects, kind, name)["spec"]["template"]["spec"]
         mounted = {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
         assert mounted == own.get(name, set()), (name, mounted)
@@ -151,8 +151,19 @@ def test_network_policies_only_upload_and_labelled_clients_reach_locks_and_notif
         assert prometheus["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "prometheus"
 
 
+def test_each_release_applies_its_own_migrations_job_which_deletes_itself(objects) -> None:
+    # A Job's template is immutable: re-applying one name with a new image fails, so the
+    # name carries the release (the image tag) and a finished Job goes away by itself.
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    tag = container["image"].rsplit(":", 1)[1]
+    assert job["metadata"]["name"] == f"serentak-migrate-{tag}"
+    assert 0 < job["spec"]["ttlSecondsAfterFinished"] <= 7 * 86400
+    assert not [o for o in render(K8S / "base") if o["kind"] == "Job"]  # only by release
+
+
 def test_migrations_job_runs_the_migrate_command(objects) -> None:
-    job = _get(objects, "Job", "serentak-migrate")
+    job = _get(objects, "Job", "serentak-migrate-0.1.0")
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"] == ["services.migrate", "all"]
