@@ -48,7 +48,13 @@ def test_three_etcd_members_with_client_and_peer_tls() -> None:
         assert (
             f"--cert-file=/pki/{name}.pem" in args and f"--peer-cert-file=/pki/{name}.pem" in args
         )
-        urls = [a for a in args if "-urls=" in a or a.startswith("--initial-cluster=")]
+        # Client and peer traffic over TLS; only the metrics listener is plain (scraped).
+        urls = [
+            a
+            for a in args
+            if ("-urls=" in a and not a.startswith("--listen-metrics-urls="))
+            or a.startswith("--initial-cluster=")
+        ]
         assert urls and all("http://" not in a for a in urls), urls
     endpoints = services["locks"]["environment"]["SERENTAK_ETCD_ENDPOINTS"].split(",")
     assert endpoints == [f"{m}:2379" for m in members]
