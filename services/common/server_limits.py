@@ -34,6 +34,11 @@ class ServerLimits:
     max_ping_strikes: int = 2
     # A connection with no call for this long is closed.
     max_connection_idle_ms: int = 300_000
+    # Calls grpc core holds before the application takes them (grpc's defaults: 1,000, and
+    # past it new calls are refused at random up to the hard limit of 3,000). A replica
+    # that accepts thousands of streams at once (notify) needs room for them to arrive.
+    max_pending_requests: int = 1000
+    max_pending_requests_hard_limit: int = 3000
 
     def options(self, max_receive_message_bytes: int) -> list[tuple[str, Any]]:
         """grpc server options for these limits and the service's largest request."""
@@ -47,6 +52,8 @@ class ServerLimits:
             ("grpc.http2.min_recv_ping_interval_without_data_ms", self.min_client_ping_interval_ms),
             ("grpc.http2.max_ping_strikes", self.max_ping_strikes),
             ("grpc.max_connection_idle_ms", self.max_connection_idle_ms),
+            ("grpc.server.max_pending_requests", self.max_pending_requests),
+            ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests_hard_limit),
         ]
 
 

@@ -80,7 +80,14 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
         # No grpc-wide limit: it counts every call alike, so user streams refused the
         # relay's IngestBatch (issue 37). The capacity gate bounds every call instead, per
         # kind of caller; `max_concurrent_rpcs` bounds users' calls there.
-        limits=replace(server_limits(settings), max_concurrent_rpcs=None),
+        # Room for a replica's worth of streams opening at once (grpc refuses calls at
+        # random past 1,000 it has not handed over yet).
+        limits=replace(
+            server_limits(settings),
+            max_concurrent_rpcs=None,
+            max_pending_requests=max(1000, settings.streams_max),
+            max_pending_requests_hard_limit=2 * max(1000, settings.streams_max),
+        ),
         capacity=CallCapacity(capacity_limits(settings)),
         rates=RateGate(rate_policy(settings), limiter, parts.auth),
     )

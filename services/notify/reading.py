@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
@@ -121,11 +121,13 @@ async def read_after(
     return list(rows)
 
 
-async def stream_position(session: AsyncSession, tenant_id: str, user_id: str) -> int:
-    """The user's last committed seq (0 before their first notification)."""
-    seq = await session.scalar(
-        select(UserStream.last_seq).where(
-            UserStream.tenant_id == tenant_id, UserStream.user_id == user_id
+async def stream_positions(
+    session: AsyncSession, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], int]:
+    """The last committed seq of each (tenant, user) that has one (absent: 0)."""
+    rows = await session.execute(
+        select(UserStream.tenant_id, UserStream.user_id, UserStream.last_seq).where(
+            tuple_(UserStream.tenant_id, UserStream.user_id).in_(list(keys))
         )
     )
-    return int(seq or 0)
+    return {(r.tenant_id, r.user_id): int(r.last_seq or 0) for r in rows}

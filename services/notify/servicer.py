@@ -14,6 +14,7 @@ from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Authenticator
+from services.common.db import read_only
 from services.common.errors import InvalidArgument
 from services.common.logging import get_logger
 from services.notify import cursors, reading
@@ -102,6 +103,7 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
 
         async def read() -> reading.Page:
             async with self._sessions() as session:
+                await read_only(session)  # a snapshot: no write lock on SQLite
                 return await reading.list_page(
                     session,
                     identity,
@@ -148,6 +150,7 @@ class NotifyServicer(notify_pb2_grpc.NotifyServiceServicer):
 
         async def count() -> int:
             async with self._sessions() as session:
+                await read_only(session)
                 return await reading.unread_count(session, identity)
 
         unread = await retrying(count)

@@ -46,11 +46,13 @@ from typing import Any, Protocol
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common.db import read_only
 from services.common.logging import get_logger
 from services.notify import cursors, metrics, reading
 from services.notify.errors import SubscriberTooSlow
 from services.notify.fanout import Written
 from services.notify.messages import to_message
+from services.notify.positions import PositionReads
 from services.notify.sql import retrying
 
 log = get_logger(__name__)
@@ -305,6 +307,8 @@ class StreamReader:
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: Broker) -> None:
         self._sessions = sessions
+        # Where a stream without a cursor starts, read in batches (positions.py).
+        self._positions = PositionReads(sessions)
         self._broker = broker
 
     async def _replay(
@@ -325,15 +329,11 @@ class StreamReader:
             after = rows[-1].seq
 
     async def _read_after(self, tenant_id: str, user_id: str, after: int) -> list[Any]:
+        # Pure reads in a snapshot: on SQLite a stream's reads never take the write lock
+        # (thousands of streams opening at once would queue on it, and the fan-out too).
         async with self._sessions() as session:
+            await read_only(session)
             return list(await reading.read_after(session, tenant_id, user_id, after, REPLAY_PAGE))
-
-    async def _position(self, tenant_id: str, user_id: str) -> int:
-        async def read() -> int:
-            async with self._sessions() as session:
-                return await reading.stream_position(session, tenant_id, user_id)
-
-        return await retrying(read)
 
     async def subscribe(
         self,
@@ -349,15 +349,16 @@ class StreamReader:
         try:
             # Registered first: whatever commits after the reads below is also queued.
             if after_seq is None:
-                last = await self._position(tenant_id, user_id)
+                last = await self._positions.read(tenant_id, user_id)
                 # A position marker (no notification): the client has a cursor to resume
-                # from even if it leaves before its first notification arrives.
+                # from even if it leaves before its first notification arrives. Nothing to
+                # replay: whatever commits after that read is queued already.
                 yield notify_pb2.SubscribeResponse(cursor=cursors.encode(last))
             else:
                 last = after_seq
-            async for response in self._replay(tenant_id, user_id, last, max_batch):
-                last = int(response.cursor)
-                yield response
+                async for response in self._replay(tenant_id, user_id, last, max_batch):
+                    last = int(response.cursor)
+                    yield response
             # A queued delivery taken while filling a batch that cannot join it (a jump in
             # seq): it is the next item to look at.
             carried: Delivery | None = None
