@@ -44,6 +44,7 @@ from services.upload.storage.lifecycle import (
 )
 from services.upload.sync.settings import SyncSettings
 from services.upload.sync.wiring import SyncWiring, wire_sync
+from services.upload.tus import Tails, TusServer, TusUploads
 
 
 @dataclass
@@ -71,6 +72,8 @@ class UploadComponents:
     runtime: JobRuntime
     sync: SyncWiring
     subscribers: list[GrpcIngestSubscriber]
+    # The tus 1.0 endpoint (tus_enabled), served by the app as a background task.
+    tus: TusServer | None = None
 
     async def close(self) -> None:
         """Release connections (provider, notify and lock service channels, database pool)."""
@@ -199,6 +202,14 @@ def build_components(
     inline = InlineMerges(
         sessions, registry, node_id=options.node_id, lease_seconds=options.lease_seconds
     )
+    limiter = RateLimiter(settings.rate_limit)
+    tus = None
+    if settings.tus_enabled:
+        tails = Tails(settings.tus_root, fsync=settings.blob_fsync)
+        store = TusUploads(
+            sessions, settings, uploads, chunks, blobs, tails, inline, runtime.wake
+        )
+        tus = TusServer(store, auth, limiter, settings)
     return UploadComponents(
         settings=settings,
         engine=engine,
@@ -232,9 +243,10 @@ def build_components(
             tokens,
             share_batch_max=settings.share_batch_max,
         ),
-        limiter=RateLimiter(settings.rate_limit),
+        limiter=limiter,
         registry=registry,
         runtime=runtime,
         sync=sync,
         subscribers=subscribers,
+        tus=tus,
     )

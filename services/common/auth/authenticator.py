@@ -100,6 +100,16 @@ class Authenticator:
             return Identity.for_service(principal)
         raise Unauthenticated("missing bearer token", reason="MISSING_CREDENTIALS")
 
+    async def identify_bearer(self, authorization: str | None) -> Identity:
+        """The caller of an HTTP request (the tus endpoint) from its `Authorization: Bearer`
+        header, verified as an RPC's token is; UNAUTHENTICATED without a valid one."""
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("missing bearer token", reason="MISSING_CREDENTIALS")
+        await self._tokens.refresh_keys(token)
+        return self._tokens.verify(token)
+
     def identity_of_token(self, text: str) -> Identity | None:
         """Whom `text` would authenticate as a bearer token, else None.
 
