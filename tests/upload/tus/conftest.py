@@ -5,6 +5,7 @@ and helpers for the file a tus upload makes."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,3 +168,60 @@ async def assert_one_new_version(
     assert len(events) == 2 and events[1].version == done.file_version
     assert events[1].file_content_updated.upload_id == upload_id
     assert sorted(events[1].audience_user_ids) == ["alice", "bob", "carol"]
+
+
+def b64(text: str) -> str:
+    """Base64 of UTF-8 `text` (Upload-Metadata values)."""
+    return base64.b64encode(text.encode()).decode()
+
+
+async def create(
+    world: TusWorld,
+    http: httpx.AsyncClient,
+    length: int,
+    name: str,
+    user: str = "alice",
+    content: bytes = b"",
+    **extra: str,
+) -> httpx.Response:
+    """POST a new upload of `length` bytes making file `name` in the user's root."""
+    headers = world.headers(
+        user, Upload_Length=str(length), Upload_Metadata=f"filename {b64(name)}", **extra
+    )
+    return await http.post(world.url, headers=headers, content=content)
+
+
+async def patch(
+    world: TusWorld,
+    http: httpx.AsyncClient,
+    location: str,
+    offset: int,
+    data: bytes,
+    user: str = "alice",
+    **extra: str,
+) -> httpx.Response:
+    """PATCH `data` at `offset`."""
+    headers = world.headers(
+        user, Upload_Offset=str(offset), Content_Type="application/offset+octet-stream"
+    )
+    headers.update({k.replace("_", "-"): v for k, v in extra.items()})
+    return await http.patch(location, content=data, headers=headers)
+
+
+async def offset_of(world: TusWorld, http: httpx.AsyncClient, location: str) -> int:
+    """The upload's Upload-Offset by HEAD."""
+    head = await http.head(location, headers=world.headers())
+    assert head.status_code == 200, head.status_code
+    return int(head.headers["Upload-Offset"])
+
+
+async def completed_file(world: TusWorld, upload_id: str) -> tuple[upload_pb2.Upload, bytes]:
+    """Wait for the Serentak upload to finish; it and the bytes of the file it made."""
+    alice = world["alice"]
+    done = await wait_status(
+        alice, upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED, upload_pb2.UPLOAD_STATUS_FAILED
+    )
+    assert done.status == upload_pb2.UPLOAD_STATUS_COMPLETED, done.failure_reason
+    data, _ = await download(alice, done.file_id)
+    assert done.final_checksum == sha256(data)
+    return done, data
