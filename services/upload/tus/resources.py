@@ -61,6 +61,8 @@ class TusState:
     offset: int | None
     # When an unfinished upload expires; None once it is finished.
     expires_at: datetime | None
+    # Every piece stored: nothing more to write.
+    finished: bool = False
 
     @property
     def layout(self) -> Layout:
@@ -233,13 +235,14 @@ class TusUploads:
             if row.expires_at <= utcnow():
                 raise TusError(410, "UPLOAD_EXPIRED", "the upload expired")
             stored = row.pieces
-        if count is not None and stored >= count:
+        finished = count is not None and stored >= count
+        if finished:
             offset: int | None = row.length
         elif row.kind == FINAL:
             offset = None
         else:
             offset = stored * row.chunk_size + self.tails.size(row.id, stored)
-        return TusState(row, upload, offset, expires)
+        return TusState(row, upload, offset, expires, finished)
 
     # -- write --------------------------------------------------------------------------
 
@@ -256,6 +259,8 @@ class TusUploads:
         assert state.offset is not None
         if length is not None and row.length is None:
             row = await self._set_length(identity, state, length)
+        elif state.finished:
+            return state  # an empty PATCH at the end (the caller refused any byte past it)
         await write_pieces(
             self.tails,
             row.id,
