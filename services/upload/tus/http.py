@@ -27,6 +27,7 @@ from services.common.auth import Authenticator, Identity
 from services.common.errors import PermissionDenied, SerentakError
 from services.common.logging import get_logger
 from services.common.rate_limit import RateLimiter
+from services.upload.metrics import TUS_BYTES_RECEIVED, TUS_REQUESTS
 from services.upload.tus import protocol as tus
 from services.upload.tus.cors import cors_middleware
 from services.upload.tus.protocol import TusError
@@ -97,6 +98,7 @@ async def _errors(
 
 async def _common_headers(request: web.Request, response: web.StreamResponse) -> None:
     """Tus-Resumable on every response (the spec's examples carry it on OPTIONS too)."""
+    TUS_REQUESTS.labels(_method(request), str(response.status)).inc()
     response.headers["Tus-Resumable"] = tus.TUS_VERSION
     response.headers["X-Content-Type-Options"] = "nosniff"
 
@@ -314,6 +316,8 @@ def _upload_headers(state: TusState) -> dict[str, str]:
     if state.upload is not None:
         headers["Serentak-Upload-Id"] = state.upload.id
         headers["Serentak-File-Id"] = state.upload.file_id
+        # uploading, merging, completed or failed: all bytes in is not yet a version.
+        headers["Serentak-Upload-Status"] = state.upload.status
     return headers
 
 
@@ -322,12 +326,14 @@ async def _body(request: web.Request) -> AsyncIterator[bytes]:
     stream = request.content
     try:
         async for block in stream.iter_chunked(BLOCK):
+            TUS_BYTES_RECEIVED.inc(len(block))
             yield block
     except ConnectionError:
         # aiohttp raises the loss before handing over what it had buffered: those bytes
         # arrived in order and are the body's next ones (the spec: store as much as possible).
         rest = stream._read_nowait(-1)
         if rest:
+            TUS_BYTES_RECEIVED.inc(len(rest))
             yield rest
         raise
 
@@ -343,6 +349,7 @@ async def _spool(
     out = await asyncio.to_thread(open, path, "wb")
     try:
         async for block in request.content.iter_chunked(BLOCK):
+            TUS_BYTES_RECEIVED.inc(len(block))
             total += len(block)
             if total > limit:
                 raise TusError(

@@ -40,6 +40,7 @@ EXPOSED_HEADERS = (
     "Upload-Concat",
     "Serentak-Upload-Id",
     "Serentak-File-Id",
+    "Serentak-Upload-Status",
     "Serentak-Error-Reason",
 )
 ALLOWED_HEADERS = (

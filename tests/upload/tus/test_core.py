@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 
+from prometheus_client import REGISTRY
 from upload.tus.conftest import CHUNK, TusWorld, completed_file, create, offset_of, patch
 
 
@@ -138,3 +139,26 @@ async def test_unknown_upload_is_404(tus: TusWorld) -> None:
             assert head.status_code == 404
             answer = await patch(tus, http, f"{tus.url}{tus_id}", 0, b"x")
             assert answer.status_code == 404
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_metrics_count_requests_and_body_bytes(tus: TusWorld) -> None:
+    bytes_before = _sample("serentak_tus_bytes_received_total")
+    patches_before = _sample("serentak_tus_requests_total", method="PATCH", status="204")
+    conflicts_before = _sample("serentak_tus_requests_total", method="PATCH", status="409")
+    async with tus.http() as http:
+        location = (await create(tus, http, 3000, "metered.bin")).headers["Location"]
+        assert (await patch(tus, http, location, 0, b"a" * 1000)).status_code == 204
+        assert (await patch(tus, http, location, 0, b"a" * 1000)).status_code == 409
+        assert (await patch(tus, http, location, 1000, b"b" * 2000)).status_code == 204
+    # The refused body was never read: only the applied bytes count.
+    assert _sample("serentak_tus_bytes_received_total") - bytes_before == 3000
+    assert (
+        _sample("serentak_tus_requests_total", method="PATCH", status="204") - patches_before == 2
+    )
+    assert (
+        _sample("serentak_tus_requests_total", method="PATCH", status="409") - conflicts_before == 1
+    )
