@@ -19,11 +19,13 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 from aiohttp import web
 
 from services.common.auth import Authenticator, Identity
+from services.common.correlation import bound_correlation_id
 from services.common.errors import PermissionDenied, SerentakError
 from services.common.logging import get_logger
 from services.common.rate_limit import RateLimiter
@@ -72,6 +74,18 @@ def _refusal(status: int, reason: str, message: str) -> web.Response:
     return web.Response(
         status=status, reason=phrase, text=f"{reason}: {message}\n", headers=headers
     )
+
+
+@web.middleware
+async def _correlated(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """`X-Correlation-Id` (or a new one) on the request's log lines, the chunks' merge job
+    and outbox event, echoed in the answer, as `x-correlation-id` is for gRPC."""
+    with bound_correlation_id(request.headers.get("X-Correlation-Id")) as cid:
+        response = await handler(request)
+        response.headers["X-Correlation-Id"] = cid
+        return response
 
 
 @web.middleware
@@ -346,7 +360,7 @@ async def _spool(
     path = folder / f".spool-{uuid.uuid4().hex}"
     hasher = checksum.hasher() if checksum is not None else None
     total = 0
-    out = await asyncio.to_thread(open, path, "wb")
+    out = await asyncio.to_thread(_private_file, path)
     try:
         async for block in request.content.iter_chunked(BLOCK):
             TUS_BYTES_RECEIVED.inc(len(block))
@@ -373,6 +387,11 @@ async def _spool(
     return path
 
 
+def _private_file(path: Path) -> BinaryIO:
+    """A new file only its owner may read (users' bytes)."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
+
+
 async def _read_file(path: Path) -> AsyncIterator[bytes]:
     source = await asyncio.to_thread(open, path, "rb")
     try:
@@ -393,7 +412,7 @@ def tus_app(
 ) -> web.Application:
     """The aiohttp application of the endpoint."""
     handlers = TusHandlers(store, auth, limiter, base_path, lock_wait_seconds)
-    app = web.Application(middlewares=[cors_middleware(cors_origins), _errors])
+    app = web.Application(middlewares=[cors_middleware(cors_origins), _correlated, _errors])
     app.on_response_prepare.append(_common_headers)
     app.router.add_route("*", base_path, handlers.collection)
     if base_path != "/":

@@ -42,6 +42,7 @@ EXPOSED_HEADERS = (
     "Serentak-File-Id",
     "Serentak-Upload-Status",
     "Serentak-Error-Reason",
+    "X-Correlation-Id",
 )
 ALLOWED_HEADERS = (
     "Authorization",

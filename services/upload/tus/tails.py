@@ -24,7 +24,9 @@ class Tails:
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.root = root
         self._fsync = fsync
-        root.mkdir(parents=True, exist_ok=True)
+        # Users' bytes: private whatever the umask, as the blob store's are.
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.chmod(0o700)
 
     def _path(self, tus_id: str, index: int) -> Path:
         return self.root / f"{tus_id}.{index}"
@@ -54,7 +56,7 @@ class Tails:
     def _write(self, path: Path, data: bytes) -> None:
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            with open(temp, "wb") as out:
+            with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
                 out.write(data)
                 out.flush()
                 if self._fsync:

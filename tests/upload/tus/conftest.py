@@ -72,8 +72,13 @@ async def tus(
     locks_address: str,
     runtime_options: RuntimeOptions,
     tus_overrides: dict[str, Any],
+    blob_backend: str,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[TusWorld]:
-    """The upload service with its tus endpoint, on a fresh database."""
+    """The upload service with its tus endpoint, on a fresh database (blobs local, or on
+    a real S3-compatible server where a test parametrizes `blob_backend` with "s3")."""
+    if blob_backend == "s3":
+        tus_overrides = {**request.getfixturevalue("s3").upload_settings(), **tus_overrides}
     settings = upload_settings(
         database_url,
         tmp_path,

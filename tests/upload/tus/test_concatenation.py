@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import httpx
+import pytest
 from upload.tus.conftest import CHUNK, TusWorld, b64, completed_file, patch
 
 
@@ -27,6 +28,7 @@ async def partial(
     return made.headers["Location"]
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_final_refusals_and_partial_heads(tus: TusWorld) -> None:
     data = os.urandom(CHUNK + 3)
     async with tus.http() as http:

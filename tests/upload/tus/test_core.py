@@ -162,3 +162,11 @@ async def test_metrics_count_requests_and_body_bytes(tus: TusWorld) -> None:
     assert (
         _sample("serentak_tus_requests_total", method="PATCH", status="409") - conflicts_before == 1
     )
+
+
+async def test_correlation_id_is_echoed_or_made(tus: TusWorld) -> None:
+    async with tus.http() as http:
+        made = await create(tus, http, 4, "traced.bin", X_Correlation_Id="tus-trace-1")
+        fresh = await http.head(made.headers["Location"], headers=tus.headers())
+    assert made.headers["X-Correlation-Id"] == "tus-trace-1"
+    assert fresh.headers["X-Correlation-Id"] not in ("", "tus-trace-1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
+import pytest
 from sqlalchemy import update
 from upload.tus.conftest import CHUNK, TusWorld, create, patch
 
@@ -38,6 +39,7 @@ async def test_upload_expires_is_on_every_answer_of_an_unfinished_upload(tus: Tu
         assert done.status_code == 204 and "Upload-Expires" not in done.headers
 
 
+@pytest.mark.parametrize("blob_backend", ["local", "s3"])
 async def test_an_expired_upload_is_gone_then_swept(tus: TusWorld) -> None:
     async with tus.http() as http:
         parked = await http.post(

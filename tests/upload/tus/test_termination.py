@@ -17,7 +17,10 @@ async def test_terminated_upload_is_gone(tus: TusWorld) -> None:
         # A stored chunk and a staged tail.
         assert (await patch(tus, http, location, 0, data[: CHUNK + 9])).status_code == 204
         tus_id = location.rsplit("/", 1)[1]
-        assert list(tus.parts.tus.store.tails.root.glob(f"{tus_id}.*"))  # type: ignore[union-attr]
+        root = tus.parts.tus.store.tails.root  # type: ignore[union-attr]
+        (tail,) = root.glob(f"{tus_id}.*")
+        # Users' bytes are private whatever the umask.
+        assert (root.stat().st_mode & 0o777, tail.stat().st_mode & 0o777) == (0o700, 0o600)
         deleted = await http.delete(location, headers=tus.headers())
         assert deleted.status_code == 204 and deleted.headers["Tus-Resumable"] == "1.0.0"
         assert (await http.head(location, headers=tus.headers())).status_code == 410
