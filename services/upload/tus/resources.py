@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
@@ -160,7 +160,14 @@ class TusUploads:
         check_size(self._settings, length or 0)
 
     async def _check_parked_cap(self, session: AsyncSession, identity: Identity) -> None:
-        """Parked uploads count against the user's open-upload cap like open uploads."""
+        """Parked uploads count against the user's open-upload cap like open uploads (the
+        count and the insert under CreateUpload's per-tenant lock on PostgreSQL; SQLite's
+        write lock serialises them already)."""
+        if session.get_bind().dialect.name == "postgresql":
+            await session.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": f"upload-allowance:{identity.tenant_id}"},
+            )
         parked = await session.scalar(
             select(func.count()).where(
                 TusUploadRow.tenant_id == identity.tenant_id,
@@ -424,9 +431,11 @@ class TusUploads:
         return len(ids)
 
     async def close(self) -> None:
-        """Let assemblies still running finish (shutdown)."""
+        """Stop assemblies still running (shutdown): the chunks they stored stay; the
+        client's final upload is left unfinished and the client creates it again."""
         for task in list(self._assemblies):
-            await asyncio.gather(task, return_exceptions=True)
+            task.cancel()
+        await asyncio.gather(*self._assemblies, return_exceptions=True)
 
 
 def _metadata_of(row: TusUploadRow) -> dict[str, str]:

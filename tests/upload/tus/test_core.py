@@ -170,3 +170,21 @@ async def test_correlation_id_is_echoed_or_made(tus: TusWorld) -> None:
         fresh = await http.head(made.headers["Location"], headers=tus.headers())
     assert made.headers["X-Correlation-Id"] == "tus-trace-1"
     assert fresh.headers["X-Correlation-Id"] not in ("", "tus-trace-1")
+
+
+async def test_method_override_for_clients_without_patch(tus: TusWorld) -> None:
+    async with tus.http() as http:
+        location = (await create(tus, http, 3, "override.bin")).headers["Location"]
+        answer = await http.post(
+            location,
+            content=b"abc",
+            headers=tus.headers(
+                X_HTTP_Method_Override="PATCH",
+                Upload_Offset="0",
+                Content_Type="application/offset+octet-stream",
+            ),
+        )
+        assert (answer.status_code, answer.headers["Upload-Offset"]) == (204, "3")
+        gone = await http.post(location, headers=tus.headers(X_HTTP_Method_Override="DELETE"))
+        assert gone.status_code == 204
+        assert (await http.head(location, headers=tus.headers())).status_code == 410
