@@ -13,8 +13,9 @@ chunk still incomplete when a request ends (or is cut) are written to a durable 
 local disk (fsync, atomic replace). Upload-Offset is stored chunks times the chunk size
 plus the tail: always bytes on disk, at any byte, so a client resumes inside a chunk.
 
-Modules: protocol (words and parsing), tails, pieces (the bridge), resources (the use
-cases), request_locks, cors, http (handlers), server (the aiohttp runner).
+Modules: protocol (words and parsing), tails, pieces (the bridge), targets (the
+CreateUpload a tus upload stands for), resources (the use cases), sweep (expiry),
+request_locks, bodies (streamed or spooled), cors, http (handlers), server (the runner).
 """
 
 from services.upload.tus.resources import TusUploads

@@ -13,13 +13,7 @@ typed errors map to the nearest status, with their reason in `Serentak-Error-Rea
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-from typing import BinaryIO
+from collections.abc import Awaitable, Callable
 
 import grpc
 from aiohttp import web
@@ -29,16 +23,15 @@ from services.common.correlation import bound_correlation_id
 from services.common.errors import PermissionDenied, SerentakError
 from services.common.logging import get_logger
 from services.common.rate_limit import RateLimiter
-from services.upload.metrics import TUS_BYTES_RECEIVED, TUS_REQUESTS
+from services.upload.metrics import TUS_REQUESTS
 from services.upload.tus import protocol as tus
+from services.upload.tus.bodies import body, read_file, spool
 from services.upload.tus.cors import cors_middleware
 from services.upload.tus.protocol import TusError
 from services.upload.tus.request_locks import RequestLocks
 from services.upload.tus.resources import TusState, TusUploads
 
 log = get_logger(__name__)
-# Body reads: big enough to keep the per-block overhead small, bounded memory per request.
-BLOCK = 1024 * 1024
 
 _STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -291,13 +284,13 @@ class TusHandlers:
             raise TusError(413, "UPLOAD_LENGTH_EXCEEDED", f"the body is over the {room} bytes left")
         checksum = tus.parse_checksum(request.headers.get("Upload-Checksum"))
         if checksum is None and declared is not None:
-            return await self._store.write(identity, state, _body(request), length)
+            return await self._store.write(identity, state, body(request), length)
         # Verified (or of unknown size) before any byte is applied: spooled to disk first.
-        spool = await _spool(request, self._store.tails.root, room, checksum)
+        spooled = await spool(request, self._store.tails.root, room, checksum)
         try:
-            return await self._store.write(identity, state, _read_file(spool), length)
+            return await self._store.write(identity, state, read_file(spooled), length)
         finally:
-            spool.unlink(missing_ok=True)
+            spooled.unlink(missing_ok=True)
 
     async def delete(self, request: web.Request, tus_id: str) -> web.Response:
         """DELETE (termination): 204; the URL is 410 Gone afterwards."""
@@ -333,72 +326,6 @@ def _upload_headers(state: TusState) -> dict[str, str]:
         # uploading, merging, completed or failed: all bytes in is not yet a version.
         headers["Serentak-Upload-Status"] = state.upload.status
     return headers
-
-
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
-    """The body in blocks; on a cut connection, the bytes that did arrive, then the error."""
-    stream = request.content
-    try:
-        async for block in stream.iter_chunked(BLOCK):
-            TUS_BYTES_RECEIVED.inc(len(block))
-            yield block
-    except ConnectionError:
-        # aiohttp raises the loss before handing over what it had buffered: those bytes
-        # arrived in order and are the body's next ones (the spec: store as much as possible).
-        rest = stream._read_nowait(-1)
-        if rest:
-            TUS_BYTES_RECEIVED.inc(len(rest))
-            yield rest
-        raise
-
-
-async def _spool(
-    request: web.Request, folder: Path, limit: int, checksum: tus.Checksum | None
-) -> Path:
-    """The whole body in a temp file (at most `limit` bytes: 413), checked against
-    Upload-Checksum (460); nothing of a refused body is kept."""
-    path = folder / f".spool-{uuid.uuid4().hex}"
-    hasher = checksum.hasher() if checksum is not None else None
-    total = 0
-    out = await asyncio.to_thread(_private_file, path)
-    try:
-        async for block in request.content.iter_chunked(BLOCK):
-            TUS_BYTES_RECEIVED.inc(len(block))
-            total += len(block)
-            if total > limit:
-                raise TusError(
-                    413, "UPLOAD_LENGTH_EXCEEDED", f"the body is over the {limit} bytes left"
-                )
-            await asyncio.to_thread(out.write, block)
-            if hasher is not None:
-                await asyncio.to_thread(hasher.update, block)
-        await asyncio.to_thread(out.close)
-        if checksum is not None and hasher is not None and hasher.digest() != checksum.digest:
-            raise TusError(
-                tus.CHECKSUM_MISMATCH,
-                "CHECKSUM_MISMATCH",
-                f"the body's {checksum.algorithm} differs",
-            )
-    except BaseException:
-        out.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
-    return path
-
-
-def _private_file(path: Path) -> BinaryIO:
-    """A new file only its owner may read (users' bytes)."""
-    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
-
-
-async def _read_file(path: Path) -> AsyncIterator[bytes]:
-    source = await asyncio.to_thread(open, path, "rb")
-    try:
-        while block := await asyncio.to_thread(source.read, BLOCK):
-            yield block
-    finally:
-        source.close()
 
 
 def tus_app(

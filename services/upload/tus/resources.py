@@ -18,8 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from serentak.upload.v1 import upload_pb2
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
@@ -44,10 +43,11 @@ from services.upload.tus.pieces import (
     write_pieces,
 )
 from services.upload.tus.protocol import FINAL, PARTIAL, SINGLE, TusError, parse_metadata
+from services.upload.tus.sweep import sweep_expired
 from services.upload.tus.tails import Tails
+from services.upload.tus.targets import create_request, replace_row
 
 log = get_logger(__name__)
-SWEEP_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,9 @@ class TusUploads:
         makes_file = kind != PARTIAL
         upload: UploadRow | None = None
         if makes_file:
-            prepared = await self._uploads.prepare(identity, self._request(metadata, length or 0))
+            prepared = await self._uploads.prepare(
+                identity, create_request(metadata, length or 0, self.chunk_size)
+            )
             if length is not None:
                 upload = prepared.row
         async with self._sessions.begin() as session:
@@ -179,27 +181,6 @@ class TusUploads:
         cap = self._settings.max_open_uploads_per_user
         if (parked or 0) >= cap:
             raise TooManyUploads(f"at most {cap} open partial or deferred tus uploads", limit=cap)
-
-    def _request(
-        self, metadata: dict[str, str], length: int, crid: str = ""
-    ) -> upload_pb2.CreateUploadRequest:
-        """CreateUpload for `length` bytes in tus chunks, to `file_id` (a new version) or a
-        new file `filename` (or `name`) in `folder_id` (default: the caller's root)."""
-        request = upload_pb2.CreateUploadRequest(
-            client_request_id=crid,
-            total_chunks=max(1, -(-length // self.chunk_size)),
-            total_size=length,
-            chunk_size=self.chunk_size,
-            checksum_algorithm=upload_pb2.CHECKSUM_ALGORITHM_SHA256,
-        )
-        if metadata.get("file_id"):
-            request.file_id = metadata["file_id"]
-        else:
-            name = metadata.get("filename") or metadata.get("name") or ""
-            request.new_file.CopyFrom(
-                upload_pb2.NewFileTarget(name=name, folder_id=metadata.get("folder_id", ""))
-            )
-        return request
 
     # -- read ---------------------------------------------------------------------------
 
@@ -309,8 +290,8 @@ class TusUploads:
         self._check_length(length)
         upload_id = None
         if row.kind == SINGLE:
-            metadata = _metadata_of(row)
-            request = self._request(metadata, length, crid=f"tus:{row.id}")
+            metadata = parse_metadata(row.upload_metadata)
+            request = create_request(metadata, length, self.chunk_size, crid=f"tus:{row.id}")
             upload = await self._uploads.create(identity, request)
             upload_id = upload.id
         async with self._sessions.begin() as session:
@@ -409,26 +390,11 @@ class TusUploads:
     # -- sweep --------------------------------------------------------------------------
 
     async def sweep(self) -> int:
-        """Delete uploads past expires_at (their parked pieces and tails; a Serentak
+        """Delete uploads past expires_at (their parked chunks and tails; a Serentak
         upload's own expiry handles its chunks); returns how many."""
-        async with self._sessions() as session:
-            ids = list(
-                (
-                    await session.execute(
-                        select(TusUploadRow.id)
-                        .where(TusUploadRow.expires_at < utcnow())
-                        .limit(SWEEP_BATCH)
-                    )
-                ).scalars()
-            )
-        for tus_id in ids:
-            await self._blobs.delete_prefix(parked_prefix(tus_id))
-            await self.tails.remove(tus_id)
-        if ids:
-            async with self._sessions.begin() as session:
-                await session.execute(delete(TusUploadRow).where(TusUploadRow.id.in_(ids)))
-        await self.tails.sweep(self._settings.upload_ttl_seconds)
-        return len(ids)
+        return await sweep_expired(
+            self._sessions, self._blobs, self.tails, self._settings.upload_ttl_seconds
+        )
 
     async def close(self) -> None:
         """Stop assemblies still running (shutdown): the chunks they stored stay; the
@@ -436,15 +402,3 @@ class TusUploads:
         for task in list(self._assemblies):
             task.cancel()
         await asyncio.gather(*self._assemblies, return_exceptions=True)
-
-
-def _metadata_of(row: TusUploadRow) -> dict[str, str]:
-    return parse_metadata(row.upload_metadata)
-
-
-def replace_row(row: TusUploadRow, **values: object) -> TusUploadRow:
-    """A detached copy of `row` with `values` changed (the row is not re-read)."""
-    copy = TusUploadRow(**{c.key: getattr(row, c.key) for c in TusUploadRow.__table__.columns})
-    for key, value in values.items():
-        setattr(copy, key, value)
-    return copy
