@@ -30,7 +30,15 @@ from services.upload.ingest.allowance import check_size
 from services.upload.ingest.chunks import ChunkOutcome, ChunkStore
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.inline import InlineMerges
-from services.upload.models import ABORTED, EXPIRED, UPLOADING, TusUploadRow, UploadRow, utcnow
+from services.upload.models import (
+    ABORTED,
+    EXPIRED,
+    MERGING,
+    UPLOADING,
+    TusUploadRow,
+    UploadRow,
+    utcnow,
+)
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import BlobStore
 from services.upload.tus.pieces import (
@@ -143,11 +151,11 @@ class TusUploads:
             if length is not None:
                 upload = prepared.row
         async with self._sessions.begin() as session:
+            if kind != FINAL:  # a final consumes its partials: CreateUpload's own cap only
+                await self._check_open_cap(session, identity)
             if upload is not None:
                 await self._uploads.insert(session, identity, upload)
                 row.upload_id = upload.id
-            else:
-                await self._check_parked_cap(session, identity)
             session.add(row)
         log.info(
             "tus_upload_created", tus_id=tus_id, kind=kind, length=length, upload_id=row.upload_id
@@ -161,10 +169,10 @@ class TusUploads:
             )
         check_size(self._settings, length or 0)
 
-    async def _check_parked_cap(self, session: AsyncSession, identity: Identity) -> None:
-        """Parked uploads count against the user's open-upload cap like open uploads (the
-        count and the insert under CreateUpload's per-tenant lock on PostgreSQL; SQLite's
-        write lock serialises them already)."""
+    async def _check_open_cap(self, session: AsyncSession, identity: Identity) -> None:
+        """The user's open-upload cap counts parked tus uploads (partial, or length not yet
+        sent) with their open Serentak uploads; run in the creating transaction, under
+        CreateUpload's per-tenant lock on PostgreSQL (SQLite's write lock serialises)."""
         if session.get_bind().dialect.name == "postgresql":
             await session.execute(
                 text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
@@ -176,11 +184,23 @@ class TusUploads:
                 TusUploadRow.owner_user_id == identity.user_id,
                 TusUploadRow.upload_id.is_(None),
                 TusUploadRow.terminated_at.is_(None),
+                TusUploadRow.expires_at > utcnow(),
+            )
+        )
+        opened = await session.scalar(
+            select(func.count()).where(
+                UploadRow.tenant_id == identity.tenant_id,
+                UploadRow.owner_user_id == identity.user_id,
+                UploadRow.status.in_((UPLOADING, MERGING)),
             )
         )
         cap = self._settings.max_open_uploads_per_user
-        if (parked or 0) >= cap:
-            raise TooManyUploads(f"at most {cap} open partial or deferred tus uploads", limit=cap)
+        if (parked or 0) + (opened or 0) >= cap:
+            raise TooManyUploads(
+                f"at most {cap} open uploads per user (tus partial and deferred ones count);"
+                " finish or terminate one first",
+                limit=cap,
+            )
 
     # -- read ---------------------------------------------------------------------------
 
