@@ -11,8 +11,11 @@
 - Keepalive: a ping every 30 s on a connection with calls, so a dead peer behind a NAT
   or load balancer is noticed in ~40 s, not at the next TCP timeout.
 - Security: a `ClientSecurity` (serentak.credentials): TLS files and the bearer token as
-  call credentials. Without TLS, a channel carrying a token uses local credentials, which
-  gRPC lets reach loopback only: a token never crosses a network in clear. With neither
+  call credentials. TLS to a list of addresses verifies the name set by
+  `ClientSecurity.with_server_name` (`SERENTAK_LOCKS_TLS_SERVER_NAME`, ...), the name the
+  replicas' certificates share: a list is no host name, so without one it is refused
+  here. Without TLS, a channel carrying a token uses local credentials, which gRPC lets
+  reach loopback only: a token never crosses a network in clear. With neither
   (a health probe) it is a plain insecure channel.
 
 The services make their channels here too (services.common.channels maps their settings
@@ -97,6 +100,21 @@ def channel_options(
     ]
 
 
+def checked_target(address: str, security: ClientSecurity) -> str:
+    """The gRPC target for `address` (`target`), refusing TLS to a list of addresses with
+    no name to verify them by: a ConfigError at start-up, not a handshake failure later."""
+    resolved = target(address)
+    is_list = resolved.startswith(("ipv4:", "ipv6:")) and "," in resolved
+    if is_list and security.tls is not None and not security.server_name:
+        raise ConfigError(
+            f"{address!r}: TLS to a list of addresses needs the name their certificates carry "
+            "(e.g. locks.serentak.internal): set the service's TLS server name "
+            "(SERENTAK_UPLOAD/LOCKS/NOTIFY_TLS_SERVER_NAME, or the SDK's tls_server_name "
+            "arguments), or dial dns:///NAME:PORT"
+        )
+    return resolved
+
+
 def open_channel(
     address: str,
     security: ClientSecurity,
@@ -105,10 +123,11 @@ def open_channel(
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
     """A grpc.aio channel to `address` (create it inside the event loop that uses it)."""
+    resolved = checked_target(address, security)
     opts = channel_options(retry, [*security.options(), *options])
     if security.plaintext:
-        return grpc.aio.insecure_channel(target(address), options=opts)
-    return grpc.aio.secure_channel(target(address), security.credentials(), options=opts)
+        return grpc.aio.insecure_channel(resolved, options=opts)
+    return grpc.aio.secure_channel(resolved, security.credentials(), options=opts)
 
 
 def open_sync_channel(
@@ -119,14 +138,16 @@ def open_sync_channel(
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.Channel:
     """A blocking channel, for command lines and health probes."""
+    resolved = checked_target(address, security)
     opts = channel_options(retry, [*security.options(), *options])
     if security.plaintext:
-        return grpc.insecure_channel(target(address), options=opts)
-    return grpc.secure_channel(target(address), security.credentials(), options=opts)
+        return grpc.insecure_channel(resolved, options=opts)
+    return grpc.secure_channel(resolved, security.credentials(), options=opts)
 
 
 __all__ = [
     "channel_options",
+    "checked_target",
     "open_channel",
     "open_sync_channel",
     "service_config",

@@ -17,7 +17,7 @@ Where they come from:
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +113,33 @@ class ClientSecurity:
         """No TLS and no token: nothing to protect (health probes), any address."""
         return self.tls is None and self.token is None
 
+    @property
+    def server_name(self) -> str:
+        """The TLS name to verify instead of the dialled address ("": the address's)."""
+        return self.tls.server_name if self.tls is not None else ""
+
+    def with_server_name(self, name: str) -> ClientSecurity:
+        """This security verifying the server as `name` ("" keeps it as it is).
+
+        A list of addresses (`10.0.0.1:50052,10.0.0.2:50052`) names no host a certificate
+        could carry, so a TLS channel to one needs the name its replicas' certificates share.
+        """
+        if not name:
+            return self
+        if self.tls is None:
+            raise ConfigError(
+                f"TLS server name {name!r} given without TLS: set the CA "
+                "(SERENTAK_TLS_CA_FILE, --ca) too"
+            )
+        return replace(self, tls=replace(self.tls, server_name=name))
+
     def options(self) -> list[tuple[str, Any]]:
-        """Channel options the security needs (the TLS name override)."""
+        """Channel options the security needs: the name to verify, also sent as :authority."""
         if self.tls is not None and self.tls.server_name:
-            return [("grpc.ssl_target_name_override", self.tls.server_name)]
+            return [
+                ("grpc.ssl_target_name_override", self.tls.server_name),
+                ("grpc.default_authority", self.tls.server_name),
+            ]
         return []
 
     def credentials(self) -> grpc.ChannelCredentials:

@@ -7,6 +7,8 @@ command line given the same environment call the same way.
 
     SERENTAK_UPLOAD_ADDRESS / _LOCKS_ADDRESS / _NOTIFY_ADDRESS   where the services are
     SERENTAK_TLS_CA_FILE, SERENTAK_TLS_CLIENT_CERT_FILE / _KEY_FILE   TLS (mTLS) files
+    SERENTAK_UPLOAD_TLS_SERVER_NAME / _LOCKS_... / _NOTIFY_...   the name each service's
+        certificates carry, verified instead of the address (needed for a list of IPs)
     SERENTAK_CLIENT_TOKEN_FILE (re-read on change) or SERENTAK_CLIENT_TOKEN   bearer token
     SERENTAK_AUTH_MODE (dev|jwt), SERENTAK_AUTH_SERVICE_TOKENS (JSON)   dev-mode principals
 """
@@ -49,6 +51,9 @@ class ClientSettings:
     tls_ca_file: Path | None = None
     tls_client_cert_file: Path | None = None
     tls_client_key_file: Path | None = None
+    upload_tls_server_name: str = ""
+    locks_tls_server_name: str = ""
+    notify_tls_server_name: str = ""
 
     def __post_init__(self) -> None:
         if self.auth_mode is not None and self.auth_mode not in AUTH_MODES:
@@ -78,6 +83,9 @@ class ClientSettings:
             tls_ca_file=path("tls_ca_file"),
             tls_client_cert_file=path("tls_client_cert_file"),
             tls_client_key_file=path("tls_client_key_file"),
+            upload_tls_server_name=text("upload_tls_server_name") or "",
+            locks_tls_server_name=text("locks_tls_server_name") or "",
+            notify_tls_server_name=text("notify_tls_server_name") or "",
         )
 
 

@@ -8,12 +8,18 @@
 #   sh deploy/pki/gen-pki.sh OUT_DIR      (POSIX sh + openssl; idempotent: keeps an existing CA)
 #
 # Env: NAMESPACE (Kubernetes namespace for the service DNS names, default serentak),
+# SERVICE_DOMAIN (default serentak.internal: every upload/locks/notify certificate carries
+# SERVICE.SERVICE_DOMAIN, the name a client verifies when it dials a list of replicas' IPs,
+# SERENTAK_{UPLOAD,LOCKS,NOTIFY}_TLS_SERVER_NAME), REPLICAS (e.g. "1 2": also a certificate
+# and key per replica, SERVICE-N.pem, each with its own name and the shared ones),
 # ETCD_MEMBERS (default "etcd-1 etcd-2 etcd-3"), JWT_ISSUER, JWT_AUDIENCE, DAYS.
 # Production: use your own CA and identity provider; these keys sit in plain files.
 set -eu
 
 OUT=${1:?usage: gen-pki.sh OUT_DIR}
 NAMESPACE=${NAMESPACE:-serentak}
+SERVICE_DOMAIN=${SERVICE_DOMAIN:-serentak.internal}
+REPLICAS=${REPLICAS:-}
 ETCD_MEMBERS=${ETCD_MEMBERS:-"etcd-1 etcd-2 etcd-3"}
 JWT_ISSUER=${JWT_ISSUER:-https://pki.serentak.local}
 JWT_AUDIENCE=${JWT_AUDIENCE:-serentak}
@@ -42,7 +48,12 @@ for member in $ETCD_MEMBERS; do
 done
 cert etcd-client "DNS:etcd-client"
 for service in upload locks notify; do
-  cert "$service" "DNS:$service,DNS:$service.$NAMESPACE.svc,DNS:$service.$NAMESPACE.svc.cluster.local,DNS:$service-headless,DNS:$service-headless.$NAMESPACE.svc,DNS:localhost,IP:127.0.0.1"
+  # The names every replica of the service answers to (shared: one Service, one list).
+  shared="DNS:$service,DNS:$service.$SERVICE_DOMAIN,DNS:$service.$NAMESPACE.svc,DNS:$service.$NAMESPACE.svc.cluster.local,DNS:$service-headless,DNS:$service-headless.$NAMESPACE.svc"
+  cert "$service" "$shared,DNS:localhost,IP:127.0.0.1"
+  for n in $REPLICAS; do
+    cert "$service-$n" "DNS:$service-$n,DNS:$service-$n.$SERVICE_DOMAIN,$shared,DNS:localhost,IP:127.0.0.1"
+  done
 done
 
 # --- JWT: an RS256 key, its JWKS, and tokens -------------------------------------------
@@ -87,4 +98,5 @@ if [ "$(id -u)" = 0 ]; then
   chown 10001:10001 ./*-key.pem tokens/*
   chown 0:0 ca-key.pem jwt-key.pem
 fi
-echo "PKI in $OUT: ca.pem, etcd-*, upload/locks/notify certificates, public/jwks.json, tokens/"
+echo "PKI in $OUT: ca.pem, etcd-*, upload/locks/notify certificates (each also names" \
+  "SERVICE.$SERVICE_DOMAIN), public/jwks.json, tokens/"

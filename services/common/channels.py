@@ -4,7 +4,8 @@ Every channel is built by the client package (`serentak.channels`: targets, retr
 keepalive, round_robin; `serentak.credentials`: TLS, call tokens), which a service uses as
 any client does:
 
-    channel = open_channel(settings.locks_address, service_client_security(settings, LOCKS_CALLER),
+    channel = open_channel(settings.locks_address,
+                           service_client_security(settings, LOCKS_CALLER, "locks"),
                            retry=["serentak.locks.v1.LockService/Release"])
 
 What stays here is the mapping: `client_settings` reads the client-side fields of
@@ -14,6 +15,7 @@ service's credential for calling the others as its principal.
 
 from __future__ import annotations
 
+from serentak.channels import checked_target
 from serentak.credentials import ClientSecurity, settings_tls, settings_token
 from serentak.settings import ClientSettings
 
@@ -33,11 +35,17 @@ def client_settings(settings: CommonSettings) -> ClientSettings:
         tls_ca_file=settings.tls_ca_file,
         tls_client_cert_file=settings.tls_client_cert_file,
         tls_client_key_file=settings.tls_client_key_file,
+        upload_tls_server_name=settings.upload_tls_server_name,
+        locks_tls_server_name=settings.locks_tls_server_name,
+        notify_tls_server_name=settings.notify_tls_server_name,
     )
 
 
-def service_client_security(settings: CommonSettings, principal: str) -> ClientSecurity:
-    """A service calling another as `principal`: TLS and token from its settings.
+def service_client_security(
+    settings: CommonSettings, principal: str, callee: str = ""
+) -> ClientSecurity:
+    """A service calling another (`callee`: upload, locks or notify) as `principal`: TLS,
+    the name `callee`'s certificates carry, and the token, from its settings.
 
     In jwt mode a service with neither a token nor a client certificate could only call
     anonymously, which every service refuses: that is a start-up error, not a runtime one.
@@ -50,7 +58,16 @@ def service_client_security(settings: CommonSettings, principal: str) -> ClientS
             "SERENTAK_CLIENT_TOKEN_FILE (or SERENTAK_CLIENT_TOKEN), or a client certificate "
             "(SERENTAK_TLS_CLIENT_CERT_FILE/KEY_FILE) mapped by SERENTAK_AUTH_MTLS_PRINCIPALS"
         )
-    return ClientSecurity(tls=tls, token=token)
+    security = ClientSecurity(tls=tls, token=token)
+    if not callee:
+        return security
+    name_variable = f"SERENTAK_{callee.upper()}_TLS_SERVER_NAME"
+    try:
+        security = security.with_server_name(getattr(mapped, f"{callee}_tls_server_name"))
+        checked_target(getattr(mapped, f"{callee}_address"), security)  # refused at start
+    except ConfigError as exc:
+        raise ConfigError(f"{name_variable}: {exc}") from exc
+    return security
 
 
 __all__ = ["client_settings", "service_client_security"]

@@ -10,12 +10,13 @@ import secrets
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from serentak.errors import ConfigError as ConfigError
 from serentak.settings import DEFAULT_SERVICE_TOKENS
 
 DEFAULT_DATA_DIR = Path(".data")
+DAY_SECONDS = 24 * 3600
 
 # Dev-mode identities: bearer token -> tenant and user. Production replaces this table.
 DEFAULT_AUTH_TOKENS: dict[str, dict[str, str]] = {
@@ -161,15 +162,78 @@ class CommonSettings(BaseSettings):
     tls_ca_file: Path | None = Field(None, description="Clients: CA that signed the servers.")
     tls_client_cert_file: Path | None = Field(None, description="Clients: certificate (mTLS).")
     tls_client_key_file: Path | None = Field(None, description="Clients: private key (mTLS).")
+    # A list of addresses (10.0.0.1:50052,10.0.0.2:50052) is no host name a certificate can
+    # carry: over TLS the name the replicas' certificates share is verified instead.
+    upload_tls_server_name: str = Field(
+        "",
+        description="Clients: name upload's certificates carry, verified instead of the address.",
+    )
+    locks_tls_server_name: str = Field(
+        "",
+        description="Clients: name locks' certificates carry (e.g. locks.serentak.internal), "
+        "verified instead of the address; needed for a list of IPs over TLS.",
+    )
+    notify_tls_server_name: str = Field(
+        "",
+        description="Clients: name notify's certificates carry (e.g. notify.serentak.internal), "
+        "verified instead of the address; needed for a list of IPs over TLS.",
+    )
     malloc_retain_bytes: int = Field(
         256 * 1024 * 1024,
         ge=0,
         le=2**31 - 1,
         description="Freed memory a process keeps for reuse (glibc; 0: glibc's defaults).",
     )
+    # Rate limits per RPC family (services/common/rate_limits/); the families and their
+    # limits are each service's settings.
+    rate_limit_window_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Length of one rate limit window: each family's limits are calls (and "
+        "counted stream messages) per user and per tenant in one window, over all replicas.",
+    )
+    rate_limit_batch_max: int = Field(
+        32,
+        ge=1,
+        description="Most units a replica reserves from the shared count at once (a key's "
+        "limit/50 when smaller): fewer store round trips, and at most this many less one "
+        "left unused per replica and window.",
+    )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )
+    # --- Retention of the job runtime's tables (services with one: upload, notify;
+    # services/common/jobs/retention.py).
+    outbox_retention_seconds: float = Field(
+        7 * DAY_SECONDS,
+        ge=0,
+        description="Published outbox events older than this are purged (unpublished ones "
+        "never are).",
+    )
+    applied_jobs_retention_seconds: float = Field(
+        30 * DAY_SECONDS,
+        ge=0,
+        description="Applied-job records (idempotency keys) older than this are purged; keep "
+        "it longer than any redelivery or replay window (at least dead_letter_retention_seconds).",
+    )
+    dead_letter_retention_seconds: float = Field(
+        30 * DAY_SECONDS, ge=0, description="Dead letters older than this are purged."
+    )
+    audit_retention_seconds: float = Field(
+        365 * DAY_SECONDS, ge=0, description="Audit trail rows older than this are purged."
+    )
+    runtime_retention_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the runtime_retention job runs (periodic schedule)."
+    )
+
+    @model_validator(mode="after")
+    def _replays_find_their_keys(self) -> CommonSettings:
+        # A replayed dead letter passes the idempotency check only while its key is kept.
+        if self.applied_jobs_retention_seconds < self.dead_letter_retention_seconds:
+            raise ValueError(
+                "applied_jobs_retention_seconds must be >= dead_letter_retention_seconds"
+            )
+        return self
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

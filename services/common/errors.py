@@ -71,8 +71,10 @@ class RateLimited(ResourceExhausted):
 
     reason = "RATE_LIMITED"
 
-    def __init__(self, message: str, *, retry_after_seconds: float, limit: str) -> None:
-        super().__init__(message, retry_after_seconds=f"{retry_after_seconds:.3f}", limit=limit)
+    def __init__(self, message: str, *, retry_after_seconds: float, limit: str, **md: str) -> None:
+        super().__init__(
+            message, retry_after_seconds=f"{retry_after_seconds:.3f}", limit=limit, **md
+        )
         self.retry_after_seconds = retry_after_seconds
 
     def status_details(self) -> list[Message]:

@@ -26,6 +26,7 @@ from services.common.health_port import start_health_server
 from services.common.logging import get_logger
 from services.common.malloc_tuning import retain_freed_memory
 from services.common.metrics import start_metrics_endpoint
+from services.common.rate_limits import RateGate
 from services.common.readiness import LIVENESS, Probe, Readiness
 from services.common.reflection import enable_reflection
 from services.common.rpc_registry import Registrar, WrappingRegistry
@@ -65,6 +66,8 @@ class ServiceApp:
     # Pools per kind of caller and caps on users' open streams (call_capacity.py); None:
     # only grpc's own `limits.max_concurrent_rpcs`, which counts every call alike.
     capacity: CallCapacity | None = None
+    # Rate limits per RPC family, per user and tenant, across replicas (rate_limits/).
+    rates: RateGate | None = None
     # Plaintext Health-only port for the kubelet's gRPC probes (health_port.py); 0: none.
     health_port: int = 0
     # Dependencies whose failure makes the service not ready (readiness.py), and how
@@ -161,7 +164,7 @@ async def start(app: ServiceApp) -> RunningService:
         maximum_concurrent_rpcs=app.limits.max_concurrent_rpcs,
     )
     registry = WrappingRegistry(
-        server, security.authenticator if security is not None else None, app.capacity
+        server, security.authenticator if security is not None else None, app.capacity, app.rates
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registry)

@@ -73,10 +73,18 @@ def start_metrics_endpoint(host: str, port: int) -> None:
         start_http_server(port, addr=host)
 
 
+# Rate limits (rate_limits/): `family` is a service's group of RPCs (writes, reads, ...),
+# `scope` user or tenant: whose window was full.
 RATE_LIMITED = Counter(
     "serentak_rate_limited_total",
-    "Calls refused RESOURCE_EXHAUSTED / RATE_LIMITED by the per-caller rate limit, by RPC.",
-    ["rpc"],
+    "Calls and stream messages refused RESOURCE_EXHAUSTED / RATE_LIMITED, by service, "
+    "RPC family and scope (user or tenant).",
+    ["service", "family", "scope"],
+)
+RATE_LIMIT_STORE_ERRORS = Counter(
+    "serentak_rate_limit_store_errors_total",
+    "Rate limit checks the shared store failed to answer (the call was let through).",
+    ["service"],
 )
 # The call capacity gate (call_capacity.py); `cap` is service_calls, user_calls, streams
 # (every user stream of the replica), tenant_streams or user_streams.

@@ -17,6 +17,7 @@ import grpc
 
 from services.common.auth import Authenticator
 from services.common.call_capacity import CallCapacity, CapacityGate
+from services.common.rate_limits.gate import RateGate
 from services.common.rpc_wrapper import wrap_handler
 
 
@@ -40,8 +41,11 @@ class WrappingRegistry:
         server: grpc.aio.Server,
         authenticator: Authenticator | None,
         capacity: CallCapacity | None = None,
+        rates: RateGate | None = None,
     ) -> None:
         self._server = server
+        # Each method's rate limit, when the service has limits (rate_limits/).
+        self._rates = rates
         self._prepare = authenticator.prepare if authenticator is not None else None
         # Every method of the server admits its calls through one gate, when it has one.
         self._gate = CapacityGate(capacity, authenticator) if capacity is not None else None
@@ -54,7 +58,8 @@ class WrappingRegistry:
         entry = self._wrapped.get(method)
         if entry is not None and entry[0] is handler:
             return entry[1]
-        wrapped = wrap_handler(handler, method, self._prepare, self._gate)
+        rate = self._rates.for_method(method) if self._rates is not None else None
+        wrapped = wrap_handler(handler, method, self._prepare, self._gate, rate)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 

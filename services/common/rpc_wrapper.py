@@ -11,7 +11,11 @@ structlog's bound keys, belong to that call only):
    (rpc_accounting.py). Errors of steps 1-2 are not mapped or counted;
 4. capacity (when the server has a gate): the call takes a slot of its caller's pool
    before its handler runs, or is refused RESOURCE_EXHAUSTED (mapped and counted as in
-   step 3), and gives it back when the call ends (call_capacity.py).
+   step 3), and gives it back when the call ends (call_capacity.py);
+5. rate (when the method has a limit): the call spends a unit of its user's and tenant's
+   windows before its handler runs, and so does each later message of a stream whose
+   rule counts messages, or it is refused RESOURCE_EXHAUSTED / RATE_LIMITED with a
+   RetryInfo (rate_limits/).
 
 Built once per method when the servicer is registered (rpc_registry.py), so the server
 runs without interceptors: grpc.aio then awaits no interceptor chain per call, and a call
@@ -30,6 +34,7 @@ import grpc
 
 from services.common import correlation
 from services.common.call_capacity import CapacityGate, Slot
+from services.common.rate_limits.gate import MethodRate
 from services.common.rpc_accounting import MethodAccounting, rpc_type
 from services.common.rpc_status import aborted_code, fail, status_name
 
@@ -38,11 +43,12 @@ Behaviour = Callable[..., Any]
 Prepare = Callable[[grpc.aio.ServicerContext], Awaitable[None]]
 
 _CANCELLED = grpc.StatusCode.CANCELLED.name
+# (attribute, handler factory, responses stream, requests stream)
 _KINDS = (
-    ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
-    ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
-    ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
-    ("stream_stream", grpc.stream_stream_rpc_method_handler, True),
+    ("unary_unary", grpc.unary_unary_rpc_method_handler, False, False),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler, True, False),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler, False, True),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler, True, True),
 )
 
 
@@ -51,16 +57,18 @@ def wrap_handler(
     method: str,
     prepare: Prepare | None,
     gate: CapacityGate | None = None,
+    rate: MethodRate | None = None,
 ) -> grpc.RpcMethodHandler:
     """`handler` (of full method name `method`) with its behaviour wrapped, keeping its
-    (de)serializers; `gate`: the server's capacity gate, if it has one."""
+    (de)serializers; `gate`: the server's capacity gate, if it has one; `rate`: the
+    method's rate limit, if it has one."""
     accounting = MethodAccounting(method, rpc_type(handler))
-    for attr, factory, streams in _KINDS:
+    for attr, factory, streams, requests in _KINDS:
         behaviour = getattr(handler, attr)
         if behaviour is not None:
             wrap = _wrap_stream if streams else _wrap_unary
             return factory(
-                wrap(behaviour, accounting, prepare, gate),
+                wrap(behaviour, accounting, prepare, gate, _Rate.of(rate, requests, streams)),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -74,11 +82,37 @@ def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
     return None
 
 
+class _Rate:
+    """A method's limit as its wrapper applies it: which of its streams count messages."""
+
+    __slots__ = ("count_requests", "count_responses", "method")
+
+    def __init__(self, method: MethodRate, requests: bool, responses: bool) -> None:
+        self.method = method
+        self.count_requests = requests and method.messages
+        self.count_responses = responses and method.messages and not requests
+
+    @classmethod
+    def of(cls, method: MethodRate | None, requests: bool, responses: bool) -> _Rate | None:
+        return cls(method, requests, responses) if method is not None else None
+
+    async def admit(self, request: Any, context: grpc.aio.ServicerContext) -> tuple[Any, Any]:
+        """Spend the call's unit; (the request or a counting request stream, the caller)."""
+        caller = self.method.caller(context)
+        if caller is None:
+            return request, None
+        await self.method.take(caller)
+        if self.count_requests:
+            request = self.method.requests(request, caller)
+        return request, caller
+
+
 def _wrap_unary(
     behaviour: Behaviour,
     accounting: MethodAccounting,
     prepare: Prepare | None,
     gate: CapacityGate | None,
+    rate: _Rate | None,
 ) -> Behaviour:
     """One response (unary or client stream)."""
     method, record, started_total = accounting.method, accounting.record, accounting.started_total
@@ -100,6 +134,8 @@ def _wrap_unary(
         try:
             if gate is not None:
                 slot = gate.admit(context, stream=False)
+            if rate is not None:
+                request, _ = await rate.admit(request, context)
             return await behaviour(request, context)
         except grpc.aio.AbortError:
             code = aborted_code(context)
@@ -128,6 +164,7 @@ def _wrap_stream(
     accounting: MethodAccounting,
     prepare: Prepare | None,
     gate: CapacityGate | None,
+    rate: _Rate | None,
 ) -> Behaviour:
     """A response stream: the behaviour is an async iterator of responses, or a coroutine
     that sends them with `context.write` (awaited)."""
@@ -167,7 +204,12 @@ def _wrap_stream(
         try:
             if gate is not None:
                 slot = gate.admit(context, stream=True)
+            caller = None
+            if rate is not None:
+                request, caller = await rate.admit(request, context)
             result = behaviour(request, context)
+            if caller is not None and rate is not None and rate.count_responses:
+                result = rate.method.responses(result, caller)
             if hasattr(result, "__aiter__"):
                 async for item in result:
                     yield item

@@ -6,6 +6,7 @@ from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
 from services.common.auth import build_authenticator
 from services.common.grpc_server import ServiceApp, Servicer
+from services.common.rate_limits import Limiter, RateGate
 from services.common.readiness import Probe
 from services.common.security import server_security
 from services.common.server_limits import server_limits
@@ -15,6 +16,8 @@ from services.locks.etcd_connection import options_from_settings, warn_if_expose
 from services.locks.keys import KeySpace
 from services.locks.lease_pool import LeasePool
 from services.locks.mutex import Mutex
+from services.locks.rate_families import rate_policy
+from services.locks.rate_store import EtcdCounterStore
 from services.locks.reaper import LeaseReaper
 from services.locks.servicer import LockServicer
 from services.locks.settings import LocksSettings
@@ -47,6 +50,18 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         etcd, keys, settings.lock_max_held_per_tenant, settings.lock_max_waiters_per_tenant
     )
     auth = build_authenticator(settings)
+    # Counted in etcd: the only store every replica of the lock service shares.
+    window = settings.rate_limit_window_seconds
+    rates = RateGate(
+        rate_policy(settings),
+        Limiter(
+            EtcdCounterStore(etcd, settings.lock_prefix, window),
+            service="locks",
+            window_seconds=window,
+            batch_max=settings.rate_limit_batch_max,
+        ),
+        auth,
+    )
     servicer = LockServicer(
         mutex,
         settings.etcd_call_timeout_seconds,
@@ -57,6 +72,7 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         services=settings.lock_service_principals,
         max_hold_seconds=settings.lock_max_hold_seconds,
         session_max_in_flight=settings.lock_session_max_in_flight,
+        rates=rates,
     )
     return ServiceApp(
         name="locks",
@@ -76,4 +92,5 @@ def build_app(settings: LocksSettings) -> ServiceApp:
         security=server_security(settings, auth),
         max_message_bytes=settings.locks_max_message_bytes,
         limits=server_limits(settings),
+        rates=rates,
     )

@@ -299,6 +299,32 @@ class Etcd:
         )
         return bool((await self._txn(req)).succeeded)
 
+    async def put_if_modified_at(
+        self, key: bytes, mod_revision: int, value: bytes, lease_id: int
+    ) -> tuple[int, KeyValue | None]:
+        """Write `key` only if its mod revision is still `mod_revision` (0: it does not
+        exist), one transaction: (the write's revision, None), or (0, the key as it is
+        now, None when absent)."""
+        req = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(
+                    key=key,
+                    result=rpc.Compare.EQUAL,
+                    target=rpc.Compare.MOD,
+                    mod_revision=mod_revision,
+                )
+            ],
+            success=[
+                rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease_id))
+            ],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
+        )
+        resp = await self._txn(req)
+        if resp.succeeded:
+            return int(resp.header.revision), None
+        kvs = resp.responses[0].response_range.kvs
+        return 0, KeyValue.from_pb(kvs[0]) if kvs else None
+
     async def delete_if_created_at(self, key: bytes, create_revision: int) -> bool:
         """Delete `key` only if it still has `create_revision` (one transaction)."""
         return (await self.delete_created_at(key, create_revision)).released

@@ -16,6 +16,7 @@ from serentak.locks.v1 import locks_pb2, locks_pb2_grpc
 
 from services.common.auth import Authenticator
 from services.common.correlation import current_correlation_id
+from services.common.rate_limits import RateGate
 from services.common.tasks import finish
 from services.locks.caps import TenantCaps
 from services.locks.hold import HoldEvent, Holding, Lost
@@ -30,7 +31,7 @@ from services.locks.lock_views import LockState, LockView
 from services.locks.metrics import LOCKS_HELD
 from services.locks.mutex import Admission, Mutex
 from services.locks.paging import decode_token, encode_token, page_size
-from services.locks.session import LockSession
+from services.locks.session import SESSION, LockSession
 from services.locks.tenancy import Scope, scope_for
 
 
@@ -48,7 +49,15 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         services: frozenset[str] = frozenset({"upload", "ops"}),
         max_hold_seconds: float | None = None,
         session_max_in_flight: int = 64,
+        rates: RateGate | None = None,
     ) -> None:
+        # A Session's requests are each counted like their unary RPC (rate_families.py).
+        self.session_rates = {
+            op: rate
+            for op in ("acquire", "refresh", "release")
+            if rates is not None
+            and (rate := rates.for_method(SESSION.rsplit("/", 1)[0] + "/" + op.capitalize()))
+        }
         self.max_hold_seconds = max_hold_seconds
         self.session_max_in_flight = session_max_in_flight
         self.mutex = mutex
@@ -179,7 +188,12 @@ class LockServicer(locks_pb2_grpc.LockServiceServicer):
         # then identified again (the unary method's own check) with the stream's credential.
         self.auth.identify(context)
         session = LockSession(
-            context, self.Acquire, self.Refresh, self.Release, self.session_max_in_flight
+            context,
+            self.Acquire,
+            self.Refresh,
+            self.Release,
+            self.session_max_in_flight,
+            self.session_rates,
         )
         await session.serve(request_iterator)
 

@@ -13,17 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeAlias
 
 import grpc
 from serentak.locks.v1 import locks_pb2
 
 from services.common import correlation
+from services.common.auth import Authenticator
 from services.common.errors import (
     InvalidArgument,
+    RateLimited,
     Unauthenticated,
 )
+from services.common.rate_limits import MethodRate
 from services.common.rpc_accounting import MethodAccounting
 from services.common.rpc_status import account_error, internal_message, status_name
 from services.common.tasks import finish
@@ -61,9 +64,15 @@ class LockSession:
         refresh: Operation,
         release: Operation,
         max_in_flight: int,
+        rates: Mapping[str, MethodRate] | None = None,
     ) -> None:
-        """`max_in_flight`: requests running at once; past it one is refused, not queued."""
+        """`max_in_flight`: requests running at once; past it one is refused, not queued.
+        `rates`: by operation, the limit each request spends a unit of (a refused one is
+        answered RATE_LIMITED; the stream stays open)."""
         self.context = context
+        self._rates = rates or {}
+        rate = next(iter(self._rates.values()), None)
+        self._caller = rate.caller(context) if rate is not None else None
         self.max_in_flight = max_in_flight
         self._operations = {"acquire": acquire, "refresh": refresh, "release": release}
         self._accounting = {
@@ -110,6 +119,8 @@ class LockSession:
     async def _run(self, request: locks_pb2.SessionRequest) -> None:
         # A task copies the stream's context: binding here binds for this request only.
         correlation.bind_for_call(request.correlation_id or correlation.bound_or_none())
+        # The copy holds the identity verified when the stream opened: verify it again.
+        Authenticator.forget_call_identity()
         name = request.WhichOneof("op")
         try:
             if name is None:
@@ -117,6 +128,13 @@ class LockSession:
                     request.id, InvalidArgument("op", "one of acquire, refresh, release")
                 )
                 return
+            rate = self._rates.get(name) if self._caller is not None else None
+            if rate is not None and self._caller is not None:
+                try:
+                    await rate.take(self._caller)
+                except RateLimited as exc:
+                    await self._answer_error(request.id, exc)
+                    return
             await self._perform(name, request)
         finally:
             self._in_flight.pop(request.id, None)

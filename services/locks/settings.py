@@ -37,6 +37,27 @@ class LocksSettings(CommonSettings):
     lock_max_waiters_per_tenant: int = Field(
         1000, gt=0, description="Waiters a tenant's users may queue at once (RESOURCE_EXHAUSTED)."
     )
+    # Rate limits per window (SERENTAK_RATE_LIMIT_WINDOW_SECONDS), counted in etcd over all
+    # replicas (services/locks/rate_families.py); 0: none. Service principals (upload's
+    # merges) are never limited.
+    rate_limit_acquire_per_user: int = Field(
+        3000,
+        ge=0,
+        description="Acquire calls, Session streams and Session acquires one user may make "
+        "per window (a refused Session request is answered RATE_LIMITED; the stream stays).",
+    )
+    rate_limit_acquire_per_tenant: int = Field(
+        30000, ge=0, description="Acquires of one tenant's users together per window."
+    )
+    rate_limit_lock_calls_per_user: int = Field(
+        6000,
+        ge=0,
+        description="Refresh, Release, Describe, List and Hold calls (and Session refreshes "
+        "and releases) one user may make per window.",
+    )
+    rate_limit_lock_calls_per_tenant: int = Field(
+        60000, ge=0, description="Those calls of one tenant's users together per window."
+    )
     lock_session_max_in_flight: int = Field(
         64,
         gt=0,

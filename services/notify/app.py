@@ -12,12 +12,14 @@ from services.common.call_capacity import CallCapacity, CapacityLimits
 from services.common.db import dispose_when_returned
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.logging import get_logger
+from services.common.rate_limits import Limiter, RateGate, database_store
 from services.common.readiness import database_probe
 from services.common.security import server_security
 from services.common.server_limits import server_limits
 from services.notify.components import NotifyComponents, build_components
 from services.notify.database import migration_locations, prepare
 from services.notify.gc_tuning import frozen_heap
+from services.notify.rate_families import rate_policy
 from services.notify.servicer import NotifyServicer
 from services.notify.settings import NotifySettings
 
@@ -49,6 +51,14 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
             "run exactly one notify replica (use PostgreSQL for several)",
         )
     servicer = NotifyServicer(settings, parts.auth, parts.sessions, parts.inbox, parts.streams)
+    # Counted in notify's database: PostgreSQL is shared by every replica; SQLite (one
+    # replica by nature) counts in memory.
+    limiter = Limiter(
+        database_store(settings.database_url),
+        service="notify",
+        window_seconds=settings.rate_limit_window_seconds,
+        batch_max=settings.rate_limit_batch_max,
+    )
     return ServiceApp(
         name="notify",
         host=settings.bind_host,
@@ -60,7 +70,7 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
             admin_servicer(parts.sessions, parts.auth),
         ],
         background=background,
-        on_shutdown=[partial(dispose_when_returned, parts.engine)],
+        on_shutdown=[partial(dispose_when_returned, parts.engine), limiter.close],
         probes=[database_probe("notify", parts.engine, migration_locations())],
         readiness_interval=settings.readiness_interval_seconds,
         readiness_timeout=settings.readiness_timeout_seconds,
@@ -72,6 +82,7 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
         # kind of caller; `max_concurrent_rpcs` bounds users' calls there.
         limits=replace(server_limits(settings), max_concurrent_rpcs=None),
         capacity=CallCapacity(capacity_limits(settings)),
+        rates=RateGate(rate_policy(settings), limiter, parts.auth),
     )
 
 

@@ -16,6 +16,7 @@ from services.common.db import create_engine, is_sqlite, session_factory
 from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.listener import CommitListener
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
+from services.common.retention import register_runtime_retention
 from services.notify.fanout_job import FANOUT_JOB, FANOUT_RETRY, FanOutHandler
 from services.notify.fanout_writer import FanOutWriter
 from services.notify.inbox import Inbox
@@ -83,7 +84,10 @@ def build_components(
         sessions,
         registry,
         options,
-        schedules=[retention_schedule(settings.retention_interval_seconds)],
+        schedules=[
+            retention_schedule(settings.retention_interval_seconds),
+            register_runtime_retention(registry, settings),
+        ],
     )
     inbox = Inbox(
         sessions,

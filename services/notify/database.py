@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common.migrate import prepare_schema, upgrade
+from services.common.rate_limits.schema import migration_location as rate_limit_migrations
 from services.common.runtime_migrations import migration_location as runtime_migrations
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -14,9 +15,10 @@ VERSION_TABLE = "alembic_version_notify"
 def migration_locations() -> list[tuple[Path, str]]:
     """Migration folders applied for this service, in order, with their version tables.
 
-    The job runtime's tables (jobs, outbox, dead letters) come first.
+    The job runtime's tables (jobs, outbox, dead letters) come first, the rate limit
+    counters last.
     """
-    return [runtime_migrations(), (MIGRATIONS, VERSION_TABLE)]
+    return [runtime_migrations(), (MIGRATIONS, VERSION_TABLE), rate_limit_migrations()]
 
 
 def migrate(url: str) -> None:

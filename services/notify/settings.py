@@ -29,6 +29,37 @@ class NotifySettings(CommonSettings):
     stream_buffer_size: int = Field(
         1000, ge=1, description="Notifications queued per Subscribe stream before it is dropped."
     )
+    # Rate limits per window (SERENTAK_RATE_LIMIT_WINDOW_SECONDS) over all replicas
+    # (services/notify/rate_families.py); 0: none. RATE_LIMITED with RetryInfo past one;
+    # the relay's Ingest and IngestBatch (a service principal) are never limited.
+    rate_limit_subscribe_per_user: int = Field(
+        6000,
+        ge=0,
+        description="Subscribe calls plus the stream messages they are sent, per user and "
+        "window: past it the stream ends RATE_LIMITED (resume from the last cursor).",
+    )
+    rate_limit_subscribe_per_tenant: int = Field(
+        600000,
+        ge=0,
+        description="Subscribe calls and messages of one tenant's users together per window"
+        " (one share with 10,000 users sends 10,000).",
+    )
+    rate_limit_acks_per_user: int = Field(
+        3000, ge=0, description="MarkRead calls one user may make per window."
+    )
+    rate_limit_acks_per_tenant: int = Field(
+        30000, ge=0, description="MarkRead calls one tenant's users may make together per window."
+    )
+    rate_limit_inbox_per_user: int = Field(
+        3000,
+        ge=0,
+        description="ListNotifications and GetUnreadCount calls one user may make per window.",
+    )
+    rate_limit_inbox_per_tenant: int = Field(
+        30000,
+        ge=0,
+        description="ListNotifications and GetUnreadCount calls of one tenant's users per window.",
+    )
     default_page_size: int = Field(50, ge=1, description="ListNotifications page size default.")
     max_page_size: int = Field(500, ge=1, description="Largest ListNotifications page.")
     max_audience: int = Field(10_000, ge=1, description="Most audience users one event may carry.")

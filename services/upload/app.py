@@ -73,7 +73,6 @@ def assemble(
                     parts.auth,
                     parts.uploads,
                     parts.chunks,
-                    parts.limiter,
                     parts.runtime.wake,
                     parts.upload_files,
                     parts.inline,
@@ -84,7 +83,7 @@ def assemble(
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(parts.auth, parts.files, parts.limiter),
+                FileServicer(parts.auth, parts.files, parts.restores),
                 _SERVICES["FileService"].full_name,
             ),
             Servicer(
@@ -115,5 +114,6 @@ def assemble(
         max_message_bytes=settings.max_message_bytes,
         security=server_security(settings, parts.auth),
         limits=server_limits(settings),
+        rates=parts.rates,
     )
     return app, parts

@@ -4,7 +4,8 @@
   make this impossible, which is why it is worth checking).
 - Uploads whose distinct stored indexes disagree with `received_chunk_count`
   (invariant 2), or, once past `uploading`, with `total_chunks` (invariant 3 merges only
-  full sets). Expired and aborted uploads are left out: cleanup deletes their chunks.
+  full sets). Expired and aborted uploads are left out: cleanup deletes their chunks; so
+  are completed uploads without any chunk row, stored whole (UploadFile, RestoreVersion).
 - Uploads still `uploading`, with the index ranges they lack.
 - A random sample of live completed files re-hashed from their blobs with
   `merge_core.checksum_file` and compared with the recorded checksum.
@@ -23,6 +24,7 @@ from services.upload.convert import STATUS
 from services.upload.errors import BlobStoreUnavailable
 from services.upload.models import (
     ABORTED,
+    COMPLETED,
     EXPIRED,
     FILE,
     MERGING,
@@ -152,6 +154,8 @@ async def _count_mismatches(
         .outerjoin(stored, stored.c.upload_id == UploadRow.id)
         .where(
             UploadRow.status.not_in((EXPIRED, ABORTED)),
+            # Completed without a chunk row: stored whole (UploadFile, RestoreVersion).
+            ~((UploadRow.status == COMPLETED) & (distinct == 0)),
             (distinct != UploadRow.received_chunk_count)
             | ((UploadRow.status != UPLOADING) & (distinct != UploadRow.total_chunks)),
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -19,9 +20,11 @@ from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
 from services.common.page_tokens import PageTokens
-from services.common.rate_limit import RateLimiter
+from services.common.rate_limits import Limiter, RateGate, database_store
+from services.common.retention import register_runtime_retention
 from services.upload.files.listing_cache import ListingCache
 from services.upload.files.retire import retire_files
+from services.upload.files.trash import PURGE_TRASH_JOB, purge_trash_handler, purge_trash_schedule
 from services.upload.files.use_cases import Files
 from services.upload.ingest.chunks import ChunkStore
 from services.upload.ingest.expiry import EXPIRE_JOB, expiry_handler, expiry_schedule
@@ -30,8 +33,10 @@ from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.inline import InlineMerges
 from services.upload.merge.merge_job import MERGE_JOB, MergeHandler, enqueue_merge
+from services.upload.merge.restore_version import VersionRestores
 from services.upload.merge.stuck_merges import fail_dead_merges
 from services.upload.merge.upload_file import FileLockPolicy, UploadFiles
+from services.upload.rate_families import rate_policy
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import BlobStore, open_blob_store
 from services.upload.storage.lifecycle import (
@@ -65,9 +70,12 @@ class UploadComponents:
     # Merges run in the request that starts them (UploadFile, small uploads' last chunk).
     inline: InlineMerges
     upload_files: UploadFiles
+    # RestoreVersion: an older version committed again under the file lock.
+    restores: VersionRestores
     files: Files
-    # Per-caller limit on the expensive RPCs (one limiter: counters per RPC and caller).
-    limiter: RateLimiter
+    # Rate limits per RPC family, user and tenant, applied by the RPC wrapper; counted in
+    # the upload database when it is PostgreSQL (every replica's), else in memory.
+    rates: RateGate
     registry: JobRegistry
     runtime: JobRuntime
     sync: SyncWiring
@@ -82,6 +90,7 @@ class UploadComponents:
         await self.uploads.close()
         # Before the lock client closes: a run still going hands its job back.
         await self.upload_files.close()
+        await self.restores.close()
         await self.inline.close()
         await self.signals.close()
         await self.sync.close()
@@ -90,6 +99,7 @@ class UploadComponents:
         await self.locks.close()
         await self.chunks.close()
         await self.blobs.close()
+        await self.rates.limiter.close()
         await dispose_when_returned(self.engine)
 
 
@@ -120,12 +130,14 @@ def build_components(
         poll_interval=settings.worker_poll_seconds,
         stats_interval=settings.metrics_sample_seconds,
     )
-    blobs = open_blob_store(settings)
+    blobs = open_blob_store(settings, sessions)
     auth = build_authenticator(settings)
-    # Calls to locks and notify go out as the `upload` principal.
-    as_upload = service_client_security(settings, UPLOAD)
+    # Calls to locks and notify go out as the `upload` principal, each verifying the name
+    # its callee's certificates carry.
+    to_locks = service_client_security(settings, UPLOAD, "locks")
+    to_notify = service_client_security(settings, UPLOAD, "notify")
     locks = FileLocks(
-        settings.locks_address, owner=f"upload-merge:{options.node_id}", security=as_upload
+        settings.locks_address, owner=f"upload-merge:{options.node_id}", security=to_locks
     )
     tokens = PageTokens(settings.page_token_secret.get_secret_value())
     signals = FinishSignals(
@@ -172,6 +184,11 @@ def build_components(
         retry=RetryPolicy(max_attempts=10, base_seconds=1, cap_seconds=300),
     )
     registry.register(
+        PURGE_TRASH_JOB,
+        purge_trash_handler(timedelta(days=settings.trash_retention_days)),
+        retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
+    )
+    registry.register(
         RECLAIM_JOB,
         reclaim_handler(blobs, reclaim_policy(settings)),
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
@@ -189,12 +206,14 @@ def build_components(
     schedules = [
         expiry_schedule(settings.expiry_interval_seconds),
         reclaim_schedule(settings.reclaim_interval_seconds),
+        purge_trash_schedule(settings.trash_purge_interval_seconds),
+        register_runtime_retention(registry, settings),
     ]
     if sync_config.enabled:
         schedules.extend(sync.schedules)
     # Events reach collaborators through notify's Ingest (idempotent by event_id).
     subscribers = (
-        [GrpcIngestSubscriber(settings.notify_address, as_upload)]
+        [GrpcIngestSubscriber(settings.notify_address, to_notify)]
         if settings.publish_events
         else []
     )
@@ -202,14 +221,27 @@ def build_components(
     inline = InlineMerges(
         sessions, registry, node_id=options.node_id, lease_seconds=options.lease_seconds
     )
-    limiter = RateLimiter(settings.rate_limit)
+    lock_policy = FileLockPolicy(
+        ttl_seconds=settings.merge_lock_ttl_seconds,
+        wait_seconds=settings.merge_lock_wait_ms / 1000,
+    )
+    rates = RateGate(
+        rate_policy(settings),
+        Limiter(
+            database_store(settings.database_url),
+            service="upload",
+            window_seconds=settings.rate_limit_window_seconds,
+            batch_max=settings.rate_limit_batch_max,
+        ),
+        auth,
+    )
     tus = None
     if settings.tus_enabled:
         tails = Tails(settings.tus_root, fsync=settings.blob_fsync)
         store = TusUploads(
             sessions, settings, uploads, chunks, blobs, tails, inline, runtime.wake
         )
-        tus = TusServer(store, auth, limiter, settings)
+        tus = TusServer(store, auth, rates, settings)
     return UploadComponents(
         settings=settings,
         engine=engine,
@@ -231,11 +263,9 @@ def build_components(
             locks=locks,
             signals=signals,
             max_chunk_size=settings.max_chunk_size,
-            lock_policy=FileLockPolicy(
-                ttl_seconds=settings.merge_lock_ttl_seconds,
-                wait_seconds=settings.merge_lock_wait_ms / 1000,
-            ),
+            lock_policy=lock_policy,
         ),
+        restores=VersionRestores(sessions, blobs, locks, settings, lock_policy),
         files=Files(
             sessions,
             blobs,
@@ -243,7 +273,7 @@ def build_components(
             tokens,
             share_batch_max=settings.share_batch_max,
         ),
-        limiter=limiter,
+        rates=rates,
         registry=registry,
         runtime=runtime,
         sync=sync,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common.migrate import prepare_schema, upgrade
+from services.common.rate_limits.schema import migration_location as rate_limit_migrations
 from services.common.runtime_migrations import migration_location as runtime_migrations
 from services.upload.sync.database import migration_location as sync_location
 
@@ -16,9 +17,14 @@ def migration_locations() -> list[tuple[Path, str]]:
     """Migration folders applied for this service, in order, with their version tables.
 
     The job runtime's tables (jobs, outbox, dead letters) come first, the sync engine's
-    (which reference none of ours) last.
+    (which reference none of ours) and the rate limit counters last.
     """
-    return [runtime_migrations(), (MIGRATIONS, VERSION_TABLE), sync_location()]
+    return [
+        runtime_migrations(),
+        (MIGRATIONS, VERSION_TABLE),
+        sync_location(),
+        rate_limit_migrations(),
+    ]
 
 
 def migrate(url: str) -> None:

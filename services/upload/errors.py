@@ -123,3 +123,21 @@ class MergePending(Unavailable):
     request (same client_request_id) or wait with GetUpload."""
 
     reason = "MERGE_PENDING"
+
+
+class VersionNotFound(NotFound):
+    """The file never had this content version (ListVersions lists the ones it had)."""
+
+    reason = "VERSION_NOT_FOUND"
+
+
+class VersionPurged(FailedPrecondition):
+    """The content version existed, but the retention policy deleted its bytes."""
+
+    reason = "VERSION_PURGED"
+
+
+class VersionIsCurrent(FailedPrecondition):
+    """RestoreVersion of the content the file already has: nothing to restore."""
+
+    reason = "VERSION_IS_CURRENT"

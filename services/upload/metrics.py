@@ -48,6 +48,12 @@ BLOB_STORE_ERRORS = Counter(
     "Object store requests that failed (answered BLOB_STORE_UNAVAILABLE), by operation.",
     ["operation"],
 )
+MULTIPART_UPLOADS_ABORTED = Counter(
+    "serentak_upload_multipart_uploads_aborted_total",
+    "Unfinished S3 multipart uploads of merges aborted, by reason (merge_failed, rerun: a"
+    " killed predecessor's, sweep: recorded and past the grace, listed: found by listing).",
+    ["reason"],
+)
 CACHE_HITS = Counter(
     "serentak_upload_listing_cache_hits_total", "Folder listings served from cache."
 )
@@ -139,4 +145,20 @@ UPLOAD_WAIT_SECONDS = Histogram(
 UPLOAD_WAIT_RECHECKS = Counter(
     "serentak_upload_wait_rechecks_total",
     "Fallback re-reads of the waited uploads' status (one query each, for every waiter).",
+)
+TRASH_PURGED = Counter(
+    "serentak_upload_trash_purged_total",
+    "Items the upload.purge_trash job removed from the trash past retention, by kind"
+    " (file, folder).",
+    ["kind"],
+)
+TRASH_PURGED_BYTES = Counter(
+    "serentak_upload_trash_purged_bytes_total",
+    "Sizes of the files purged from the trash (quota released; the blob store's bytes are"
+    " reclaimed by upload.reclaim, kind retired).",
+)
+UPLOAD_ROWS_FORGOTTEN = Counter(
+    "serentak_upload_rows_forgotten_total",
+    "Upload rows (with their chunk rows) deleted once their file was purged and their"
+    " bytes reclaimed.",
 )

@@ -174,6 +174,24 @@ class ChunkRow(Base):
     __table_args__ = (UniqueConstraint("upload_id", "chunk_index", name="uq_upload_chunks_index"),)
 
 
+class MultipartUploadRow(Base):
+    """An S3 multipart upload a merge started and has not completed or aborted yet.
+
+    Written (committed) right after CreateMultipartUpload answers, before any part is sent,
+    and deleted once the upload is completed or aborted: a merge killed in between leaves
+    this row, and the re-run merge of the same key or the reclaim sweep aborts the upload
+    (services/upload/storage/blob_store/multipart_journal.py).
+    """
+
+    __tablename__ = "s3_multipart_uploads"
+
+    # S3's upload id (opaque; AWS's run to ~150 characters).
+    upload_id: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    # The blob store's key (without the bucket prefix): files/{file_id}/{upload_id}.
+    object_key: Mapped[str] = mapped_column(String(255), nullable=False, index=True)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+
 class TusUploadRow(Base):
     """One tus 1.0 upload resource (services/upload/tus/): what HEAD must echo and where
     its bytes go.
@@ -189,7 +207,9 @@ class TusUploadRow(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
     owner_user_id: Mapped[str] = mapped_column(String(64), nullable=False)
-    upload_id: Mapped[str | None] = mapped_column(String(32), ForeignKey("uploads.id"))
+    # No foreign key: the storage lifecycle deletes a purged upload's row (the tus row then
+    # answers 404, as for an upload that never was).
+    upload_id: Mapped[str | None] = mapped_column(String(32))
     # "single", "partial" or "final" (Upload-Concat).
     kind: Mapped[str] = mapped_column(String(8), nullable=False)
     # NULL: Upload-Defer-Length, not sent yet.

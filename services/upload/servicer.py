@@ -1,6 +1,7 @@
 """gRPC surface of `serentak.upload.v1` UploadService, FileService, UploadAdminService.
 
 Each handler identifies the caller, calls one domain use case and converts the result.
+Rate limits are applied around them, at the RPC boundary (rate_families.py).
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 from services.common.auth import Authenticator, Identity
 from services.common.errors import InvalidArgument
-from services.common.rate_limit import RateLimiter
 from services.upload import convert
 from services.upload.audit import UploadAudit
+from services.upload.files.history import version_message
 from services.upload.files.use_cases import Files
 from services.upload.ingest.chunk_commits import Chain
 from services.upload.ingest.chunks import ChunkOutcome, ChunkStore, PreparedChunk
 from services.upload.ingest.finish_waits import UploadWaits
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.inline import InlineMerges
+from services.upload.merge.restore_version import VersionRestores
 from services.upload.merge.upload_file import UploadFiles
 from services.upload.metrics import BYTES_RECEIVED, BYTES_SENT, INLINE_MERGES
 
@@ -41,7 +43,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         auth: Authenticator,
         uploads: Uploads,
         chunks: ChunkStore,
-        limiter: RateLimiter,
         on_merge_started: Callable[[], None] = lambda: None,
         upload_files: UploadFiles | None = None,
         inline: InlineMerges | None = None,
@@ -52,7 +53,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self._auth = auth
         self._uploads = uploads
         self._chunks = chunks
-        self._limiter = limiter
         self._upload_files = upload_files
         # The chunk that completes an upload of at most inline_max_bytes merges it before
         # its answer (merge/inline.py); bigger ones, or 0, leave it to the job runtime.
@@ -71,7 +71,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.CreateUploadRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.Upload:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "CreateUpload")
         row = await self._uploads.create(identity, request)
         upload, missing = await self._uploads.get(identity, row.id)
         return convert.upload_message(upload, missing)
@@ -214,7 +213,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.UploadFileRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.UploadFileResponse:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "UploadFile")
         assert self._upload_files is not None, "UploadFile needs the UploadFiles use case"
         BYTES_RECEIVED.inc(len(request.data))
         done = await self._upload_files.upload(identity, request)
@@ -227,7 +225,6 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
         self, request: upload_pb2.ListUploadsRequest, context: grpc.aio.ServicerContext
     ) -> upload_pb2.ListUploadsResponse:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "ListUploads")
         rows, token = await self._uploads.list(identity, request)
         return upload_pb2.ListUploadsResponse(
             uploads=[convert.upload_message(r) for r in rows], next_page_token=token
@@ -237,10 +234,12 @@ class UploadServicer(upload_pb2_grpc.UploadServiceServicer):
 class FileServicer(upload_pb2_grpc.FileServiceServicer):
     """The versioned file tree."""
 
-    def __init__(self, auth: Authenticator, files: Files, limiter: RateLimiter) -> None:
+    def __init__(
+        self, auth: Authenticator, files: Files, restores: VersionRestores | None = None
+    ) -> None:
         self._auth = auth
         self._files = files
-        self._limiter = limiter
+        self._restores = restores
 
     async def CreateFolder(
         self, request: upload_pb2.CreateFolderRequest, context: grpc.aio.ServicerContext
@@ -345,15 +344,35 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
         self, request: upload_pb2.DownloadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[upload_pb2.DownloadChunk]:
         identity = self._auth.require_user(context)
-        await self._limiter.check(identity, "Download")
-        file, blocks = await self._files.open_download(identity, request)
+        content, blocks = await self._files.open_download(identity, request)
         offset = request.offset
         async for block in blocks:
             yield upload_pb2.DownloadChunk(offset=offset, data=block)
             BYTES_SENT.inc(len(block))
             offset += len(block)
-        context.set_trailing_metadata(
-            (("x-checksum", file.checksum), ("x-checksum-algorithm", file.checksum_algorithm))
+        trailing = [
+            ("x-checksum", content.checksum),
+            ("x-checksum-algorithm", content.checksum_algorithm),
+        ]
+        if content.version:
+            trailing.append(("x-version", str(content.version)))
+        context.set_trailing_metadata(tuple(trailing))
+
+    async def ListVersions(
+        self, request: upload_pb2.ListVersionsRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ListVersionsResponse:
+        return await self._files.list_versions(self._auth.require_user(context), request)
+
+    async def RestoreVersion(
+        self, request: upload_pb2.RestoreVersionRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.RestoreVersionResponse:
+        identity = self._auth.require_user(context)
+        assert self._restores is not None, "RestoreVersion needs the VersionRestores use case"
+        done = await self._restores.restore(identity, request)
+        return upload_pb2.RestoreVersionResponse(
+            file=convert.committed_file_message(done.file, done.role, done.upload),
+            version=version_message(done.file, done.upload),
+            restored_from=done.restored_from,
         )
 
 

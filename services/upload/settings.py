@@ -78,11 +78,34 @@ class UploadSettings(CommonSettings):
         description="Most grants one ShareFileBatch call may carry (TOO_MANY_GRANTS): one "
         "transaction and one event, whose audience notify caps at SERENTAK_MAX_AUDIENCE.",
     )
-    rate_limit: str = Field(
-        "300/minute;10000/hour",
-        description="Per caller and RPC, for the expensive RPCs (CreateUpload, UploadFile, "
-        "CreateFolder, ListUploads, Download): `limits` notation; RATE_LIMITED with RetryInfo"
-        " past it.",
+    # Rate limits per window (SERENTAK_RATE_LIMIT_WINDOW_SECONDS) over all replicas
+    # (services/upload/rate_families.py); 0: none. RATE_LIMITED with RetryInfo past one.
+    rate_limit_writes_per_user: int = Field(
+        6000,
+        ge=0,
+        description="Writes one user may make per window: CreateUpload, PutChunk, each "
+        "UploadChunks message, UploadFile, AbortUpload, folder and file changes, RestoreVersion, "
+        "sync links.",
+    )
+    rate_limit_writes_per_tenant: int = Field(
+        60000, ge=0, description="Writes one tenant's users may make together per window."
+    )
+    rate_limit_reads_per_user: int = Field(
+        6000,
+        ge=0,
+        description="Reads one user may make per window: GetUpload, ListUploads, GetFile, "
+        "ListFolder, collaborators, shared-with-me, Download, ListVersions, GetSyncStatus.",
+    )
+    rate_limit_reads_per_tenant: int = Field(
+        60000, ge=0, description="Reads one tenant's users may make together per window."
+    )
+    rate_limit_sharing_per_user: int = Field(
+        600,
+        ge=0,
+        description="ShareFile, ShareFileBatch and UnshareFile calls one user may make per window.",
+    )
+    rate_limit_sharing_per_tenant: int = Field(
+        6000, ge=0, description="Sharing calls one tenant's users may make together per window."
     )
     upload_max_message_bytes: int | None = Field(
         None, ge=1024, description="Largest request; default: max_chunk_size + 1 MiB."
@@ -147,8 +170,17 @@ class UploadSettings(CommonSettings):
     temp_grace_seconds: float = Field(
         3600,
         gt=0,
-        description="Temp files (a killed merge's *.merge-tmp) are deleted once this old;"
-        " longer than any live write.",
+        description="Temp files (a killed merge's *.merge-tmp) are deleted, and unfinished S3"
+        " multipart uploads of merges aborted, once this old; longer than any live write.",
+    )
+    trash_retention_days: float = Field(
+        30.0,
+        ge=0,
+        description="Deleted items are purged this long after their deletion (their versions'"
+        " bytes reclaimed, their quota released).",
+    )
+    trash_purge_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the upload.purge_trash job runs (periodic)."
     )
     worker_lease_seconds: float = Field(
         10.0,

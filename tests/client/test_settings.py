@@ -24,6 +24,8 @@ ENV = {
     "SERENTAK_TLS_CA_FILE": "/etc/serentak/ca.pem",
     "SERENTAK_TLS_CLIENT_CERT_FILE": "/etc/serentak/c.pem",
     "SERENTAK_TLS_CLIENT_KEY_FILE": "/etc/serentak/c.key",
+    "SERENTAK_LOCKS_TLS_SERVER_NAME": "locks.serentak.internal",
+    "serentak_notify_tls_server_name": "notify.serentak.internal",
     "SERENTAK_SOMETHING_ELSE": "ignored",
 }
 
@@ -42,6 +44,9 @@ def test_the_client_reads_the_shared_variables_as_the_server_does(
     assert read.notify_address == "dns:///notify.internal:50053"
     assert read.locks_address == "127.0.0.1:50052"
     assert read.tls_ca_file == Path("/etc/serentak/ca.pem")
+    assert read.locks_tls_server_name == "locks.serentak.internal"
+    assert read.notify_tls_server_name == "notify.serentak.internal"
+    assert read.upload_tls_server_name == ""
     assert dict(read.auth_service_tokens) == {"tok-ops": "ops"}
 
 

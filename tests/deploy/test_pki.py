@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import subprocess
 from pathlib import Path
+
+PKI_SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "pki" / "gen-pki.sh"
 
 
 def _b64url(text: str) -> bytes:
@@ -27,6 +30,42 @@ def test_certificates_chain_to_the_ca_with_service_names(pki: Path) -> None:
     assert "TLS Web Client Authentication" in text  # peers authenticate each other
     text = _openssl("x509", "-in", str(pki / "locks.pem"), "-noout", "-text")
     assert "DNS:locks.serentak.svc.cluster.local" in text
+
+
+def test_each_replica_certificate_carries_the_shared_service_name(tmp_path: Path) -> None:
+    # A client dialling a list of replicas' IPs verifies SERVICE.serentak.internal
+    # (SERENTAK_LOCKS_TLS_SERVER_NAME): every replica's certificate must carry it.
+    shell = shutil.which("dash") or "sh"
+    env = {"PATH": "/usr/bin:/bin", "REPLICAS": "1 2"}
+    subprocess.run([shell, str(PKI_SCRIPT), str(tmp_path)], check=True, env=env)
+    for service in ("upload", "locks", "notify"):
+        for name in (service, f"{service}-1", f"{service}-2"):
+            verified = _openssl(
+                "verify",
+                "-CAfile",
+                str(tmp_path / "ca.pem"),
+                "-verify_hostname",
+                f"{service}.serentak.internal",
+                str(tmp_path / f"{name}.pem"),
+            )
+            assert f"{name}.pem: OK" in verified
+        own = _openssl("x509", "-in", str(tmp_path / f"{service}-2.pem"), "-noout", "-text")
+        assert f"DNS:{service}-2.serentak.internal" in own
+        assert f"DNS:{service}-1" not in own  # a replica names itself, not its peers
+    mismatch = subprocess.run(
+        [
+            "openssl",
+            "verify",
+            "-CAfile",
+            str(tmp_path / "ca.pem"),
+            "-verify_hostname",
+            "notify.serentak.internal",
+            str(tmp_path / "locks-1.pem"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert mismatch.returncode != 0  # locks' certificate cannot pass for notify
 
 
 def test_private_keys_are_not_world_readable(pki: Path) -> None:

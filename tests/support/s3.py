@@ -2,8 +2,9 @@
 
 s3s-fs (`cargo install --locked s3s-fs@0.14.1 --features binary`; `.ci/run` installs it)
 serves every folder under its root as a bucket, with SigV4 authentication, multipart
-uploads and range reads. Known gap: it answers 403 to AbortMultipartUpload, so an aborted
-merge leaves its parts to the bucket's lifecycle rule (README, "Blob store").
+uploads and range reads. Gaps: it answers AccessDenied (not NoSuchUpload) to
+AbortMultipartUpload of an upload it no longer knows, and NotImplemented to
+ListMultipartUploads; its multipart state is `.upload*` files in its root folder.
 """
 
 from __future__ import annotations

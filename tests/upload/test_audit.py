@@ -1,4 +1,5 @@
-"""AuditUploads and `serentak audit`: a healthy store reports healthy; a corrupted merged
+"""AuditUploads and `serentak audit`: a healthy store (small files stored whole included)
+reports healthy; a corrupted merged
 blob, a lost chunk row and a wrong received count are each reported; only the service
 credential may ask."""
 
@@ -44,12 +45,20 @@ async def test_audit_reports_corruption_and_count_drift(cluster, capsys) -> None
             metadata=alice.metadata,
         )
 
+    # A small file stored whole (UploadFile: no chunk row) is healthy too.
+    whole = await alice.uploads.UploadFile(
+        upload_pb2.UploadFileRequest(
+            new_file=upload_pb2.NewFileTarget(name="whole.bin"), data=os.urandom(CHUNK)
+        ),
+        metadata=alice.metadata,
+    )
+
     clean = await admin.AuditUploads(
         upload_pb2.AuditUploadsRequest(sample_size=10), metadata=SERVICE
     )
     assert clean.healthy
     assert not clean.duplicate_chunks and not clean.count_mismatches
-    assert {c.file_id for c in clean.checksum_checks} == {a.file_id, b.file_id}
+    assert {c.file_id for c in clean.checksum_checks} == {a.file_id, b.file_id, whole.file.file_id}
     assert all(c.ok and c.actual_checksum == c.recorded_checksum for c in clean.checksum_checks)
     [missing] = clean.missing_chunks
     assert missing.upload_id == open_upload.upload_id

@@ -2,7 +2,7 @@
 
     serentak [global flags] COMMAND [args] [global flags]
 
-Commands: upload, uploads, abort, status, ls, shared, download, share, unshare,
+Commands: upload, uploads, abort, status, ls, shared, download, versions, share, unshare,
 collaborators, mkdir, mv, rm, restore, watch, admin. `--json` prints one JSON document on
 stdout (watch: one object a line); messages and progress go to stderr. Exit codes: see
 `serentak.cli.output` and `serentak --help`. A reader that closes stdout early (`| head`)
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from serentak.cli import admin, commands, tree, watch
+from serentak.cli import admin, commands, tree, versions, watch
 from serentak.cli.output import (
     EXIT_BROKEN_PIPE,
     EXIT_CORRUPT,
@@ -45,6 +45,7 @@ COMMANDS: dict[str, Command] = {
     "ls": commands.ls,
     "shared": commands.shared,
     "download": commands.download,
+    "versions": versions.versions,
     "share": commands.share,
     "unshare": commands.unshare,
     "collaborators": commands.collaborators,
@@ -71,6 +72,8 @@ async def _run(args: argparse.Namespace, out: Output) -> int:
         cert_file=args.cert,
         key_file=args.key,
         notify_address=watch.address(args) if args.command == "watch" else None,
+        tls_server_name=args.tls_server_name,
+        notify_tls_server_name=watch.tls_server_name(args) if args.command == "watch" else "",
     )
     async with client:
         return await COMMANDS[args.command](args, client, out)
@@ -86,6 +89,8 @@ def _rpc_error(exc: grpc.aio.AioRpcError) -> CliError:
         hint = f"share with the user id instead: {metadata['user_id']}"
     elif reason == "CLIENT_REQUEST_ID_REUSED":
         hint = "the file changed since that upload began; start again (touch it) or --resume"
+    elif reason in ("VERSION_PURGED", "VERSION_NOT_FOUND"):
+        hint = "`serentak versions FILE_ID` lists the versions and which are still kept"
     elif code == grpc.StatusCode.UNAVAILABLE:
         hint = _UNAVAILABLE_HINT
     label = code.name + (f"/{reason}" if reason else "")

@@ -1,4 +1,5 @@
-"""`serentak admin ...`: job-queue stats, dead letters, replay, purge and the upload audit.
+"""`serentak admin ...`: job-queue stats, dead letters, replay, purge, the upload audit and
+the audit trail (`audit_trail.py`).
 
 The address comes from the settings (`SERENTAK_UPLOAD_ADDRESS` / `SERENTAK_NOTIFY_ADDRESS`)
 unless `--address` is given; the token is `--token`, else `SERENTAK_TOKEN` (as for every
@@ -16,6 +17,7 @@ import grpc
 
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
 from serentak.channels import open_channel
+from serentak.cli import audit_trail
 from serentak.cli.output import EXIT_FAILED, EXIT_OK, Output, message_dict
 from serentak.credentials import operator_security
 from serentak.settings import ClientSettings
@@ -26,6 +28,14 @@ def _address(args: argparse.Namespace, settings: ClientSettings) -> str:
     if "address" in args.given:
         return str(args.address)
     return settings.notify_address if args.service == "notify" else settings.upload_address
+
+
+def _server_name(args: argparse.Namespace, settings: ClientSettings) -> str:
+    if args.tls_server_name:
+        return str(args.tls_server_name)
+    if args.service == "notify":
+        return settings.notify_tls_server_name
+    return settings.upload_tls_server_name
 
 
 def _when(ts: object) -> str:
@@ -45,8 +55,12 @@ async def run(args: argparse.Namespace, out: Output) -> int:
         ca_file=args.ca if "ca" in args.given else None,
         cert_file=args.cert if "cert" in args.given else None,
         key_file=args.key if "key" in args.given else None,
-    )
+    ).with_server_name(_server_name(args, settings))
     async with open_channel(_address(args, settings), security) as channel:
+        if args.admin_command == "audit-trail" or (
+            args.admin_command == "audit" and audit_trail.wanted(args)
+        ):
+            return await audit_trail.show(args, channel, out)
         if args.admin_command == "audit":
             return await _audit(args, channel, out)
         stub = admin_pb2_grpc.AdminServiceStub(channel)

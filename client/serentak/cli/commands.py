@@ -196,10 +196,11 @@ async def download(args: argparse.Namespace, client: SerentakClient, out: Output
         raise CliError(f"{dest.parent}: no such directory", EXIT_USAGE)
     bar = ProgressLine(dest.name, enabled=not args.no_progress)
     try:
-        result = await client.download(args.file_id, dest, progress=bar)
+        result = await client.download(args.file_id, dest, version=args.version, progress=bar)
     finally:
         bar.close()
     out.document = {
+        "version": args.version,
         "path": str(result.path),
         "size": result.size,
         "checksum": result.checksum,

@@ -9,6 +9,7 @@ import re
 import sys
 from importlib import metadata
 
+from serentak.cli.audit_trail import instant
 from serentak.cli.output import EXIT_CODES_HELP
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -67,6 +68,7 @@ _ENVIRONMENT = {
     "ca": "SERENTAK_TLS_CA_FILE",
     "cert": "SERENTAK_TLS_CLIENT_CERT_FILE",
     "key": "SERENTAK_TLS_CLIENT_KEY_FILE",
+    "tls_server_name": "SERENTAK_UPLOAD_TLS_SERVER_NAME",
 }
 
 
@@ -79,6 +81,7 @@ def global_defaults() -> dict[str, object]:
         "ca": env.get(_ENVIRONMENT["ca"]),
         "cert": env.get(_ENVIRONMENT["cert"]),
         "key": env.get(_ENVIRONMENT["key"]),
+        "tls_server_name": env.get(_ENVIRONMENT["tls_server_name"], ""),
         "json": False,
         "no_progress": False,
     }
@@ -87,6 +90,11 @@ def global_defaults() -> dict[str, object]:
 def notify_address() -> str:
     """The notify service for `watch`: $SERENTAK_NOTIFY_ADDRESS, else 127.0.0.1:50053."""
     return os.environ.get("SERENTAK_NOTIFY_ADDRESS", DEFAULT_NOTIFY_ADDRESS)
+
+
+def notify_tls_server_name() -> str:
+    """The TLS name `watch` verifies notify by: $SERENTAK_NOTIFY_TLS_SERVER_NAME, else none."""
+    return os.environ.get("SERENTAK_NOTIFY_TLS_SERVER_NAME", "")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,6 +131,12 @@ def _globals() -> _Parser:
     )
     g.add_argument("--cert", default=s, help="client certificate (mTLS)")
     g.add_argument("--key", default=s, help="client key (mTLS)")
+    g.add_argument(
+        "--tls-server-name",
+        default=s,
+        help="name the server's certificate carries, verified instead of --address (needed "
+        "for a list of IPs; default $SERENTAK_UPLOAD_TLS_SERVER_NAME)",
+    )
     g.add_argument(
         "--json",
         action="store_true",
@@ -199,6 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="destination file, or a directory (existing, or any path ending in /) to "
         "download into under the file's name; a missing directory is an error",
     )
+    dl.add_argument(
+        "--version",
+        type=positive,
+        default=0,
+        metavar="N",
+        help="an older version (a number `serentak versions FILE_ID` lists; default: current)",
+    )
+    vs = command("versions", "a file's versions, newest first (current, kept, or purged)")
+    vs.add_argument("file_id")
     sh = command("share", "share a file or folder with a user")
     sh.add_argument("file_id")
     sh.add_argument("user", help="a user id, e.g. bob (dev token dev-bob is user bob)")
@@ -217,8 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("--name", default="", help="a new name in its folder")
     rm = command("rm", "delete files or folders (soft: `serentak restore ID` undoes it)")
     rm.add_argument("file_ids", nargs="+", metavar="FILE_ID")
-    rs = command("restore", "undo rm")
+    rs = command(
+        "restore",
+        "undo rm; with VERSION, make that older version the file's next version",
+    )
     rs.add_argument("file_id")
+    rs.add_argument(
+        "version",
+        nargs="?",
+        type=positive,
+        default=None,
+        help="a version number from `serentak versions FILE_ID` (omit it to undo rm)",
+    )
     wa = command(
         "watch",
         "print your notifications as they happen (Ctrl-C stops; --json: one object a line)",
@@ -230,6 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--notify-address",
         default=None,
         help="notify service host:port (default $SERENTAK_NOTIFY_ADDRESS, else 127.0.0.1:50053)",
+    )
+    wa.add_argument(
+        "--notify-tls-server-name",
+        default=None,
+        help="name notify's certificate carries (default $SERENTAK_NOTIFY_TLS_SERVER_NAME)",
     )
     top_audit = command("audit", "upload store audit (= admin audit; needs an ops token)")
     top_audit.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
@@ -251,9 +289,29 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("id", type=positive)
     pg = adsub.add_parser("purge", parents=[common], help="delete dead letters")
     pg.add_argument("--job-type", default="")
-    au = adsub.add_parser("audit", parents=[common], help="upload store audit")
+    au = adsub.add_parser(
+        "audit",
+        parents=[common],
+        help="upload store audit; given a filter (--tenant/--user/--file/--since/--until): "
+        "the audit trail",
+    )
     au.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
+    trail_flags(au)
+    at = adsub.add_parser(
+        "audit-trail", parents=[common], help="who changed or read what (newest first)"
+    )
+    trail_flags(at)
     return p
+
+
+def trail_flags(p: argparse.ArgumentParser) -> None:
+    """The audit trail's filters (`serentak.cli.audit_trail`)."""
+    p.add_argument("--tenant", default="", help="one tenant's events")
+    p.add_argument("--user", default="", help="one principal's (a user id, or service:NAME)")
+    p.add_argument("--file", default="", help="one file's or folder's (any target id)")
+    p.add_argument("--since", type=instant, default=None, help="ISO 8601 (UTC) or age (7d)")
+    p.add_argument("--until", type=instant, default=None, help="ISO 8601 (UTC) or age (1h)")
+    p.add_argument("--limit", type=positive, default=50, help="most events shown")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -1,9 +1,13 @@
-"""`serentak mkdir | mv | rm | restore`: the file tree, on the SDK's FileService calls."""
+"""`serentak mkdir | mv | rm | restore`: the file tree, on the SDK's FileService calls.
+
+`restore FILE_ID VERSION` (a version number) is the version history's (`versions.py`).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from serentak.cli import versions
 from serentak.cli.commands import file_dict
 from serentak.cli.output import EXIT_OK, EXIT_USAGE, CliError, Output
 from serentak.sdk import SerentakClient
@@ -47,7 +51,9 @@ async def rm(args: argparse.Namespace, client: SerentakClient, out: Output) -> i
 
 
 async def restore(args: argparse.Namespace, client: SerentakClient, out: Output) -> int:
-    """Undo `rm` for one file or folder."""
+    """Undo `rm` for one file or folder; with a VERSION, restore that content instead."""
+    if args.version is not None:
+        return await versions.restore_version(args, client, out)
     f = await client.restore(args.file_id)
     out.document = {"file": file_dict(f)}
     out.line(f"restored {f.name} ({f.file_id})")

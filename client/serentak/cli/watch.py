@@ -12,7 +12,7 @@ import argparse
 from datetime import datetime
 
 from serentak.cli.output import EXIT_OK, Output, message_dict
-from serentak.cli.parser import notify_address
+from serentak.cli.parser import notify_address, notify_tls_server_name
 from serentak.notify.v1 import notify_pb2
 from serentak.sdk import SerentakClient, notifications_in
 
@@ -29,6 +29,11 @@ class WatchRun:
 def address(args: argparse.Namespace) -> str:
     """The notify service `watch` subscribes to."""
     return str(args.notify_address or notify_address())
+
+
+def tls_server_name(args: argparse.Namespace) -> str:
+    """The TLS name `watch` verifies the notify service by ("": its address)."""
+    return str(args.notify_tls_server_name or notify_tls_server_name())
 
 
 def _line(n: notify_pb2.Notification) -> str:

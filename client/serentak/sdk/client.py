@@ -74,8 +74,10 @@ class SerentakClient(FileCalls):
     """Async client for one user (or service) of Serentak.
 
     `address` is the upload service (UploadService + FileService); `locks_address` and
-    `notify_address` are needed only for `hold` and `subscribe`. Use as an async context
-    manager, or call `close()`.
+    `notify_address` are needed only for `hold` and `subscribe`. Each address may be a list
+    of IPs (`10.0.0.1:50052,10.0.0.2:50052`); over TLS its `*tls_server_name` is then the
+    name the replicas' certificates carry (verified instead of the address). Use as an
+    async context manager, or call `close()`.
     """
 
     def __init__(
@@ -89,8 +91,18 @@ class SerentakClient(FileCalls):
         locks_address: str | None = None,
         notify_address: str | None = None,
         security: ClientSecurity | None = None,
+        tls_server_name: str = "",
+        locks_tls_server_name: str = "",
+        notify_tls_server_name: str = "",
     ) -> None:
-        self._security = security or user_client_security(token, ca_file, cert_file, key_file)
+        base = security or user_client_security(token, ca_file, cert_file, key_file)
+        names = {
+            "upload": tls_server_name,
+            "locks": locks_tls_server_name,
+            "notify": notify_tls_server_name,
+        }
+        # Per service: each verifies its own name (a ConfigError now, not at the first call).
+        self._securities = {which: base.with_server_name(name) for which, name in names.items()}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._lock_clients: dict[str, LockClient] = {}  # by owner, over the locks channel
         self._addresses = {"upload": address, "locks": locks_address, "notify": notify_address}
@@ -102,7 +114,7 @@ class SerentakClient(FileCalls):
                 raise ValueError(f"no {which} address given to SerentakClient")
             self._channels[which] = open_channel(
                 address,
-                self._security,
+                self._securities[which],
                 retry=_RETRY,
                 options=[
                     ("grpc.max_send_message_length", _MESSAGE_LIMIT),
@@ -387,27 +399,41 @@ class SerentakClient(FileCalls):
     # -- files (FileService calls: serentak.sdk.files) -----------------------------
 
     async def download(
-        self, file_id: str, dest: Path, *, progress: ProgressCallback | None = None
+        self,
+        file_id: str,
+        dest: Path,
+        *,
+        version: int = 0,
+        progress: ProgressCallback | None = None,
     ) -> DownloadResult:
-        """Download a file's current content to `dest`, atomically and verified.
+        """Download a file's current content (or kept content `version`, a number
+        `versions()` lists) to `dest`, atomically and verified.
 
         The bytes go to a temporary file in `dest`'s directory, renamed over `dest` only
         after the sha256 matched the server's trailing checksum; on any error nothing is
-        left behind. FileNotFoundError for a missing directory; ChecksumMismatch.
+        left behind. FileNotFoundError for a missing directory; ChecksumMismatch; a version
+        the file never had is NOT_FOUND / VERSION_NOT_FOUND, one past retention
+        FAILED_PRECONDITION / VERSION_PURGED.
         """
-        info = await self.get_file(file_id)
+        size = 0
+        if progress:
+            size = (await self.get_file(file_id)).size
+            if version:
+                size = next(
+                    (v.size for v in await self.versions(file_id) if v.version == version), 0
+                )
         digest = hashlib.sha256()
         done = 0
         if progress:
-            progress(0, info.size)
+            progress(0, size)
         with atomic_destination(dest) as f:
-            call = self.files.Download(upload_pb2.DownloadRequest(file_id=file_id))
+            call = self.files.Download(upload_pb2.DownloadRequest(file_id=file_id, version=version))
             async for block in call:
                 f.write(block.data)
                 digest.update(block.data)
                 done += len(block.data)
                 if progress:
-                    progress(done, max(info.size, done))
+                    progress(done, max(size, done))
             trailing = dict(await call.trailing_metadata() or ())
             algorithm = str(trailing.get("x-checksum-algorithm", ""))
             expected = str(trailing.get("x-checksum", ""))

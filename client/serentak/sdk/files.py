@@ -1,4 +1,5 @@
-"""The SDK's calls on the file tree (FileService): folders, moves, deletes and shares.
+"""The SDK's calls on the file tree (FileService): folders, moves, deletes, shares and
+version history.
 
 Each returns `Named` results (`serentak.sdk.named`): enum fields read as names.
 `SerentakClient` inherits these; they need only its `files` stub.
@@ -13,6 +14,7 @@ from serentak.sdk.named import Named, Role
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 File = Named[upload_pb2.File]
+FileVersion = Named[upload_pb2.FileVersion]
 
 
 def role_value(role: int | str) -> int:
@@ -167,3 +169,46 @@ class FileCalls:
             token = page.next_page_token
             if not token:
                 return out
+
+    async def versions(self, file_id: str) -> list[FileVersion]:
+        """A file's content versions, newest first (all pages): `version`, `size`,
+        `checksum`, `author_user_id`, `created_at`, `current`, and `kept` (false once the
+        retention policy deleted the bytes: `download(..., version=)` and
+        `restore_version` then answer FAILED_PRECONDITION / VERSION_PURGED)."""
+        out: list[FileVersion] = []
+        token = ""
+        while True:
+            page = await self.files.ListVersions(
+                upload_pb2.ListVersionsRequest(file_id=file_id, page_token=token)
+            )
+            out.extend(Named(v) for v in page.versions)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def restore_version(
+        self,
+        file_id: str,
+        version: int,
+        *,
+        expected_version: int = 0,
+        client_request_id: str = "",
+    ) -> Named[upload_pb2.RestoreVersionResponse]:
+        """Make kept content `version` the file's next version (editors and owners): the
+        answer's `file` is the file at its new version, `version` the new FileVersion.
+
+        The request id (default: a fresh one) makes a retry of this call answer with the
+        version the first one made; `expected_version` (0: no check) must be the file's
+        version when the restore commits (ABORTED / VERSION_MISMATCH otherwise). Not the
+        trash: `restore` undoes `delete`.
+        """
+        return Named(
+            await self.files.RestoreVersion(
+                upload_pb2.RestoreVersionRequest(
+                    file_id=file_id,
+                    version=version,
+                    expected_version=expected_version,
+                    client_request_id=client_request_id or uuid.uuid4().hex,
+                )
+            )
+        )

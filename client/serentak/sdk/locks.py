@@ -27,12 +27,6 @@ Writes the body made before the loss may still reach storage: the fencing token 
 makes a stale holder's commit fail. On every exit the lock is released (best effort: the
 lease expires on its own once the Hold stream is closed).
 
-`hold(..., watch=False)` takes the lock without the Hold stream, for a body far shorter
-than the TTL whose every write is fenced (the upload service's one-request small files: one
-transaction): the lease's TTL bounds the hold, nothing cancels the body, and a loss is
-caught where it matters, by the fencing check refusing the stale token. It saves a stream
-per hold; the release is the same.
-
 When the lock service itself goes away (restart, network), the client re-attaches to
 the same lock with `Hold(key, token)` as long as its local deadline has not passed: the
 lease lives in etcd, not in the service, so a quick restart costs nothing. The local
@@ -140,17 +134,10 @@ class LockClient:
             await self.channel.close()
 
     def hold(
-        self,
-        key: str,
-        ttl: int = 30,
-        wait_timeout: float = 30.0,
-        tenant_id: str | None = None,
-        *,
-        watch: bool = True,
+        self, key: str, ttl: int = 30, wait_timeout: float = 30.0, tenant_id: str | None = None
     ) -> HeldLock:
-        """`async with` this to hold `key` for the block; see the module docstring
-        (`watch=False`: no Hold stream, for short fenced bodies)."""
-        return HeldLock(self, key, ttl, wait_timeout, self.tenant(tenant_id), watch=watch)
+        """`async with` this to hold `key` for the block; see the module docstring."""
+        return HeldLock(self, key, ttl, wait_timeout, self.tenant(tenant_id))
 
     async def acquire(
         self, key: str, ttl: int, wait_timeout: float, tenant_id: str | None = None
@@ -203,17 +190,9 @@ class HeldLock:
     """The `async with` of `LockClient.hold`; `token` is the fencing token."""
 
     def __init__(
-        self,
-        client: LockClient,
-        key: str,
-        ttl: int,
-        wait_timeout: float,
-        tenant_id: str,
-        *,
-        watch: bool = True,
+        self, client: LockClient, key: str, ttl: int, wait_timeout: float, tenant_id: str
     ) -> None:
         self.client = client
-        self.watch = watch
         self.key = key
         self.tenant_id = tenant_id
         self.ttl = ttl
@@ -238,8 +217,6 @@ class HeldLock:
     async def __aenter__(self) -> HeldLock:
         self.lock = await self.client.acquire(self.key, self.ttl, self.wait_timeout, self.tenant_id)
         self._deadline = time.monotonic() + self.ttl - self._margin
-        if not self.watch:
-            return self
         try:
             first = await self._open_hold(wait_for_ready=False)
         except BaseException:

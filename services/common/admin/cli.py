@@ -24,7 +24,7 @@ from grpc_status import rpc_status
 from rich.console import Console
 from rich.table import Table
 from serentak.admin.v1 import admin_pb2, admin_pb2_grpc
-from serentak.channels import open_sync_channel
+from serentak.channels import checked_target, open_sync_channel
 from serentak.credentials import ClientSecurity, operator_security
 
 from services.common.channels import client_settings
@@ -43,6 +43,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--ca", default=None, help="CA of a TLS server (default: settings)")
     parser.add_argument("--cert", default=None, help="client certificate for mTLS")
     parser.add_argument("--key", default=None, help="client key for mTLS")
+    parser.add_argument(
+        "--tls-server-name",
+        default="",
+        help="name the server's certificate carries, verified instead of --address "
+        "(needed for a list of IPs over TLS)",
+    )
     parser.add_argument("--timeout", type=float, default=10.0)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("stats", help="queue depth and lag per job type")
@@ -151,7 +157,10 @@ def _security(args: argparse.Namespace) -> ClientSecurity:
     """Flags first; the settings (TLS files, the ops principal's token) for what is not
     given (`serentak.credentials.operator_security`, as `serentak admin` does)."""
     settings = client_settings(load(CommonSettings))
-    return operator_security(settings, args.token, args.ca, args.cert, args.key)
+    security = operator_security(settings, args.token, args.ca, args.cert, args.key)
+    security = security.with_server_name(args.tls_server_name)
+    checked_target(args.address, security)  # a list over TLS needs the name: said here
+    return security
 
 
 _COMMANDS = {"stats": _stats, "dead-letters": _dead_letters, "replay": _replay, "purge": _purge}

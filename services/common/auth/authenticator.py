@@ -100,6 +100,13 @@ class Authenticator:
             return Identity.for_service(principal)
         raise Unauthenticated("missing bearer token", reason="MISSING_CREDENTIALS")
 
+    @staticmethod
+    def forget_call_identity() -> None:
+        """Verify the call's token again at the next `identify` in this context: a
+        request on a long-lived stream (a lock Session's) must not ride on the identity
+        verified when the stream opened, which may have expired since."""
+        _CALL_IDENTITY.set(None)
+
     async def identify_bearer(self, authorization: str | None) -> Identity:
         """The caller of an HTTP request (the tus endpoint) from its `Authorization: Bearer`
         header, verified as an RPC's token is; UNAUTHENTICATED without a valid one."""

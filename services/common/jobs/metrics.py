@@ -68,3 +68,9 @@ EVENTS_SKIPPED_AS_OLD = Counter(
 PERIODIC_RUNS = Counter(
     "serentak_periodic_ticks_total", "Periodic ticks this replica enqueued.", ["job_type"]
 )
+ROWS_PURGED = Counter(
+    "serentak_rows_purged_total",
+    "Rows the runtime_retention job deleted past their retention, by table (outbox_events,"
+    " applied_jobs, dead_letters, audit_events).",
+    ["table"],
+)

@@ -1,4 +1,5 @@
-"""Domain events of the file tree, built for the outbox (serentak.events.v1.Event).
+"""Domain events of the file tree, built for the outbox (serentak.events.v1.Event), each
+with its audit row (services/common/audit) in the same transaction.
 
 Each event carries the file's new version, an idempotency key naming the change, a dedupe
 key (renames of one file share one, so a burst collapses; content updates get one per
@@ -13,6 +14,7 @@ from typing import Any
 from serentak.events.v1 import events_pb2
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common import audit
 from services.common.correlation import current_correlation_id
 from services.common.outbox.store import record_event
 from services.upload.files.permissions import audience
@@ -57,7 +59,28 @@ async def record_file_event(
     )
     getattr(event, field).CopyFrom(getattr(events_pb2, _message_name(field))(**payload))
     await record_event(session, event)
+    # Same transaction as the change and its event: the trail shows exactly what committed.
+    await audit.record(
+        session,
+        tenant_id=file.tenant_id,
+        principal=actor_user_id,
+        action=event_type,
+        target_type=event.aggregate_type,
+        target_id=file.id,
+        detail=_audit_detail(file, payload),
+    )
     return event
+
+
+def _audit_detail(file: FileRow, payload: dict[str, Any]) -> dict[str, Any]:
+    """The change in a few JSON fields: the new version and the event's scalars."""
+    detail: dict[str, Any] = {"version": file.version}
+    for key, value in payload.items():
+        if key == "grants":
+            detail[key] = [{"user_id": g.user_id, "role": g.role} for g in value]
+        elif key != "file_id" and isinstance(value, str | int) and value != "":
+            detail[key] = value
+    return detail
 
 
 def _message_name(field: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import unicodedata
 import uuid
+import weakref
 
 from sqlalchemy import func, literal, select, text
 from sqlalchemy.exc import IntegrityError
@@ -74,6 +75,11 @@ def root_key(identity: Identity) -> str:
     return f"{identity.tenant_id}:{identity.user_id}"
 
 
+# Root folder ids by database (its engine) and root key; bounded (cleared when full).
+_ROOTS: weakref.WeakKeyDictionary[object, dict[str, str]] = weakref.WeakKeyDictionary()
+_ROOTS_MAX = 100_000
+
+
 async def find_root(session: AsyncSession, identity: Identity) -> FileRow | None:
     """The caller's root folder if it exists."""
     return (
@@ -82,7 +88,23 @@ async def find_root(session: AsyncSession, identity: Identity) -> FileRow | None
 
 
 async def ensure_root(sessions: async_sessionmaker[AsyncSession], identity: Identity) -> str:
-    """The id of the caller's root folder, created on first use (race-safe)."""
+    """The id of the caller's root folder, created on first use (race-safe).
+
+    Remembered per database once seen: a root is never moved, deleted or replaced."""
+    known = _ROOTS.setdefault(sessions.kw.get("bind") or sessions, {})
+    key = root_key(identity)
+    if (root_id := known.get(key)) is not None:
+        return root_id
+    root_id = await _find_or_create_root(sessions, identity)
+    if len(known) >= _ROOTS_MAX:
+        known.clear()
+    known[key] = root_id
+    return root_id
+
+
+async def _find_or_create_root(
+    sessions: async_sessionmaker[AsyncSession], identity: Identity
+) -> str:
     async with sessions() as session:
         await read_only(session)
         root = await find_root(session, identity)

@@ -15,13 +15,13 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.common import validation
+from services.common import audit, validation
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import InvalidArgument
 from services.common.page_tokens import PageTokens
-from services.upload.errors import ContentReplaced, FileDeleted, WrongKind
-from services.upload.files import sharing
+from services.upload.errors import ContentReplaced, FileDeleted, VersionPurged, WrongKind
+from services.upload.files import history, sharing
 from services.upload.files.events import record_file_event
 from services.upload.files.listing import list_page
 from services.upload.files.listing_cache import ListingCache
@@ -322,30 +322,77 @@ class Files:
         """Direct shares of a file the caller can read."""
         return await sharing.collaborators(self._sessions, identity, file_id)
 
+    async def list_versions(
+        self, identity: Identity, request: upload_pb2.ListVersionsRequest
+    ) -> upload_pb2.ListVersionsResponse:
+        """A page of the file's content versions, newest first (files/history.py)."""
+        return await history.list_versions(self._sessions, self._tokens, identity, request)
+
     async def open_download(
         self, identity: Identity, request: upload_pb2.DownloadRequest
-    ) -> tuple[FileRow, AsyncIterator[bytes]]:
-        """The file row and an iterator over its content from `offset`."""
-        file, _ = await self.get(identity, request.file_id)
-        if file.kind != FILE:
-            raise WrongKind("cannot download a folder", file_id=file.id)
-        if file.deleted_at is not None:
-            raise FileDeleted("the file is deleted", file_id=file.id)
-        if not 0 <= request.offset <= file.size:
-            raise InvalidArgument("offset", f"must be 0..{file.size}")
-        assert file.blob_key is not None
-        return file, _replaced_is_aborted(
-            self._blobs.iter_read(file.blob_key, request.offset, DOWNLOAD_BLOCK), file.id
-        )
+    ) -> tuple[history.Content, AsyncIterator[bytes]]:
+        """The content to read (current, or kept version `request.version`) and an
+        iterator over its bytes from `offset`, at most `length` of them (0: to the end)."""
+        if request.length < 0:
+            raise InvalidArgument("length", "must not be negative (0: to the end)")
+        async with self._sessions() as session:
+            await read_only(session)
+            # Permission first: another tenant learns nothing about the file.
+            file, _ = await readable(session, identity, _required(request.file_id, "file_id"))
+            await raise_if_hidden(session, identity.tenant_id, file.id)
+            if file.kind != FILE:
+                raise WrongKind("cannot download a folder", file_id=file.id)
+            if file.deleted_at is not None:
+                raise FileDeleted("the file is deleted", file_id=file.id)
+            content = await history.version_content(session, file, request.version)
+        if not 0 <= request.offset <= content.size:
+            raise InvalidArgument("offset", f"must be 0..{content.size}")
+        # A read changes nothing to share a transaction with: its audit row has its own.
+        async with self._sessions.begin() as session:
+            await audit.record(
+                session,
+                tenant_id=identity.tenant_id,
+                principal=audit.principal_of(identity),
+                action="file.downloaded",
+                target_type="file",
+                target_id=file.id,
+                detail={"version": content.version or file.version, "offset": request.offset},
+            )
+        blocks = self._blobs.iter_read(content.key, request.offset, DOWNLOAD_BLOCK)
+        if request.length:
+            blocks = _at_most(blocks, request.length)
+        return content, _replaced_is_aborted(blocks, file.id, request.version)
 
 
-async def _replaced_is_aborted(blocks: AsyncIterator[bytes], file_id: str) -> AsyncIterator[bytes]:
+async def _at_most(blocks: AsyncIterator[bytes], length: int) -> AsyncIterator[bytes]:
+    """The first `length` bytes of `blocks` (the store's read is dropped after them)."""
+    left = length
+    async for block in blocks:
+        if len(block) >= left:
+            yield block[:left]
+            return
+        yield block
+        left -= len(block)
+
+
+async def _replaced_is_aborted(
+    blocks: AsyncIterator[bytes], file_id: str, version: int = 0
+) -> AsyncIterator[bytes]:
     """A version deleted by the retention policy while being read ends the download
-    ABORTED/CONTENT_REPLACED (the bytes sent so far were that version's)."""
+    ABORTED/CONTENT_REPLACED (the bytes sent so far were that version's); an older
+    `version` asked for by number and deleted before its first byte is VERSION_PURGED."""
+    sent = False
     try:
         async for block in blocks:
+            sent = True
             yield block
     except FileNotFoundError as exc:
+        if version and not sent:
+            raise VersionPurged(
+                f"version {version}'s content was deleted by the retention policy",
+                file_id=file_id,
+                version=version,
+            ) from exc
         raise ContentReplaced(
             "this version of the file was replaced and deleted; download again", file_id=file_id
         ) from exc

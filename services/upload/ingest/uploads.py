@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.common import validation
+from services.common import audit, validation
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import Aborted, AlreadyExists, InvalidArgument
@@ -438,6 +438,16 @@ class Uploads:
         upload = await self.expire_if_due(upload)
         async with self._sessions.begin() as session:
             moved = await transition(session, upload.id, UPLOADING, ABORTED)
+            if moved:
+                await audit.record(
+                    session,
+                    tenant_id=upload.tenant_id,
+                    principal=audit.principal_of(identity),
+                    action="upload.aborted",
+                    target_type="upload",
+                    target_id=upload.id,
+                    detail={"file_id": upload.file_id, "name": upload.name},
+                )
         if moved:
             self._on_finished(upload.id)
         async with self._sessions() as session:

@@ -15,7 +15,8 @@ invariants by the same code the chunked path commits with:
    object"; a crash before the commit leaves an object no row names, which the reclaim
    sweep deletes after its grace period).
 4. Under the file lock `file:{file_id}` (the merge's key, through the same `FileLocks`,
-   without a Hold stream: the body is one short transaction and its write is fenced), one
+   held `briefly`: no Hold stream, the release not waited for; the body is one short
+   transaction and its write is fenced), one
    transaction (shared with the other small files committing at the moment, each in its
    own savepoint: `services.common.group_commit`) stores the upload (open-upload cap and
    tenant quota checked in it), checks the uploader's rights again (`check_uploader`, as
@@ -260,13 +261,12 @@ class UploadFiles:
             algorithm=upload.checksum_algorithm,
             chunk_count=1,
         )
-        async with self._locks.hold(
+        async with self._locks.briefly(
             f"file:{upload.file_id}",
             tenant_id=upload.tenant_id,
             ttl=self._lock.ttl_seconds,
             wait_timeout=self._lock.wait_seconds,
-            watch=False,
-        ) as lock:
+        ) as token:
 
             async def commit(session: AsyncSession) -> UploadedFile:
                 now = utcnow()
@@ -277,7 +277,7 @@ class UploadFiles:
                 # The rights checked by `prepare` are checked again under the lock, in the
                 # committing transaction, as the merge does.
                 role = await check_uploader(session, upload)
-                file = await commit_content(session, upload, stored, lock.token, chunks=False)
+                file = await commit_content(session, upload, stored, token, chunks=False)
                 # The answer shows the row as committed (the status move set it in SQL).
                 await session.refresh(upload)
                 self._signals.after_commit(session, upload.id)

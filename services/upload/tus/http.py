@@ -13,6 +13,7 @@ typed errors map to the nearest status, with their reason in `Serentak-Error-Rea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -22,7 +23,7 @@ from services.common.auth import Authenticator, Identity
 from services.common.correlation import bound_correlation_id
 from services.common.errors import PermissionDenied, SerentakError
 from services.common.logging import get_logger
-from services.common.rate_limit import RateLimiter
+from services.common.rate_limits import RateGate
 from services.upload.metrics import TUS_REQUESTS
 from services.upload.tus import protocol as tus
 from services.upload.tus.bodies import body, read_file, spool
@@ -46,6 +47,9 @@ _STATUS = {
 }
 # Limits on size are the spec's 413; the rest of RESOURCE_EXHAUSTED is "too many".
 _TOO_LARGE = {"UPLOAD_TOO_LARGE", "QUOTA_EXCEEDED"}
+
+
+UPLOAD_SERVICE = "serentak.upload.v1.UploadService"
 
 
 def http_status(error: SerentakError) -> int:
@@ -91,7 +95,11 @@ async def _errors(
     except TusError as exc:
         return _refusal(exc.status, exc.reason, str(exc))
     except SerentakError as exc:
-        return _refusal(http_status(exc), exc.reason or "ERROR", str(exc))
+        refusal = _refusal(http_status(exc), exc.reason or "ERROR", str(exc))
+        wait = getattr(exc, "retry_after_seconds", None)
+        if isinstance(wait, int | float):
+            refusal.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        return refusal
     except web.HTTPException as exc:
         return exc
     except ConnectionError:
@@ -117,13 +125,13 @@ class TusHandlers:
         self,
         store: TusUploads,
         auth: Authenticator,
-        limiter: RateLimiter,
+        rates: RateGate,
         base_path: str,
         lock_wait_seconds: float,
     ) -> None:
         self._store = store
         self._auth = auth
-        self._limiter = limiter
+        self._rates = rates
         self._base = base_path
         self._locks = RequestLocks(lock_wait_seconds)
 
@@ -174,6 +182,14 @@ class TusHandlers:
             raise PermissionDenied("tus uploads need a user credential", reason="USER_REQUIRED")
         return identity
 
+    async def _spend(self, identity: Identity, like: str) -> None:
+        """One unit of the family of the UploadService RPC this request stands for (its
+        writes: POST as CreateUpload, each stored chunk as PutChunk; HEAD as GetUpload;
+        DELETE as AbortUpload): the same limits, keys and RATE_LIMITED (429) as gRPC."""
+        rate = self._rates.for_method(f"/{UPLOAD_SERVICE}/{like}")
+        if rate is not None:
+            await rate.take(identity)
+
     async def create(self, request: web.Request) -> web.Response:
         """POST: creation (+ creation-with-upload, defer-length, partial or final)."""
         identity = await self._user(request)
@@ -186,7 +202,7 @@ class TusHandlers:
             raise TusError(
                 415, "UNSUPPORTED_MEDIA_TYPE", f"a body must be {tus.OFFSET_CONTENT_TYPE}"
             )
-        await self._limiter.check(identity, "CreateUpload")
+        await self._spend(identity, "CreateUpload")
         if kind == tus.FINAL:
             if "Upload-Length" in headers or "Upload-Defer-Length" in headers or has_body:
                 raise TusError(400, "INVALID_FINAL", "a final upload has no length and no body")
@@ -232,6 +248,7 @@ class TusHandlers:
     async def head(self, request: web.Request, tus_id: str) -> web.Response:
         """HEAD: the durable offset and what the upload was created with."""
         identity = await self._user(request)
+        await self._spend(identity, "GetUpload")
         row = await self._store.load(identity, tus_id)
         async with self._locks.hold(row.id):
             state = await self._store.state(identity, row)
@@ -253,6 +270,7 @@ class TusHandlers:
             raise TusError(400, "OFFSET_REQUIRED", "PATCH needs Upload-Offset")
         tus.parse_checksum(request.headers.get("Upload-Checksum"))  # 400 before any byte
         length = tus.non_negative(request.headers.get("Upload-Length"), "Upload-Length")
+        await self._spend(identity, "PutChunk")
         row = await self._store.load(identity, tus_id)
         if row.kind == tus.FINAL:
             raise TusError(403, "FINAL_UPLOAD", "a final upload takes no PATCH")
@@ -283,18 +301,24 @@ class TusHandlers:
         if declared is not None and declared > room:
             raise TusError(413, "UPLOAD_LENGTH_EXCEEDED", f"the body is over the {room} bytes left")
         checksum = tus.parse_checksum(request.headers.get("Upload-Checksum"))
+
+        async def charge() -> None:
+            # Each chunk a request stores after its first costs one more unit.
+            await self._spend(identity, "PutChunk")
+
         if checksum is None and declared is not None:
-            return await self._store.write(identity, state, body(request), length)
+            return await self._store.write(identity, state, body(request), length, charge)
         # Verified (or of unknown size) before any byte is applied: spooled to disk first.
         spooled = await spool(request, self._store.tails.root, room, checksum)
         try:
-            return await self._store.write(identity, state, read_file(spooled), length)
+            return await self._store.write(identity, state, read_file(spooled), length, charge)
         finally:
             spooled.unlink(missing_ok=True)
 
     async def delete(self, request: web.Request, tus_id: str) -> web.Response:
         """DELETE (termination): 204; the URL is 410 Gone afterwards."""
         identity = await self._user(request)
+        await self._spend(identity, "AbortUpload")
         row = await self._store.load(identity, tus_id)
         async with self._locks.hold(row.id):
             await self._store.terminate(identity, row)
@@ -331,14 +355,14 @@ def _upload_headers(state: TusState) -> dict[str, str]:
 def tus_app(
     store: TusUploads,
     auth: Authenticator,
-    limiter: RateLimiter,
+    rates: RateGate,
     *,
     base_path: str,
     cors_origins: str,
     lock_wait_seconds: float,
 ) -> web.Application:
     """The aiohttp application of the endpoint."""
-    handlers = TusHandlers(store, auth, limiter, base_path, lock_wait_seconds)
+    handlers = TusHandlers(store, auth, rates, base_path, lock_wait_seconds)
     app = web.Application(middlewares=[cors_middleware(cors_origins), _correlated, _errors])
     app.on_response_prepare.append(_common_headers)
     app.router.add_route("*", base_path, handlers.collection)

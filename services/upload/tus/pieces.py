@@ -31,6 +31,9 @@ from services.upload.storage.blob_store import BlobStore
 from services.upload.tus.protocol import TusError
 from services.upload.tus.tails import Tails
 
+# Awaited before each piece a request stores after its first (the rate limit's unit).
+Charge = Callable[[], Awaitable[None]]
+
 
 def parked_prefix(tus_id: str) -> str:
     """Where an upload without a Serentak upload keeps its pieces."""
@@ -133,6 +136,7 @@ async def write_pieces(
     sink: PieceSink,
     start: int,
     blocks: AsyncIterator[bytes],
+    charge: Charge | None = None,
 ) -> int:
     """Apply `blocks` at byte `start` (the upload's durable offset); returns the new one.
 
@@ -148,6 +152,15 @@ async def write_pieces(
             raise TusError(409, "OFFSET_MISMATCH", "the staged bytes changed; HEAD again")
     on_disk = have
     first = index
+    stored = 0
+
+    async def store(data: bytes) -> None:
+        nonlocal stored
+        if stored and charge is not None:
+            await charge()
+        await sink.store(index, data)
+        stored += 1
+
     try:
         async for block in blocks:
             view = memoryview(block)
@@ -158,14 +171,14 @@ async def write_pieces(
                 buffer += view[:room]
                 view = view[room:]
                 if len(buffer) == layout.piece_size(index):
-                    await sink.store(index, bytes(buffer))
+                    await store(bytes(buffer))
                     index += 1
                     buffer.clear()
                     on_disk = 0
         count = layout.count()
         # A deferred length just set, or an empty upload: the last piece may be whole already.
         if count is not None and index < count and len(buffer) == layout.piece_size(index):
-            await sink.store(index, bytes(buffer))
+            await store(bytes(buffer))
             index += 1
             buffer.clear()
             on_disk = 0

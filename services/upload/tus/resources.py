@@ -42,6 +42,7 @@ from services.upload.models import (
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import BlobStore
 from services.upload.tus.pieces import (
+    Charge,
     ChunkSink,
     Layout,
     ParkedSink,
@@ -260,9 +261,11 @@ class TusUploads:
         state: TusState,
         blocks: AsyncIterator[bytes],
         length: int | None = None,
+        charge: Charge | None = None,
     ) -> TusState:
         """Apply a PATCH body at the state's offset (checked by the caller); `length`: an
-        Upload-Length sent now for a deferred upload."""
+        Upload-Length sent now for a deferred upload; `charge`: awaited before each chunk
+        the request stores after its first (the rate limit)."""
         row = state.row
         assert state.offset is not None
         if length is not None and row.length is None:
@@ -276,6 +279,7 @@ class TusUploads:
             self._sink(identity, row),
             state.offset,
             blocks,
+            charge,
         )
         async with self._sessions.begin() as session:
             await session.execute(

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from services.common.auth import Authenticator
 from services.common.logging import get_logger
-from services.common.rate_limit import RateLimiter
+from services.common.rate_limits import RateGate
 from services.upload.settings import UploadSettings
 from services.upload.tus.http import tus_app
 from services.upload.tus.resources import TusUploads
@@ -30,7 +30,7 @@ class TusServer:
         self,
         store: TusUploads,
         auth: Authenticator,
-        limiter: RateLimiter,
+        rates: RateGate,
         settings: UploadSettings,
     ) -> None:
         self.store = store
@@ -41,7 +41,7 @@ class TusServer:
         self._app = tus_app(
             store,
             auth,
-            limiter,
+            rates,
             base_path=settings.tus_path,
             cors_origins=settings.tus_cors_origins,
             lock_wait_seconds=settings.tus_lock_wait_seconds,

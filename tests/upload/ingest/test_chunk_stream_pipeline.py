@@ -68,7 +68,7 @@ async def _gated(parts, chunks: int, fail: Exception | None = None):
     upload = await parts.uploads.create(_alice(parts), create_request(data, CHUNK, name="pipe.bin"))
     blobs = PublishGate(parts.blobs, chunk_key(upload.id, 0), fail)
     store = chunk_store_over(parts, blobs)
-    servicer = UploadServicer(parts.auth, parts.uploads, store, parts.limiter)
+    servicer = UploadServicer(parts.auth, parts.uploads, store)
     return upload, split(data, CHUNK), blobs, servicer
 
 

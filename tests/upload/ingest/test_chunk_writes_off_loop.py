@@ -93,7 +93,7 @@ async def test_upload_chunks_receives_the_next_chunk_while_storing_one(parts) ->
     upload = await parts.uploads.create(alice, create_request(data, CHUNK, name="pipe.bin"))
     blobs = GatedBlobs(parts.blobs, chunk_key(upload.id, 0))
     store = chunk_store_over(parts, blobs)
-    servicer = UploadServicer(parts.auth, parts.uploads, store, parts.limiter)
+    servicer = UploadServicer(parts.auth, parts.uploads, store)
     second_pulled = asyncio.Event()
 
     async def stream():

@@ -1,5 +1,6 @@
 """Upload limits (issue 11, item 8): upload size, per-tenant quota (stored bytes of current
-versions + open uploads), per-user open uploads, per-caller rate limit with RetryInfo.
+versions + open uploads), per-user open uploads, per-caller rate limit with RetryInfo
+(the limiter itself: tests/common/rate_limits/).
 Every refusal is RESOURCE_EXHAUSTED with its ErrorInfo reason; SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def settings_overrides() -> dict[str, Any]:
         "max_upload_bytes": 8 * CHUNK,
         "tenant_quota_bytes": 10 * CHUNK,
         "max_open_uploads_per_user": 3,
-        "rate_limit": "12/minute",
+        "rate_limit_reads_per_user": 12,
     }
 
 
@@ -124,7 +125,7 @@ async def test_rate_limit_per_caller_with_retry_info(cluster) -> None:
             delays.append(retry.retry_delay.ToTimedelta().total_seconds())
     assert reasons == ["RATE_LIMITED"]
     assert len(delays) == 1 and 0 < delays[0] <= 60, delays
-    # Per caller: alice is not limited by carol's calls, nor carol's other RPCs.
+    # Per caller and family: alice is not limited by carol's reads, nor carol's writes.
     await alice.uploads.ListUploads(request, metadata=alice.metadata)
     await _create(carol, CHUNK)
     # The anonymous caller bounces off authentication before the limiter.

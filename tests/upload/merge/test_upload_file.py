@@ -134,7 +134,8 @@ def settings_overrides() -> dict[str, object]:
     durability is not under test there (fsyncs off, as in test_merge_exactly_once)."""
     return {
         "max_open_uploads_per_user": 1000,
-        "rate_limit": "100000/minute",
+        "rate_limit_writes_per_user": 0,
+        "rate_limit_writes_per_tenant": 0,
         "blob_fsync": False,
         "sqlite_synchronous": "NORMAL",
         "inline_merge_max_bytes": INLINE_MAX,

@@ -22,6 +22,7 @@ from services.upload.storage.blob_store import (
     chunk_key,
     open_blob_store,
 )
+from services.upload.storage.blob_store.s3 import S3BlobStore
 
 MIB = 1024 * 1024
 
@@ -113,6 +114,41 @@ async def test_range_reads_in_bounded_blocks(store: BlobStore) -> None:
     assert b"".join(blocks) == data[1000:]
     assert [b async for b in store.iter_read(key, len(data), MIB)] == []
     assert await store.checksum(key, "blake3") == digest(data, "blake3")
+
+
+async def test_copy_makes_a_whole_independent_object(store: BlobStore) -> None:
+    """RestoreVersion's copy: the new key holds every byte, listed as no temp file, and
+    outlives its source; a missing source is FileNotFoundError and leaves nothing."""
+    data = os.urandom(2 * MIB + 5)
+    await put_chunks(store, "u-copy", [data])
+    await store.copy(chunk_key("u-copy", 0), "files/f-copy/u-new")
+    await store.delete(chunk_key("u-copy", 0))
+    assert await store.read("files/f-copy/u-new") == data
+    listed = [o async for o in store.list_objects("files/f-copy")]
+    assert [(o.key, o.size, o.temporary) for o in listed] == [
+        ("files/f-copy/u-new", len(data), False)
+    ]
+    with pytest.raises(FileNotFoundError):
+        await store.copy(chunk_key("u-copy", 0), "files/f-copy/u-other")
+    assert not await store.exists("files/f-copy/u-other")
+    assert [o.key async for o in store.list_objects("files/f-copy")] == ["files/f-copy/u-new"]
+
+
+async def test_s3_copies_past_one_copy_object_by_streaming(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Above S3's CopyObject limit (lowered here) the copy streams through a multipart
+    upload: the same bytes arrive."""
+    store = open_blob_store(settings_for("s3", tmp_path, request))
+    try:
+        assert isinstance(store, S3BlobStore)
+        store.copy_object_max = MIB
+        data = os.urandom(11 * MIB + 3)  # three parts of 5 MiB
+        await put_chunks(store, "u-big", [data])
+        await store.copy(chunk_key("u-big", 0), "files/f-big/u-new")
+        assert await store.checksum("files/f-big/u-new", "sha256") == digest(data)
+    finally:
+        await store.close()
 
 
 async def test_delete_prefix_removes_one_uploads_chunks(store: BlobStore) -> None:

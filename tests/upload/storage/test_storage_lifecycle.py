@@ -194,9 +194,12 @@ async def test_retired_files_bytes_go_with_the_next_run(cluster, sessions) -> No
     assert await _keys(blobs, f"files/{first.file_id}") == []
     for up in (first, second):
         assert await _keys(blobs, upload_prefix(up.upload_id)) == []
+        # Its bytes gone, nothing can read the upload again: its rows go too (step 6).
         async with sessions() as session:
-            row = await session.get(UploadRow, up.upload_id)
-            assert row is not None and row.content_purged_at and row.chunks_purged_at
+            assert await session.get(UploadRow, up.upload_id) is None
+        assert await chunk_row_count(sessions, up.upload_id) == 0
+    async with sessions() as session:
+        assert await session.get(UploadRow, kept.upload_id) is not None
     # Another file is untouched, and a second run finds nothing.
     got, _ = await download(alice, kept.file_id)
     assert got == kept_data

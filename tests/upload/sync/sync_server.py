@@ -14,7 +14,6 @@ from upload.sync.sync_world import SyncWorld
 from services.common.auth import Authenticator
 from services.common.grpc_server import ServiceApp, Servicer
 from services.common.page_tokens import PageTokens
-from services.common.rate_limit import RateLimiter
 from services.upload.files.listing_cache import ListingCache
 from services.upload.files.use_cases import Files
 from services.upload.servicer import FileServicer
@@ -53,7 +52,7 @@ async def sync_server(
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(auth, files, RateLimiter("100000/minute")),
+                FileServicer(auth, files),
                 services["FileService"].full_name,
             ),
         ],

@@ -1,6 +1,8 @@
 """Where chunk and file bytes live: one interface (`base`), the local folder (`local`, the
 embedded default) and S3-compatible object storage (`s3`), chosen by `SERENTAK_BLOB_URL`."""
 
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store.base import (
     BlobStore,
@@ -14,13 +16,16 @@ from services.upload.storage.blob_store.base import (
 from services.upload.storage.blob_store.local import LocalBlobStore
 
 
-def open_blob_store(settings: UploadSettings) -> BlobStore:
-    """The store `settings.blob_url` names: S3-compatible, or the local folder (default)."""
+def open_blob_store(
+    settings: UploadSettings, sessions: async_sessionmaker[AsyncSession] | None = None
+) -> BlobStore:
+    """The store `settings.blob_url` names: S3-compatible, or the local folder (default).
+    `sessions` (the upload database): S3 multipart uploads are recorded there."""
     if settings.blob_backend == "s3":
         # Imported here: obstore loads a native library only S3 deployments need.
         from services.upload.storage.blob_store.s3 import S3BlobStore
 
-        return S3BlobStore.from_settings(settings)
+        return S3BlobStore.from_settings(settings, sessions)
     return LocalBlobStore(settings.blob_root, fsync=settings.blob_fsync)
 
 

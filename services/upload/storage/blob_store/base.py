@@ -112,6 +112,12 @@ class BlobStore(Protocol):
         """`key`'s bytes from `offset` in blocks of at most `block` (range reads)."""
         ...
 
+    async def copy(self, source: str, key: str) -> None:
+        """Make a copy of the object under `source` the object under `key`: all of it
+        appears at once or nothing does (a restored version's own content, RestoreVersion).
+        FileNotFoundError when `source` is missing."""
+        ...
+
     async def delete(self, key: str) -> None:
         """Delete the object under `key` (missing is fine)."""
         ...
@@ -132,6 +138,12 @@ class BlobStore(Protocol):
         expected_checksum: str | None,
     ) -> Merged:
         """Concatenate `chunks` (indexes 0..N-1) into `key`, verified (module docstring)."""
+        ...
+
+    async def abort_unfinished(self, before: datetime) -> int:
+        """Abort merge output left unfinished by a killed merge and started before `before`
+        (S3: multipart uploads, which no listing of objects shows; local: none, its temp
+        files are listed objects); returns how many."""
         ...
 
     async def checksum(self, key: str, algorithm: str) -> str:

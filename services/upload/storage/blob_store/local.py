@@ -22,6 +22,8 @@ from services.upload.storage.blob_store.base import ChunkRef, Merged, StoredObje
 
 # merge_core's temporary output beside the final name: `.{name}.{pid}-...merge-tmp`.
 MERGE_TMP_SUFFIX = ".merge-tmp"
+# Bytes per read and write of a copy (bounded memory whatever the object's size).
+COPY_BLOCK = 1024 * 1024
 
 
 def _fsync_dir(path: Path) -> None:
@@ -156,6 +158,29 @@ class LocalBlobStore:
         finally:
             f.close()
 
+    async def copy(self, source: str, key: str) -> None:
+        """Copy `source` to a temp file beside `key`, fsync it and rename it over `key`
+        (on a thread). Once open, `source` is copied whole even if it is unlinked meanwhile
+        (the retention sweep): an open file outlives its name."""
+        await asyncio.to_thread(self._copy_sync, source, key)
+
+    def _copy_sync(self, source: str, key: str) -> None:
+        with open(self.path(source), "rb") as src:
+            staged = self._staging_path(key)
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            try:
+                with open(fd, "wb") as dst:
+                    shutil.copyfileobj(src, dst, COPY_BLOCK)
+                    if self._fsync:
+                        dst.flush()
+                        os.fsync(dst.fileno())
+                self._publish_sync(str(staged), key)
+            except BaseException:
+                # A full disk, a failed fsync or rename: no partial temp file stays.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(staged)
+                raise
+
     async def delete(self, key: str) -> None:
         """Remove the file under `key` (missing is fine)."""
         await asyncio.to_thread(self.path(key).unlink, missing_ok=True)
@@ -237,6 +262,10 @@ class LocalBlobStore:
         # others out, this makes the file itself 0600 too.
         os.chmod(output, FILE_MODE)
         return Merged(key, result.size, result.checksum, result.algorithm, result.chunk_count)
+
+    async def abort_unfinished(self, before: datetime) -> int:
+        """Nothing: a killed merge's temp file is an object `list_objects` shows."""
+        return 0
 
     async def checksum(self, key: str, algorithm: str) -> str:
         """merge_core's checksum of the file (GIL released, on a thread)."""

@@ -16,14 +16,16 @@ How bytes are laid out (measured and argued in the README, "Blob store"):
   verified as bytes pass; hashing
   on a worker thread with the GIL released) into a multipart upload of the final key. The
   upload is completed only after the last chunk and the whole file verified: a failure
-  raises inside the byte stream, obstore stops and aborts the upload, and no object ever
-  appears. Memory: `concurrency` x (a chunk, at most `max_chunk_size`, + a part of
-  `part_size`) plus the chunk being hashed, whatever the file's size.
+  raises inside the byte stream, the upload is aborted, and no object ever appears.
+  Memory: `concurrency` x (a chunk, at most `max_chunk_size`, + a part of `part_size`)
+  plus the chunk being hashed, whatever the file's size.
+- Multipart uploads are recorded while they run (`recorded_multipart.py`, the
+  `s3_multipart_uploads` table): one a killed merge left is aborted by the re-run merge of
+  its key or by the reclaim sweep (`abort_unfinished`). That needs the upload id, which
+  obstore does not give, so with static keys the merge makes the multipart calls itself
+  (`s3_multipart.py`); without (the AWS chain) it uses obstore's, unrecorded, and a bucket
+  lifecycle rule (AbortIncompleteMultipartUpload) is the only net (logged at start).
 - Downloads are range reads (`offset` onwards), split into blocks of at most `block`.
-
-Some servers refuse AbortMultipartUpload (s3s-fs answers 403): the failed merge still
-raises its own error and the parts stay invisible; a bucket lifecycle rule
-(AbortIncompleteMultipartUpload) removes them.
 
 Settings: the SERENTAK_S3_* values are passed explicitly and win. obstore's S3 client also
 consults the standard AWS chain (AWS_* variables, web identity, instance metadata) for what
@@ -38,24 +40,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 import obstore
-from obstore import Bytes
-from obstore.exceptions import BaseError
 from obstore.store import S3Store
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import merge_core
 from services.common.logging import get_logger
-from services.upload import checksums, metrics
-from services.upload.errors import BlobStoreUnavailable
+from services.upload import checksums
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store.base import ChunkRef, Merged, StoredObject
+from services.upload.storage.blob_store.multipart_journal import MultipartJournal
+from services.upload.storage.blob_store.recorded_multipart import RecordedMultipart
+from services.upload.storage.blob_store.s3_errors import store_errors
+from services.upload.storage.blob_store.s3_multipart import (
+    S3Multipart,
+    location_of,
+)
+from services.upload.storage.blob_store.s3_read_ahead import ReadAhead
 
 log = get_logger(__name__)
 
@@ -67,6 +74,8 @@ _THREAD_FROM = 256 * 1024
 # for obstore's default three minutes.
 _RETRY: Any = {"max_retries": 3, "retry_timeout": timedelta(seconds=30)}
 _CONNECT_TIMEOUT = timedelta(seconds=5)
+# S3's limit for one CopyObject.
+COPY_OBJECT_MAX = 5 * 1024**3
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,94 +86,12 @@ class _Staged:
     data: bytes
 
 
-@contextlib.contextmanager
-def _store_errors(operation: str, key: str) -> Iterator[None]:
-    """obstore's failures as BlobStoreUnavailable (FileNotFoundError passes through)."""
-    try:
-        yield
-    except FileNotFoundError:
-        raise
-    except (BaseError, OSError) as exc:
-        # The detail (endpoint, bucket, server answer) is for the operator's log, not for
-        # the caller, who only needs to know to retry.
-        metrics.BLOB_STORE_ERRORS.labels(operation).inc()
-        log.warning("blob_store_error", operation=operation, key=key, error=_first_line(exc))
-        raise BlobStoreUnavailable(
-            f"the object store failed to {operation} a blob; retry later", operation=operation
-        ) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-
-
 async def _hash(target: Any, block: Any) -> None:
     """`target.update(block)`, off the event loop for large blocks (GIL released)."""
     if len(block) >= _THREAD_FROM:
         await asyncio.to_thread(target.update, block)
     else:
         target.update(block)
-
-
-def _size_mismatch(chunk: ChunkRef, actual: int) -> merge_core.ChunkSizeMismatch:
-    """merge_core's exception for a chunk object of the wrong size, attributes set."""
-    err = merge_core.ChunkSizeMismatch(
-        f"chunk {chunk.index} ({chunk.key}): size mismatch: expected {chunk.size} bytes, "
-        f"got {actual}"
-    )
-    err.index, err.path, err.expected, err.actual = chunk.index, chunk.key, chunk.size, actual
-    return err
-
-
-class _ReadAhead:
-    """Reads chunk objects with up to `window` GETs in flight, handed out in index order,
-    so the next chunks' reads overlap hashing and uploading this one. Memory: `window`
-    whole chunks (each at most max_chunk_size) plus the one being consumed."""
-
-    def __init__(self, store: S3Store, chunks: Sequence[ChunkRef], window: int) -> None:
-        self._store = store
-        self._chunks = iter(chunks)
-        self._window = max(1, window)
-        self._pending: deque[asyncio.Task[Bytes]] = deque()
-
-    async def __aenter__(self) -> _ReadAhead:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for task in self._pending:
-            task.cancel()
-        await asyncio.gather(*self._pending, return_exceptions=True)
-
-    def _fill(self) -> None:
-        while len(self._pending) < self._window:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return
-            self._pending.append(asyncio.create_task(self._get(chunk)))
-
-    async def _get(self, chunk: ChunkRef) -> Bytes:
-        with _store_errors("get", chunk.key):
-            try:
-                result = await obstore.get_async(self._store, chunk.key)
-                stored = int(result.meta["size"])
-                if stored != chunk.size:
-                    # Checked before reading the body: an oversized object must not be
-                    # pulled into memory (merge_core's file merge checks sizes first too).
-                    raise _size_mismatch(chunk, stored)
-                return await result.bytes_async()
-            except FileNotFoundError as missing:
-                raise BlobStoreUnavailable(
-                    f"chunk {chunk.index} object {chunk.key!r} is missing",
-                    operation="get",
-                    key=chunk.key,
-                ) from missing
-
-    async def next(self) -> Bytes:
-        """The next chunk's bytes (raises the error reading it)."""
-        self._fill()
-        data = await self._pending.popleft()
-        self._fill()
-        return data
 
 
 class S3BlobStore:
@@ -177,15 +104,36 @@ class S3BlobStore:
         part_size: int = 8 * 1024 * 1024,
         concurrency: int = 4,
         description: str = "s3",
+        multipart: S3Multipart | None = None,
+        journal: MultipartJournal | None = None,
     ) -> None:
         self._store = store
         self._part_size = part_size
         self._concurrency = concurrency
         self.description = description
+        # The largest object one CopyObject copies (S3's limit); bigger ones are streamed.
+        self.copy_object_max = COPY_OBJECT_MAX
+        self._recorded = (
+            RecordedMultipart(
+                multipart,
+                journal,
+                part_size=part_size,
+                concurrency=concurrency,
+                exists=self.exists,
+                put_whole=self._put_whole,
+            )
+            if multipart is not None
+            else None
+        )
 
     @classmethod
-    def from_settings(cls, settings: UploadSettings) -> S3BlobStore:
-        """The store `settings.blob_url` (s3://bucket/prefix) and the SERENTAK_S3_* name."""
+    def from_settings(
+        cls,
+        settings: UploadSettings,
+        sessions: async_sessionmaker[AsyncSession] | None = None,
+    ) -> S3BlobStore:
+        """The store `settings.blob_url` (s3://bucket/prefix) and the SERENTAK_S3_* name;
+        with `sessions` (the upload database) its multipart uploads are recorded."""
         assert settings.blob_url is not None
         url = urlsplit(settings.blob_url)
         prefix = url.path.strip("/") or None
@@ -210,11 +158,21 @@ class S3BlobStore:
             retry_config=_RETRY,
             **config,
         )
+        location = location_of(settings, url.netloc, prefix)
+        if location is None:
+            log.warning(
+                "multipart_uploads_unrecorded",
+                detail="no SERENTAK_S3_ACCESS_KEY_ID/SECRET_ACCESS_KEY: merges use obstore's "
+                "multipart upload, which a killed merge can leave behind; set a bucket "
+                "lifecycle rule (AbortIncompleteMultipartUpload)",
+            )
         return cls(
             store,
             part_size=settings.s3_part_size,
             concurrency=settings.s3_merge_concurrency,
             description=f"s3://{url.netloc}/{prefix or ''}",
+            multipart=S3Multipart(location) if location is not None else None,
+            journal=MultipartJournal(sessions) if sessions is not None else None,
         )
 
     async def stage(self, key: str, data: bytes) -> object:
@@ -231,7 +189,7 @@ class S3BlobStore:
     async def publish(self, staged: object, key: str) -> None:
         """One PUT of the staged bytes: all of them become visible at once, or none."""
         assert isinstance(staged, _Staged)
-        with _store_errors("put", key):
+        with store_errors("put", key):
             await obstore.put_async(self._store, key, staged.data, use_multipart=False)
 
     async def publish_many(self, items: Sequence[tuple[object, str]]) -> None:
@@ -249,7 +207,7 @@ class S3BlobStore:
     async def exists(self, key: str) -> bool:
         """True if an object is stored under `key` (a HEAD)."""
         try:
-            with _store_errors("head", key):
+            with store_errors("head", key):
                 await obstore.head_async(self._store, key)
         except FileNotFoundError:
             return False
@@ -257,7 +215,7 @@ class S3BlobStore:
 
     async def size(self, key: str) -> int:
         """Size of the object under `key` (a HEAD)."""
-        with _store_errors("head", key):
+        with store_errors("head", key):
             meta = await obstore.head_async(self._store, key)
         return int(meta["size"])
 
@@ -280,22 +238,40 @@ class S3BlobStore:
             options: Any = {"range": (offset, end)}
         else:
             options = None
-        with _store_errors("get", key):
+        with store_errors("get", key):
             result = await obstore.get_async(self._store, key, options=options)
             async for piece in result.stream(min_chunk_size=block):
                 view = memoryview(piece)
                 for start in range(0, len(view), block):
                     yield bytes(view[start : start + block])
 
+    async def copy(self, source: str, key: str) -> None:
+        """One server-side CopyObject (no bytes through this process) up to the 5 GiB S3
+        allows in one; above that, `source` streamed into a multipart upload of `key`
+        (memory: the parts in flight), completed only once every byte was read."""
+        size = await self.size(source)
+        with store_errors("copy", key):
+            if size <= self.copy_object_max:
+                await obstore.copy_async(self._store, source, key)
+                return
+            await obstore.put_async(
+                self._store,
+                key,
+                self._blocks(source, 0, -1, self._part_size),
+                use_multipart=True,
+                chunk_size=self._part_size,
+                max_concurrency=self._concurrency,
+            )
+
     async def delete(self, key: str) -> None:
         """Delete the object under `key` (missing is fine)."""
-        with contextlib.suppress(FileNotFoundError), _store_errors("delete", key):
+        with contextlib.suppress(FileNotFoundError), store_errors("delete", key):
             await obstore.delete_async(self._store, key)
 
     async def delete_prefix(self, prefix: str) -> int:
         """Delete every object under `prefix/` (listed, then deleted in batches)."""
         count = 0
-        with _store_errors("delete", prefix):
+        with store_errors("delete", prefix):
             async for batch in obstore.list(self._store, prefix.rstrip("/") + "/"):
                 paths = [meta["path"] for meta in batch]
                 if paths:
@@ -303,10 +279,21 @@ class S3BlobStore:
                     count += len(paths)
         return count
 
+    async def _put_whole(self, key: str, data: bytes) -> None:
+        await obstore.put_async(self._store, key, data, use_multipart=False)
+
+    async def abort_unfinished(self, before: datetime) -> int:
+        """Abort multipart uploads of merges started before `before` and never finished
+        (recorded, or listed where the server lists them); how many."""
+        if self._recorded is None:
+            return 0
+        with store_errors("abort multipart", "files"):
+            return await self._recorded.reclaim(before)
+
     async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
         """Every object under `prefix/` (S3 has no temp objects: an unfinished multipart
-        upload is not an object; a bucket lifecycle rule aborts those)."""
-        with _store_errors("list", prefix):
+        upload is not an object; `abort_unfinished` takes care of those)."""
+        with store_errors("list", prefix):
             async for batch in obstore.list(self._store, prefix.rstrip("/") + "/"):
                 for meta in batch:
                     modified = meta["last_modified"]
@@ -332,7 +319,7 @@ class S3BlobStore:
         ordered = sorted(chunks, key=lambda c: c.index)
 
         async def verified_blocks() -> AsyncIterator[Any]:
-            async with _ReadAhead(self._store, ordered, self._concurrency) as reader:
+            async with ReadAhead(self._store, ordered, self._concurrency) as reader:
                 for chunk in ordered:
                     assert verifier.next_index == chunk.index
                     data = await reader.next()
@@ -343,15 +330,18 @@ class S3BlobStore:
             # completed. Only a clean end of this generator completes it.
             finished.append(verifier.finish())
 
-        with _store_errors("multipart put", key):
-            await obstore.put_async(
-                self._store,
-                key,
-                verified_blocks(),
-                use_multipart=True,
-                chunk_size=self._part_size,
-                max_concurrency=self._concurrency,
-            )
+        with store_errors("multipart put", key):
+            if self._recorded is not None:
+                await self._recorded.upload(key, verified_blocks())
+            else:
+                await obstore.put_async(
+                    self._store,
+                    key,
+                    verified_blocks(),
+                    use_multipart=True,
+                    chunk_size=self._part_size,
+                    max_concurrency=self._concurrency,
+                )
         size, checksum, algorithm_name, count = finished[0]
         return Merged(key, size, checksum, algorithm_name, count)
 
@@ -363,4 +353,6 @@ class S3BlobStore:
         return hasher.hexdigest()
 
     async def close(self) -> None:
-        """obstore's client pool needs no explicit close."""
+        """Close the multipart client (obstore's pool needs no explicit close)."""
+        if self._recorded is not None:
+            await self._recorded.close()

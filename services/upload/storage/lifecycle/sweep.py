@@ -1,4 +1,5 @@
-"""The periodic `upload.reclaim` job: failed uploads, superseded versions and orphans.
+"""The periodic `upload.reclaim` job: failed uploads, superseded versions, retired files and
+orphans.
 
 Each run, in short transactions of its own (deleting blobs before the rows that name them,
 so a crash leaves at worst a row whose bytes are gone for something never read again):
@@ -16,12 +17,18 @@ so a crash leaves at worst a row whose bytes are gone for something never read a
    content is never touched. A download that resolved an older version just before it was
    deleted either finishes (an open local file outlives its unlink; an S3 GET in flight
    streams its object) or ends ABORTED/CONTENT_REPLACED — never with other bytes.
-4. Retired files (the sync purge deleted the file row, `services/upload/files/retire.py`): all
+4. Retired files (the sync purge deleted the file row, `services/upload/files/retire.py`,
+   or the trash purge did, `services/upload/files/trash.py`): all
    their versions' content and any chunks left, at once (nothing can read them again).
 5. Orphans: blobs under `uploads/` and `files/` that no row refers to, and temp files
    (a SIGKILLed merge's `*.merge-tmp`, a killed chunk write's `.tmp`), once older than
    their grace (`orphan_grace_seconds`; temp files `temp_grace_seconds`, longer than any
    live write: merge_core writes its temp file continuously and renames it when done).
+6. The rows of uploads whose file is gone (purged from the trash or retired) and whose
+   blobs steps 1-4 deleted (`retired_rows.py`).
+7. Unfinished S3 multipart uploads (a SIGKILLed merge's, recorded in
+   `s3_multipart_uploads`, or listed where the server lists them) started more than
+   `temp_grace_seconds` ago: aborted, their parts deleted (`BlobStore.abort_unfinished`).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from services.upload.errors import BlobStoreUnavailable
 from services.upload.models import COMPLETED, FAILED, MERGING, ChunkRow, FileRow, UploadRow, utcnow
 from services.upload.storage.blob_store import BlobStore, StoredObject, content_key, upload_prefix
 from services.upload.storage.lifecycle.chunks import purge_completed_chunks
+from services.upload.storage.lifecycle.retired_rows import forget_retired_uploads
 from services.upload.storage.lifecycle.steps import Doomed, Mark, ReclaimResult, reclaim_step
 
 log = get_logger(__name__)
@@ -329,6 +337,15 @@ async def _reclaim_orphans(run: _Run) -> None:
                     await run.delete_object(item, "orphan", "orphan_reclaimed")
 
 
+async def _reclaim_multipart(run: _Run) -> None:
+    """Step 6: multipart uploads a killed merge left, past the temp grace."""
+    cutoff = run.now - timedelta(seconds=run.policy.temp_grace_seconds)
+    try:
+        run.result.objects += await run.blobs.abort_unfinished(cutoff)
+    except BlobStoreUnavailable:
+        log.warning("multipart_sweep_skipped")  # the records stay for the next run
+
+
 async def reclaim(
     sessions: async_sessionmaker[AsyncSession],
     blobs: BlobStore,
@@ -344,8 +361,10 @@ async def reclaim(
         _reclaim_versions,
         _reclaim_retired,
         _reclaim_orphans,
+        _reclaim_multipart,
     ):
         await step(run)
+    await forget_retired_uploads(sessions)
     log.info("storage_reclaimed", objects=result.objects, **dict(result.bytes))
     return result
 

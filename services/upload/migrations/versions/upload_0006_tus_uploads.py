@@ -1,7 +1,7 @@
 """tus_uploads: the tus 1.0 endpoint's upload resources (services/upload/tus/).
 
-Revision ID: upload_0005
-Revises: upload_0004
+Revision ID: upload_0006
+Revises: upload_0005
 Create Date: 2026-12-06
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "upload_0005"
-down_revision = "upload_0004"
+revision = "upload_0006"
+down_revision = "upload_0005"
 branch_labels = None
 depends_on = None
 
@@ -22,7 +22,8 @@ def upgrade() -> None:
         sa.Column("id", sa.String(32), primary_key=True),
         sa.Column("tenant_id", sa.String(64), nullable=False),
         sa.Column("owner_user_id", sa.String(64), nullable=False),
-        sa.Column("upload_id", sa.String(32), sa.ForeignKey("uploads.id")),
+        # No foreign key: the storage lifecycle deletes the rows of purged uploads.
+        sa.Column("upload_id", sa.String(32)),
         sa.Column("kind", sa.String(8), nullable=False),
         sa.Column("length", sa.BigInteger),
         sa.Column("chunk_size", sa.BigInteger, nullable=False),
