@@ -18,6 +18,10 @@
   reach loopback only: a token never crosses a network in clear. With neither
   (a health probe) it is a plain insecure channel.
 
+- Interceptors: every grpc.aio channel gets the ones a process installed with
+  `use_interceptors` (a server process installs OpenTelemetry's when tracing is on);
+  none by default, so the client itself needs nothing of the kind.
+
 The services make their channels here too (services.common.channels maps their settings
 onto `ClientSecurity`), so TLS and load balancing change in this one file.
 """
@@ -45,6 +49,15 @@ _RETRY_POLICY = {
     "backoffMultiplier": 2,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
+# What `use_interceptors` installed: every grpc.aio channel opened afterwards gets them.
+_interceptors: tuple[grpc.aio.ClientInterceptor, ...] = ()
+
+
+def use_interceptors(interceptors: Sequence[grpc.aio.ClientInterceptor]) -> None:
+    """Give every grpc.aio channel opened from now on `interceptors` (empty: none), as a
+    server process does with its tracing's; channels already open keep theirs."""
+    global _interceptors
+    _interceptors = tuple(interceptors)
 
 
 def _ip_address(address: str) -> str | None:
@@ -125,9 +138,13 @@ def open_channel(
     """A grpc.aio channel to `address` (create it inside the event loop that uses it)."""
     resolved = checked_target(address, security)
     opts = channel_options(retry, [*security.options(), *options])
+    # None rather than (): grpc.aio then builds its plain, interceptor-free call objects.
+    interceptors = _interceptors or None
     if security.plaintext:
-        return grpc.aio.insecure_channel(resolved, options=opts)
-    return grpc.aio.secure_channel(resolved, security.credentials(), options=opts)
+        return grpc.aio.insecure_channel(resolved, options=opts, interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        resolved, security.credentials(), options=opts, interceptors=interceptors
+    )
 
 
 def open_sync_channel(
@@ -152,4 +169,5 @@ __all__ = [
     "open_sync_channel",
     "service_config",
     "target",
+    "use_interceptors",
 ]

@@ -199,6 +199,22 @@ class CommonSettings(BaseSettings):
         "limit/50 when smaller): fewer store round trips, and at most this many less one "
         "left unused per replica and window.",
     )
+    # OpenTelemetry traces (services/common/tracing.py): off unless an endpoint is set.
+    otlp_endpoint: str | None = Field(
+        None,
+        description="OTLP/gRPC collector spans are exported to (http://host:4317 plaintext, "
+        "https:// TLS); unset: tracing off.",
+    )
+    trace_service_name: str | None = Field(
+        None, description="service.name of this process's spans (default: serentak-<service>)."
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of the traces this service starts that are recorded (a caller's "
+        "traceparent decides for its own).",
+    )
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL", description="FULL: a committed transaction survives power loss, not just a crash."
     )

@@ -2,7 +2,8 @@
 
 Every server has the standard health service, server reflection, each method wrapped at
 registration with correlation id, auth prepare and error mapping (rpc_wrapper.py; the
-server has no interceptors), and a Prometheus endpoint. Shutdown: health goes NOT_SERVING,
+server has no interceptors but OpenTelemetry's when tracing is on), and a Prometheus
+endpoint. Shutdown: health goes NOT_SERVING,
 background tasks are cancelled, in-flight calls get `shutdown_grace_seconds` to finish.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.common import tracing
 from services.common.auth import check_bind, require_mode
 from services.common.call_capacity import CallCapacity
 from services.common.config import ConfigError
@@ -157,11 +159,13 @@ async def start(app: ServiceApp) -> RunningService:
             service=app.name,
             message="SERENTAK_AUTH_MODE=dev: fixed dev tokens accepted (loopback only)",
         )
-    # No interceptors: grpc.aio would await their chain on every call. Every handler is
-    # wrapped once, as it is registered, with what they did (rpc_wrapper.py).
+    # No interceptors of ours: grpc.aio would await their chain on every call. Every
+    # handler is wrapped once, as it is registered, with what they did (rpc_wrapper.py).
+    # The one interceptor is OpenTelemetry's, only when tracing is on (tracing.py).
     server = grpc.aio.server(
         options=[*app.limits.options(app.max_message_bytes), ("grpc.so_reuseport", 0)],
         maximum_concurrent_rpcs=app.limits.max_concurrent_rpcs,
+        interceptors=tracing.server_interceptors() or None,
     )
     registry = WrappingRegistry(
         server, security.authenticator if security is not None else None, app.capacity, app.rates
@@ -255,6 +259,13 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
     # Databases, blobs and temp files: readable by this user only (0600 / 0700).
     os.umask(0o077)
     configure_logging(name, settings.log_format, settings.log_level)
+    # Before build_app: the blob store and the channels it opens are traced when it is on.
+    if tracing.configure(
+        settings.otlp_endpoint,
+        settings.trace_service_name or f"serentak-{name}",
+        settings.trace_sample_ratio,
+    ):
+        log.info("tracing_enabled", otlp_endpoint=settings.otlp_endpoint)
     # Before any request: chunk-sized buffers are then reused, not faulted in again.
     log.info(
         "malloc_tuned",
@@ -282,3 +293,6 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
         log.error("refusing_to_start", service=name, error=str(exc))
         print(f"{name}: refusing to start: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    finally:
+        # The spans of the last calls are exported before the process ends.
+        tracing.shutdown()

@@ -2,7 +2,8 @@
 
 In this order, inside the RPC's own task (where context variables, the correlation id and
 structlog's bound keys, belong to that call only):
-1. the correlation id: `x-correlation-id` (or a new one) bound for the call and echoed;
+1. the correlation id: `x-correlation-id` (or a new one) bound for the call and echoed,
+   and recorded on the call's span when tracing is on (tracing.py);
 2. auth prepare (when an authenticator is configured): the authenticator fetches what the
    call's token needs (JWKS keys for an unknown kid) off the event loop, so servicers
    identify callers without I/O;
@@ -32,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from services.common import correlation
+from services.common import correlation, tracing
 from services.common.call_capacity import CapacityGate, Slot
 from services.common.rate_limits.gate import MethodRate
 from services.common.rpc_accounting import MethodAccounting, rpc_type
@@ -126,6 +127,7 @@ def _wrap_unary(
         # it (see correlation.bind_for_call).
         cid = correlation.bind_for_call(_metadata_value(context, correlation.METADATA_KEY))
         context.set_trailing_metadata(((correlation.METADATA_KEY, cid),))
+        tracing.note_correlation_id(cid)
         if prepare is not None:
             await prepare(context)
         started_total.inc()
@@ -174,6 +176,7 @@ def _wrap_stream(
         # A stream echoes the id in its initial metadata, sent before the first message.
         cid = correlation.bind_for_call(_metadata_value(context, correlation.METADATA_KEY))
         await context.send_initial_metadata(((correlation.METADATA_KEY, cid),))
+        tracing.note_correlation_id(cid)
         if prepare is not None:
             await prepare(context)
         started_total.inc()

@@ -53,6 +53,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common import tracing
 from services.common.jobs import (
     ConflictError,
     JobContext,
@@ -126,7 +127,12 @@ class FanOutHandler:
             return {"events": 0, "already_notified": True}
         waiting = chain[self._max_batch :]
         chain = chain[: self._max_batch]
-        fanned = await self._writer.write(session, chain)
+        # The job runs in its first event's trace; the chain's other events' traces get
+        # a span of the write too.
+        with tracing.in_own_traces(
+            [ev.traceparent for ev in chain], "notify fanout_event", fanout="job"
+        ):
+            fanned = await self._writer.write(session, chain)
         if waiting:
             await enqueue(session, fanout_job(waiting[0], continuation=True))
         self._writer.publish_after_commit(session, fanned, chain)

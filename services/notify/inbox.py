@@ -48,6 +48,7 @@ from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common import tracing
 from services.common.correlation import bound_correlation_id, current_correlation_id
 from services.common.jobs import enqueue
 from services.common.logging import get_logger
@@ -194,7 +195,13 @@ class Inbox:
             # sharing aggregates cannot deadlock whatever order their events come in.
             for aggregate_id in sorted({ev.aggregate_id for ev in events}):
                 await self._lock_aggregate(session, aggregate_id)
-            results = [await self._ingest_in(session, event) for event in events]
+            results = []
+            for event in events:
+                # The call runs in its first event's trace; the others' work in theirs.
+                with tracing.in_own_traces(
+                    [event.traceparent], "notify ingest_event", event_id=event.event_id
+                ):
+                    results.append(await self._ingest_in(session, event))
             return results, await self._fan_out(session)
 
     async def _ingest_once(self, event: events_pb2.Event) -> tuple[IngestResult, bool]:
@@ -237,13 +244,19 @@ class Inbox:
             if take < len(chain):
                 # The rest stays `applied`: this job writes it after the commit, oldest
                 # first, behind the prefix (later transactions see it waiting: `behind`).
-                await enqueue(session, fanout_job(chain[take]))
+                # The job continues the trace of the event it starts from.
+                with tracing.resumed(chain[take].traceparent, unless_current_trace=True):
+                    await enqueue(session, fanout_job(chain[take]))
                 queued = True
         await bump_applied(session, applied)
         if inline and self._writer is not None:
             # One statement for every file's chain (and their applied versions): users
             # are locked in one global order, per file in version order (`fanout_batch.py`).
-            fanned = await self._writer.write(session, inline, inline_applied)
+            # One statement for events of several traces: a span of it in each one's.
+            with tracing.in_own_traces(
+                [ev.traceparent for ev in inline], "notify fanout_event", fanout="inline"
+            ):
+                fanned = await self._writer.write(session, inline, inline_applied)
             self._writer.publish_after_commit(session, fanned, inline, inline=True)
         return queued
 

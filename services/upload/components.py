@@ -38,7 +38,7 @@ from services.upload.merge.stuck_merges import fail_dead_merges
 from services.upload.merge.upload_file import FileLockPolicy, UploadFiles
 from services.upload.rate_families import rate_policy
 from services.upload.settings import UploadSettings
-from services.upload.storage.blob_store import BlobStore, open_blob_store
+from services.upload.storage.blob_store import BlobStore, open_blob_store, traced
 from services.upload.storage.lifecycle import (
     PURGE_CHUNKS_JOB,
     RECLAIM_JOB,
@@ -130,7 +130,8 @@ def build_components(
         poll_interval=settings.worker_poll_seconds,
         stats_interval=settings.metrics_sample_seconds,
     )
-    blobs = open_blob_store(settings, sessions)
+    # Spans around its reads, writes and merges when tracing is on.
+    blobs = traced(open_blob_store(settings, sessions))
     auth = build_authenticator(settings)
     # Calls to locks and notify go out as the `upload` principal, each verifying the name
     # its callee's certificates carry.

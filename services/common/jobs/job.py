@@ -52,6 +52,8 @@ class ClaimedJob:
     claimed_by: str
     # Its idempotency key was applied when it was claimed: acknowledge without running.
     already_applied: bool = False
+    # The W3C traceparent it was enqueued under (None: untraced); its run continues it.
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)

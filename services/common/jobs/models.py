@@ -29,6 +29,8 @@ from services.common.db import new_metadata
 
 metadata = new_metadata()
 
+# A W3C traceparent (version 00) is 55 characters; room for a later version's fields.
+TRACEPARENT_LEN = 64
 # SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias), not a BIGINT one.
 Id = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -80,6 +82,8 @@ jobs = Table(
     Column("dedupe_key", String(255), nullable=True),
     Column("payload", JSON, nullable=False),
     Column("correlation_id", String(128), nullable=False),
+    # W3C traceparent of the span that enqueued it, continued by the worker (runtime_0005).
+    Column("traceparent", String(TRACEPARENT_LEN), nullable=True),
     Column("status", String(16), nullable=False),
     Column("attempts", Integer, nullable=False, default=0),
     Column("collapsed", Integer, nullable=False, default=0),

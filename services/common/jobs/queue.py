@@ -21,6 +21,7 @@ from services.common.jobs.errors import LeaseLost
 from services.common.jobs.idempotency import AlreadyApplied, record_applied
 from services.common.jobs.job import ClaimedJob, NewJob
 from services.common.jobs.models import QUEUED, RUNNING, WAITING, jobs, utcnow
+from services.common.tracing import current_traceparent
 
 
 def _is_postgresql(executor: AsyncSession | AsyncConnection) -> bool:
@@ -50,6 +51,7 @@ def _upsert(dialect_insert: Any) -> Any:
             "payload": stmt.excluded.payload,
             "idempotency_key": stmt.excluded.idempotency_key,
             "correlation_id": stmt.excluded.correlation_id,
+            "traceparent": stmt.excluded.traceparent,
             "collapsed": jobs.c.collapsed + 1,
         },
     ).returning(jobs.c.job_id)
@@ -76,7 +78,8 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
     """Add `job` in the caller's transaction (a rollback removes it); returns its job_id.
 
     A job with two or more jobs ahead in its partition is stored 'waiting': claims do not
-    look at it until the job right ahead of it is deleted (`runtime_0003`).
+    look at it until the job right ahead of it is deleted (`runtime_0003`). When tracing is
+    on it stores the current span's traceparent, which its run continues (`runtime_0005`).
 
     With a `dedupe_key`, the job waits until its dedupe window closes; a job of the same
     type and key enqueued meanwhile collapses into it (latest payload and idempotency key
@@ -92,6 +95,7 @@ async def enqueue(session: AsyncSession, job: NewJob) -> str:
         "idempotency_key": job.idempotency_key,
         "payload": job.payload,
         "correlation_id": job.correlation_id or current_correlation_id(),
+        "traceparent": current_traceparent(),
         "arriving_partition": job.partition_key,
         "attempts": 0,
         "collapsed": 0,
@@ -130,6 +134,7 @@ async def enqueue_claimed(
         "idempotency_key": job.idempotency_key,
         "payload": job.payload,
         "correlation_id": job.correlation_id or current_correlation_id(),
+        "traceparent": current_traceparent(),
         "status": RUNNING,
         "attempts": 1,
         "collapsed": 0,
@@ -156,6 +161,7 @@ async def enqueue_claimed(
         first_attempt_at=now,
         lease_token=values["lease_token"],
         claimed_by=worker_id,
+        traceparent=values["traceparent"],
     )
 
 
@@ -233,6 +239,7 @@ def _claimed(m: RowMapping) -> ClaimedJob:
         lease_token=m["lease_token"],
         claimed_by=m["claimed_by"],
         already_applied=bool(m["already_applied"]),
+        traceparent=m["traceparent"],
     )
 
 

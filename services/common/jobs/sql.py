@@ -22,7 +22,8 @@ from services.common.jobs.models import UtcDateTime
 
 _RETURNING = """
 RETURNING id, job_id, job_type, partition_key, idempotency_key, payload, correlation_id,
-          attempts, enqueued_at, run_after, first_attempt_at, lease_token, claimed_by,
+          traceparent, attempts, enqueued_at, run_after, first_attempt_at, lease_token,
+          claimed_by,
           EXISTS (SELECT 1 FROM applied_jobs AS a
                   WHERE a.idempotency_key = jobs.idempotency_key) AS already_applied
 """

@@ -16,6 +16,7 @@ from datetime import timedelta
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
+from services.common import tracing
 from services.common.correlation import bound_correlation_id
 from services.common.jobs import metrics
 from services.common.jobs.completions import CompletionBatcher
@@ -252,6 +253,16 @@ class Worker:
                 attempt=job.attempts,
                 worker_id=self.worker_id,
             ),
+            # The trace of the request that enqueued it goes on here (tracing.py).
+            tracing.continued(
+                job.traceparent,
+                f"job {job.job_type}",
+                job_id=job.job_id,
+                job_type=job.job_type,
+                attempt=job.attempts,
+                worker_id=self.worker_id,
+                correlation_id=job.correlation_id,
+            ) as span,
         ):
             lag = (utcnow() - max(job.run_after, job.enqueued_at)).total_seconds()
             metrics.JOB_START_LAG.labels(job.job_type).observe(max(lag, 0.0))
@@ -283,6 +294,7 @@ class Worker:
                 elapsed = time.monotonic() - started
                 metrics.JOB_DURATION.labels(job.job_type, outcome).observe(elapsed)
             log.info("job_finished", outcome=outcome, duration_seconds=round(elapsed, 4))
+            tracing.annotate(span, outcome=outcome)
 
     async def _attempt(self, job_type: JobType, job: ClaimedJob) -> str:
         if job.attempts > job_type.retry.max_attempts:
@@ -304,8 +316,9 @@ class Worker:
                 )
                 await job_type.handler(ctx)
                 if _wrote(session):
-                    await complete_applied(session, job, ctx.effect)
-                    await session.commit()
+                    with tracing.span("job commit"):
+                        await complete_applied(session, job, ctx.effect)
+                        await session.commit()
                     return "completed"
             # Nothing of the handler's to commit with it: acknowledged with other jobs
             # in one statement (see completions.py), while the next claim goes ahead.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, Index, LargeBinary, String, Table
 
-from services.common.jobs.models import Id, UtcDateTime, metadata
+from services.common.jobs.models import TRACEPARENT_LEN, Id, UtcDateTime, metadata
 
 # `id` gives the publish order within an aggregate; `event_id` is the subscriber's dedupe key.
 outbox_events = Table(
@@ -22,6 +22,8 @@ outbox_events = Table(
     # The serialized serentak.events.v1.Event, exactly as it will be published.
     Column("event", LargeBinary, nullable=False),
     Column("correlation_id", String(128), nullable=False),
+    # W3C traceparent of the span that recorded it, continued by the relay (runtime_0005).
+    Column("traceparent", String(TRACEPARENT_LEN), nullable=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("published_at", UtcDateTime, nullable=True),
     Index("ix_outbox_events_aggregate", "aggregate_type", "aggregate_id", "id"),

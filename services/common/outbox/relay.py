@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from serentak.events.v1 import events_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common import tracing
 from services.common.correlation import bound_correlation_id
 from services.common.jobs import metrics
 from services.common.logging import get_logger
@@ -133,7 +134,7 @@ class Relay:
                         published += len(batch)
                         continue
                 for row in batch:
-                    if not await self._publish_one(key, token, row.id, row.event):
+                    if not await self._publish_one(key, token, row):
                         return published
                     published += 1
             self._backoff.pop(key, None)
@@ -148,10 +149,27 @@ class Relay:
         True: done; False: not sent as a batch, publish it one by one; None: lease lost."""
         events = [row.event for row in batch]
         try:
-            for subscriber in self.subscribers:
-                publish_many = getattr(subscriber, "publish_many", None)
-                if publish_many is None or not await publish_many(events):
-                    return False
+            # One call for events of several traces: it continues the first event's, and
+            # each other event's trace gets an `outbox publish` span of it.
+            with (
+                tracing.continued(
+                    batch[0].traceparent,
+                    "outbox publish_batch",
+                    aggregate=key,
+                    events=len(events),
+                    correlation_id=events[0].correlation_id,
+                ),
+                tracing.in_own_traces(
+                    [row.traceparent for row in batch[1:]],
+                    "outbox publish",
+                    aggregate=key,
+                    batch=len(events),
+                ),
+            ):
+                for subscriber in self.subscribers:
+                    publish_many = getattr(subscriber, "publish_many", None)
+                    if publish_many is None or not await publish_many(events):
+                        return False
         except Exception as exc:
             log.info(
                 "outbox_batch_publish_failed",
@@ -179,13 +197,21 @@ class Relay:
                 )
         return True
 
-    async def _publish_one(
-        self, key: str, token: str, row_id: int, event: events_pb2.Event
-    ) -> bool:
+    async def _publish_one(self, key: str, token: str, row: OutboxEvent) -> bool:
+        row_id, event = row.id, row.event
         with bound_correlation_id(event.correlation_id):
             try:
-                for subscriber in self.subscribers:
-                    await subscriber.publish(event)
+                # The publish continues the trace of the transaction that recorded it.
+                with tracing.continued(
+                    row.traceparent,
+                    "outbox publish",
+                    aggregate=key,
+                    event_id=event.event_id,
+                    version=event.version,
+                    correlation_id=event.correlation_id,
+                ):
+                    for subscriber in self.subscribers:
+                        await subscriber.publish(event)
             except Exception as exc:
                 if is_permanent(exc):
                     return await self._dead_letter(key, token, row_id, event, exc)

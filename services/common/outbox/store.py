@@ -12,22 +12,26 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.common.correlation import current_correlation_id
 from services.common.jobs.models import utcnow
 from services.common.outbox.models import outbox_events
+from services.common.tracing import current_traceparent
 
 
 @dataclass(frozen=True, slots=True)
 class OutboxEvent:
-    """One unpublished row: its order id and the event to publish."""
+    """One unpublished row: its order id, the event to publish and the traceparent it
+    was recorded under (None: untraced)."""
 
     id: int
     event: events_pb2.Event
+    traceparent: str | None = None
 
 
 async def record_event(session: AsyncSession, event: events_pb2.Event) -> None:
     """Write `event` to the outbox in the caller's transaction.
 
     A rollback leaves no event; a commit always leaves one, published later by the relay
-    in order per aggregate. An empty correlation_id or occurred_at is filled in (from
-    the bound correlation id and now) on a copy; the caller's message is not modified.
+    in order per aggregate, in the trace of the span current now (when tracing is on). An
+    empty correlation_id or occurred_at is filled in (from the bound correlation id and
+    now) on a copy; the caller's message is not modified.
     """
     for name in ("event_id", "event_type", "aggregate_type", "aggregate_id"):
         if not getattr(event, name):
@@ -48,6 +52,7 @@ async def record_event(session: AsyncSession, event: events_pb2.Event) -> None:
             event_type=stored.event_type,
             event=stored.SerializeToString(deterministic=True),
             correlation_id=stored.correlation_id,
+            traceparent=current_traceparent(),
             created_at=now,
         )
     )
@@ -69,9 +74,10 @@ async def pending_aggregates(session: AsyncSession, limit: int) -> list[tuple[st
 async def unpublished_events(
     session: AsyncSession, aggregate_type: str, aggregate_id: str, limit: int
 ) -> list[OutboxEvent]:
-    """The aggregate's unpublished events in the order they were recorded."""
+    """The aggregate's unpublished events in the order they were recorded, each carrying
+    the traceparent stored with it (`Event.traceparent`)."""
     stmt = (
-        select(outbox_events.c.id, outbox_events.c.event)
+        select(outbox_events.c.id, outbox_events.c.event, outbox_events.c.traceparent)
         .where(
             outbox_events.c.aggregate_type == aggregate_type,
             outbox_events.c.aggregate_id == aggregate_id,
@@ -81,9 +87,18 @@ async def unpublished_events(
         .limit(limit)
     )
     return [
-        OutboxEvent(row_id, events_pb2.Event.FromString(blob))
-        for row_id, blob in await session.execute(stmt)
+        OutboxEvent(
+            row_id, _with_trace(events_pb2.Event.FromString(blob), traceparent), traceparent
+        )
+        for row_id, blob, traceparent in await session.execute(stmt)
     ]
+
+
+def _with_trace(event: events_pb2.Event, traceparent: str | None) -> events_pb2.Event:
+    """`event` as it is published: with the traceparent it was recorded under, if any."""
+    if traceparent:
+        event.traceparent = traceparent
+    return event
 
 
 async def mark_published(session: AsyncSession, row_id: int) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 from sqlalchemy import Table, delete, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
+from services.common import tracing
 from services.common.correlation import bound_correlation_id, current_correlation_id
 from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
@@ -101,12 +102,14 @@ class _Item:
     # Set: if this chunk completes the set, the merge is enqueued leased to its sender.
     claim: MergeClaimer | None
     done: asyncio.Future[Recorded | Lost] = field(init=False)
-    # The sending call's id: the merge a chunk starts runs under it.
+    # The sending call's id and trace: the merge a chunk starts runs under them.
     correlation_id: str = field(init=False)
+    traceparent: str | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.done = asyncio.get_running_loop().create_future()
         self.correlation_id = current_correlation_id()
+        self.traceparent = tracing.current_traceparent()
 
 
 Hook = Callable[[str, int], Awaitable[None]] | None
@@ -373,12 +376,16 @@ class ChunkCommitter:
                     )
                 )
             elif row.status == MERGING:
-                # Under the id of the call whose chunk completed the set.
-                with bound_correlation_id(per_upload[upload_id][-1].correlation_id):
+                # Under the id and trace of the call whose chunk completed the set.
+                completing = per_upload[upload_id][-1]
+                with (
+                    bound_correlation_id(completing.correlation_id),
+                    tracing.resumed(completing.traceparent),
+                ):
                     log_transition(upload_id, UPLOADING, MERGING)
                     log.info("upload_merge_started", upload_id=upload_id, file_id=row.file_id)
                     # The chunk that completes the set is this upload's last of the batch.
-                    claim = per_upload[upload_id][-1].claim
+                    claim = completing.claim
                     job = None if claim is None else await claim(session, row)
                     if job is None:
                         await self._enqueue_merge(session, row)

@@ -10,6 +10,10 @@ body without waiting for its answer: UploadFile's one short transaction). `brief
 no Hold stream because its body is one transaction whose write is fenced: a lock lost
 meanwhile is caught by the fencing check, and the lease's TTL bounds the hold if the
 release never arrives.
+
+With tracing on, either is a span (`lock hold`) from the wait for the lock to the end of
+the body, with the fencing token, around the lock service's calls and the commit made
+under it.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 from serentak.credentials import ClientSecurity
 from serentak.errors import SerentakError
 from serentak.sdk.locks import HeldLock, LockClient
 
+from services.common import tracing
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -47,9 +53,12 @@ class FileLocks:
             self._client = LockClient(self._address, owner=self._owner, security=self._security)
         return self._client
 
-    def hold(self, key: str, tenant_id: str, ttl: int = 30, wait_timeout: float = 30.0) -> HeldLock:
+    def hold(
+        self, key: str, tenant_id: str, ttl: int = 30, wait_timeout: float = 30.0
+    ) -> AbstractAsyncContextManager[HeldLock]:
         """See `LockClient.hold`; `tenant_id` is the file's tenant."""
-        return self.client.hold(key, ttl=ttl, wait_timeout=wait_timeout, tenant_id=tenant_id)
+        held = self.client.hold(key, ttl=ttl, wait_timeout=wait_timeout, tenant_id=tenant_id)
+        return _traced(held, key) if tracing.enabled() else held
 
     @contextlib.asynccontextmanager
     async def briefly(
@@ -57,13 +66,18 @@ class FileLocks:
     ) -> AsyncIterator[int]:
         """Hold `key` for one short, fenced write: yields the fencing token; the release
         goes out after the body without the caller waiting for it (module docstring)."""
-        lock = await self.client.acquire(key, ttl, wait_timeout, tenant_id)
-        try:
-            yield lock.token
-        finally:
-            task = asyncio.create_task(self._release(key, lock.token, tenant_id))
-            self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+        with tracing.span("lock hold", lock_key=key, ttl=ttl, briefly=True) as span:
+            lock = await self.client.acquire(key, ttl, wait_timeout, tenant_id)
+            tracing.annotate(span, fencing_token=lock.token)
+            try:
+                yield lock.token
+            finally:
+                self._release_later(key, lock.token, tenant_id)
+
+    def _release_later(self, key: str, token: int, tenant_id: str) -> None:
+        task = asyncio.create_task(self._release(key, token, tenant_id))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     async def _release(self, key: str, token: int, tenant_id: str) -> None:
         try:
@@ -79,3 +93,12 @@ class FileLocks:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+@contextlib.asynccontextmanager
+async def _traced(held: HeldLock, key: str) -> AsyncIterator[HeldLock]:
+    """`held` inside a `lock hold` span."""
+    with tracing.span("lock hold", lock_key=key, ttl=held.ttl) as span:
+        async with held as lock:
+            tracing.annotate(span, fencing_token=lock.token)
+            yield lock

@@ -39,6 +39,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 import merge_core
+from services.common import tracing
 from services.common.jobs import (
     ConflictError,
     JobContext,
@@ -161,7 +162,14 @@ class MergeHandler:
             return
         started = time.monotonic()
         try:
-            result = await self._merge(upload, rows)
+            with tracing.span(
+                "upload merge",
+                upload_id=upload.id,
+                file_id=upload.file_id,
+                chunks=len(rows),
+                bytes=upload.total_size,
+            ):
+                result = await self._merge(upload, rows)
         except MergeFailed as failure:
             await self._fail(ctx.session, upload, str(failure))
             ctx.effect = {"failed": str(failure)[:500]}
@@ -341,8 +349,20 @@ async def commit_content(
     """Commit the merged content as the file's next version under lock `token`.
 
     One transaction (the caller's): the fenced file update (or the new file row), the
-    parent folder's listing version, the outbox event and `merging -> completed`.
+    parent folder's listing version, the outbox event and `merging -> completed`. Traced
+    as `upload commit_version` (the statements; the COMMIT is the caller's).
     """
+    with tracing.span(
+        "upload commit_version", upload_id=upload.id, file_id=upload.file_id, fencing_token=token
+    ) as span:
+        file = await _commit_content(session, upload, result, token, chunks=chunks)
+        tracing.annotate(span, version=file.version)
+        return file
+
+
+async def _commit_content(
+    session: AsyncSession, upload: UploadRow, result: Any, token: int, *, chunks: bool
+) -> FileRow:
     now = utcnow()
     values: dict[str, Any] = {
         "size": result.size,

@@ -14,6 +14,7 @@ from services.upload.storage.blob_store.base import (
     upload_prefix,
 )
 from services.upload.storage.blob_store.local import LocalBlobStore
+from services.upload.storage.blob_store.traced import traced
 
 
 def open_blob_store(
@@ -38,5 +39,6 @@ __all__ = [
     "chunk_key",
     "content_key",
     "open_blob_store",
+    "traced",
     "upload_prefix",
 ]
