@@ -12,7 +12,13 @@ from upload.tus.conftest import CHUNK, TusWorld, create, patch
 
 @pytest.fixture
 def tus_overrides() -> dict[str, Any]:
-    return {"rate_limit_writes_per_user": 3, "rate_limit_writes_per_tenant": 0}
+    # A day's window: fixed windows start afresh at each boundary, and one crossed mid-test
+    # would refill the count this test spends.
+    return {
+        "rate_limit_writes_per_user": 3,
+        "rate_limit_writes_per_tenant": 0,
+        "rate_limit_window_seconds": 86_400,
+    }
 
 
 async def test_writes_are_limited_like_their_rpcs(tus: TusWorld) -> None:
