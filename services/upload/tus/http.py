@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 from aiohttp import web
 
+from services.common import tracing
 from services.common.auth import Authenticator, Identity
 from services.common.correlation import bound_correlation_id
 from services.common.errors import PermissionDenied, SerentakError
@@ -78,8 +79,16 @@ async def _correlated(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """`X-Correlation-Id` (or a new one) on the request's log lines, the chunks' merge job
-    and outbox event, echoed in the answer, as `x-correlation-id` is for gRPC."""
-    with bound_correlation_id(request.headers.get("X-Correlation-Id")) as cid:
+    and outbox event, echoed in the answer, as `x-correlation-id` is for gRPC; and a span
+    `tus METHOD` continuing the caller's W3C `traceparent`, so the merge job and the
+    notifications the upload sets off are in the caller's trace."""
+    with (
+        bound_correlation_id(request.headers.get("X-Correlation-Id")) as cid,
+        tracing.continued(
+            request.headers.get("traceparent"), f"tus {_method(request)}", path=request.path
+        ),
+    ):
+        tracing.note_correlation_id(cid)
         response = await handler(request)
         response.headers["X-Correlation-Id"] = cid
         return response

@@ -57,6 +57,8 @@ ALLOWED_HEADERS = (
     "X-HTTP-Method-Override",
     "X-Requested-With",
     "X-Correlation-Id",
+    "traceparent",
+    "tracestate",
 )
 ALLOWED_METHODS = ("POST", "HEAD", "PATCH", "DELETE", "OPTIONS")
 # Upload-Metadata bounds: a header, not a payload.

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import itertools
 import os
+from typing import Any
 
 from prometheus_client import REGISTRY
+from support.tracing import memory_spans
 from upload.tus.conftest import CHUNK, TusWorld, completed_file, create, offset_of, patch
 
 
@@ -188,3 +190,29 @@ async def test_method_override_for_clients_without_patch(tus: TusWorld) -> None:
         gone = await http.post(location, headers=tus.headers(X_HTTP_Method_Override="DELETE"))
         assert gone.status_code == 204
         assert (await http.head(location, headers=tus.headers())).status_code == 410
+
+
+async def test_a_callers_trace_runs_through_the_upload_to_its_merge(tus: TusWorld) -> None:
+    trace_id = os.urandom(16).hex()
+    traceparent = f"00-{trace_id}-{os.urandom(8).hex()}-01"
+    with memory_spans() as spans:
+        async with tus.http() as http:
+            made = await create(tus, http, 2 * CHUNK, "traced.bin", traceparent=traceparent)
+            done = await patch(
+                tus,
+                http,
+                made.headers["Location"],
+                0,
+                os.urandom(2 * CHUNK),
+                traceparent=traceparent,
+            )
+            assert done.status_code == 204
+
+        def merged_in_trace(found: tuple[Any, ...]) -> bool:
+            return any(
+                s.name == "upload merge" and f"{s.context.trace_id:032x}" == trace_id for s in found
+            )
+
+        finished = await spans.wait_for(merged_in_trace)
+    in_trace = {s.name for s in finished if f"{s.context.trace_id:032x}" == trace_id}
+    assert {"tus POST", "tus PATCH", "upload merge"} <= in_trace
