@@ -12,6 +12,10 @@ writes in flight, the waits, not the work, set the pace. A committer hands the l
 unit to unit inside one transaction and pays one WAL fsync (one PostgreSQL commit round
 trip) per group.
 
+Locks: the units of a group run in the order their callers name (`order`: what a unit
+locks, coarsest first), so groups on two replicas take row and advisory locks in one global
+order and cannot deadlock on each other.
+
 A COMMIT that fails fails every unit of the group that had succeeded, with that error:
 nothing of the group is known to be stored. The flusher is nobody's task: a caller
 cancelled while its unit runs does not roll the group back; one cancelled while still
@@ -42,6 +46,7 @@ T = TypeVar("T")
 class _Unit(Generic[T]):
     work: Callable[[AsyncSession], Awaitable[T]]
     future: asyncio.Future[T]
+    order: tuple[str, ...] = ()
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     def settle(self, result: T | None = None, error: BaseException | None = None) -> None:
@@ -71,12 +76,18 @@ class GroupCommits:
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def run(self, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    async def run(
+        self, work: Callable[[AsyncSession], Awaitable[T]], order: tuple[str, ...] = ()
+    ) -> T:
         """Run `work(session)` in a savepoint of the next group's transaction; its result
-        once that transaction has committed, or its error (or the COMMIT's)."""
+        once that transaction has committed, or its error (or the COMMIT's).
+
+        `order`: what the unit locks, coarsest first (e.g. tenant, folder). A group runs its
+        units in that order, so two replicas' groups take their locks in one global order
+        and never deadlock on each other."""
         if self._closed:
             raise Unavailable("the service is shutting down; retry")
-        unit: _Unit[T] = _Unit(work, asyncio.get_running_loop().create_future())
+        unit: _Unit[T] = _Unit(work, asyncio.get_running_loop().create_future(), order)
         self._queue.append(unit)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_forever(), name="group-commit")
@@ -104,9 +115,13 @@ class GroupCommits:
             self._wake.clear()
             while self._queue:
                 group = [self._queue.popleft() for _ in range(min(len(self._queue), self._max))]
+                group.sort(key=lambda unit: unit.order)
                 await self._commit(group)
 
     async def _commit(self, group: list[_Unit[Any]]) -> None:
+        if len(group) == 1:
+            await self._commit_alone(group[0])
+            return
         done: list[tuple[_Unit[Any], Any]] = []
         try:
             async with self._sessions.begin() as session:
@@ -114,17 +129,13 @@ class GroupCommits:
                     try:
                         async with session.begin_nested():
                             # In the caller's context: its correlation id in every log line.
-                            result = await asyncio.create_task(
-                                _call(unit.work, session), context=unit.context
-                            )
+                            result = await _run_in_context(unit, session)
                     except Exception as exc:
                         unit.settle(error=exc)  # its savepoint is rolled back
                         continue
                     done.append((unit, result))
         except BaseException as exc:
             failure = exc if isinstance(exc, Exception) else Unavailable(f"commit cut: {exc!r}")
-            for unit, _ in done:
-                unit.settle(error=failure)
             for unit in group:
                 unit.settle(error=failure)
             if not isinstance(exc, Exception):
@@ -134,6 +145,23 @@ class GroupCommits:
         self._on_group(len(group))
         for unit, result in done:
             unit.settle(result)
+
+    async def _commit_alone(self, unit: _Unit[Any]) -> None:
+        """A group of one: its failure is the transaction's, so no savepoint."""
+        try:
+            async with self._sessions.begin() as session:
+                result = await _run_in_context(unit, session)
+        except BaseException as exc:
+            unit.settle(error=exc if isinstance(exc, Exception) else Unavailable("commit cut"))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._on_group(1)
+        unit.settle(result)
+
+
+async def _run_in_context(unit: _Unit[T], session: AsyncSession) -> T:
+    return await asyncio.create_task(_call(unit.work, session), context=unit.context)
 
 
 async def _call(work: Callable[[AsyncSession], Awaitable[T]], session: AsyncSession) -> T:

@@ -72,6 +72,11 @@ def build_components(
         RetentionJob(
             read_older_than=timedelta(seconds=settings.read_retention_seconds),
             inbox_older_than=timedelta(seconds=settings.inbox_retention_seconds),
+            unread_older_than=(
+                timedelta(seconds=settings.unread_retention_seconds)
+                if settings.unread_retention_seconds
+                else None
+            ),
         ),
         retry=RetryPolicy(max_attempts=3, base_seconds=5.0, cap_seconds=60.0),
     )

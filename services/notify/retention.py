@@ -1,10 +1,14 @@
-"""Retention: a periodic job purges read notifications and finished inbox rows.
+"""Retention: a periodic job purges read notifications, unread ones past their own (longer)
+retention, and finished inbox rows.
 
 The job runtime's periodic scheduler enqueues `notify_retention` once per
 `retention_interval_seconds` across all replicas (`PeriodicSchedule`); the sweep runs in
 the job's transaction like any other job, with its retries and dead letters.
 
-Unread notifications are never purged (the badge counts them). A purged inbox row only
+Unread notifications go only after `unread_older_than` (SERENTAK_UNREAD_RETENTION_SECONDS,
+180 days; 0 keeps them until read): the badge is a count of what is left, so it drops with
+them. A redelivery that could bring one back cannot come that late: the upload service's
+outbox purges published events within days. A purged inbox row only
 means a very late redelivery of that event is no longer recognised by `event_id`; the
 version order still skips it as old, so it has no effect either way.
 """
@@ -41,12 +45,17 @@ async def purge(
     *,
     read_older_than: timedelta,
     inbox_older_than: timedelta,
+    unread_older_than: timedelta | None = None,
     now: datetime | None = None,
 ) -> Purged:
     """`purge_in` in a transaction of its own."""
     async with sessions() as session, session.begin():
         return await purge_in(
-            session, read_older_than=read_older_than, inbox_older_than=inbox_older_than, now=now
+            session,
+            read_older_than=read_older_than,
+            inbox_older_than=inbox_older_than,
+            unread_older_than=unread_older_than,
+            now=now,
         )
 
 
@@ -55,24 +64,37 @@ async def purge_in(
     *,
     read_older_than: timedelta,
     inbox_older_than: timedelta,
+    unread_older_than: timedelta | None = None,
     now: datetime | None = None,
 ) -> Purged:
-    """Delete notifications read before `now - read_older_than` and inbox rows finished
-    before `now - inbox_older_than`, in the caller's transaction. Parked events stay, and
-    so do accepted ones whose fan-out has not run yet."""
+    """Delete notifications read before `now - read_older_than`, unread ones created before
+    `now - unread_older_than` (None: none), and inbox rows finished before
+    `now - inbox_older_than`, in the caller's transaction. Parked events stay, and so do
+    accepted ones whose fan-out has not run yet."""
     now = now or utcnow()
     notes = await session.execute(
         delete(Notification).where(
             Notification.read_at.is_not(None), Notification.read_at < now - read_older_than
         )
     )
+    unread_gone = 0
+    if unread_older_than is not None:
+        unread = await session.execute(
+            delete(Notification).where(
+                Notification.read_at.is_(None), Notification.created_at < now - unread_older_than
+            )
+        )
+        unread_gone = unread.rowcount or 0  # type: ignore[attr-defined]
     inbox = await session.execute(
         delete(InboxEvent).where(
             InboxEvent.status.in_([InboxStatus.NOTIFIED, InboxStatus.SKIPPED_OLD]),
             InboxEvent.finished_at < now - inbox_older_than,
         )
     )
-    purged = Purged(notes.rowcount or 0, inbox.rowcount or 0)  # type: ignore[attr-defined]
+    purged = Purged(
+        (notes.rowcount or 0) + unread_gone,  # type: ignore[attr-defined]
+        inbox.rowcount or 0,  # type: ignore[attr-defined]
+    )
     metrics.PURGED.labels("notifications").inc(purged.notifications)
     metrics.PURGED.labels("notify_inbox").inc(purged.inbox_events)
     log.info("retention_swept", notifications=purged.notifications, inbox=purged.inbox_events)
@@ -82,9 +104,16 @@ async def purge_in(
 class RetentionJob:
     """Job handler of `notify_retention`: one sweep in the job's transaction."""
 
-    def __init__(self, *, read_older_than: timedelta, inbox_older_than: timedelta) -> None:
+    def __init__(
+        self,
+        *,
+        read_older_than: timedelta,
+        inbox_older_than: timedelta,
+        unread_older_than: timedelta | None = None,
+    ) -> None:
         self._read_older_than = read_older_than
         self._inbox_older_than = inbox_older_than
+        self._unread_older_than = unread_older_than
 
     async def __call__(self, ctx: JobContext) -> None:
         """Purge what has aged out; the counts are stored with the job's idempotency key."""
@@ -92,6 +121,7 @@ class RetentionJob:
             ctx.session,
             read_older_than=self._read_older_than,
             inbox_older_than=self._inbox_older_than,
+            unread_older_than=self._unread_older_than,
         )
         ctx.effect = {"notifications": purged.notifications, "inbox_events": purged.inbox_events}
 

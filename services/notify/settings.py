@@ -66,6 +66,12 @@ class NotifySettings(CommonSettings):
     read_retention_seconds: float = Field(
         30 * DAY_SECONDS, gt=0, description="Read notifications older than this are purged."
     )
+    unread_retention_seconds: float = Field(
+        180 * DAY_SECONDS,
+        ge=0,
+        description="Unread notifications older than this are purged too (the badge drops "
+        "with them); 0 keeps them until read.",
+    )
     inbox_retention_seconds: float = Field(
         30 * DAY_SECONDS,
         gt=0,

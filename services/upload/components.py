@@ -16,12 +16,14 @@ from services.common.auth import UPLOAD, Authenticator, build_authenticator, req
 from services.common.channels import service_client_security
 from services.common.config import load
 from services.common.db import create_engine, dispose_when_returned, session_factory
+from services.common.group_commit import GroupCommits
 from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
 from services.common.outbox import GrpcIngestSubscriber
 from services.common.page_tokens import PageTokens
 from services.common.rate_limits import Limiter, RateGate, database_store
 from services.common.retention import register_runtime_retention
+from services.upload import metrics
 from services.upload.files.listing_cache import ListingCache
 from services.upload.files.retire import retire_files
 from services.upload.files.trash import PURGE_TRASH_JOB, purge_trash_handler, purge_trash_schedule
@@ -70,6 +72,8 @@ class UploadComponents:
     # Merges run in the request that starts them (UploadFile, small uploads' last chunk).
     inline: InlineMerges
     upload_files: UploadFiles
+    # The small writes' group committer (UploadFile commits, download audit rows).
+    small_writes: GroupCommits
     # RestoreVersion: an older version committed again under the file lock.
     restores: VersionRestores
     files: Files
@@ -90,6 +94,7 @@ class UploadComponents:
         await self.uploads.close()
         # Before the lock client closes: a run still going hands its job back.
         await self.upload_files.close()
+        await self.small_writes.close()
         await self.restores.close()
         await self.inline.close()
         await self.signals.close()
@@ -226,6 +231,9 @@ def build_components(
         ttl_seconds=settings.merge_lock_ttl_seconds,
         wait_seconds=settings.merge_lock_wait_ms / 1000,
     )
+    # One group committer for the process's small writes (UploadFile commits, download
+    # audit rows): concurrent ones share a transaction.
+    small_writes = GroupCommits(sessions, on_group=metrics.COMMIT_GROUP_UNITS.observe)
     rates = RateGate(
         rate_policy(settings),
         Limiter(
@@ -264,6 +272,7 @@ def build_components(
             locks=locks,
             signals=signals,
             max_chunk_size=settings.max_chunk_size,
+            groups=small_writes,
             lock_policy=lock_policy,
         ),
         restores=VersionRestores(sessions, blobs, locks, settings, lock_policy),
@@ -273,7 +282,9 @@ def build_components(
             ListingCache(settings.listing_cache_entries),
             tokens,
             share_batch_max=settings.share_batch_max,
+            groups=small_writes,
         ),
+        small_writes=small_writes,
         rates=rates,
         registry=registry,
         runtime=runtime,

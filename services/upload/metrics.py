@@ -32,6 +32,12 @@ DUPLICATE_MERGES_REFUSED = Counter(
     "Merge jobs that found their upload no longer merging and did nothing.",
 )
 MERGES = Counter("serentak_upload_merges_total", "Merges finished, by outcome.", ["outcome"])
+COMMIT_GROUP_UNITS = Histogram(
+    "serentak_upload_commit_group_units",
+    "Units of work committed per group-commit transaction (UploadFile commits, download"
+    " audit rows): 1 when calls come one at a time, more under concurrency.",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
 INLINE_MERGES = Counter(
     "serentak_upload_inline_merges_total",
     "Merge jobs run in the request that started them (UploadFile, or the last chunk of a"

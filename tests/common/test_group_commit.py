@@ -81,3 +81,46 @@ async def test_after_close_units_are_refused_and_nothing_is_stored(sessions) -> 
         await storing(groups, "late")
     async with sessions() as session:
         assert await session.scalar(select(func.count()).select_from(things)) == 0
+
+
+async def test_a_group_runs_its_units_in_lock_order(sessions) -> None:
+    """Units queued while a group commits run next, sorted by their `order`, so two
+    replicas' groups take their locks in one global order."""
+    groups = GroupCommits(sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    async def blocker(session):
+        started.set()
+        await release.wait()
+
+    def unit(key: str):
+        async def work(session):
+            ran.append(key)
+
+        return groups.run(work, (key,))
+
+    first = asyncio.create_task(groups.run(blocker))
+    await started.wait()  # the flusher is inside the blocker's group
+    later = [asyncio.create_task(unit(k)) for k in ("tenant-e", "tenant-c", "tenant-a", "tenant-d")]
+    await asyncio.sleep(0)  # one turn of the loop: each task queues its unit
+    release.set()
+    await asyncio.gather(first, *later)
+    assert ran == ["tenant-a", "tenant-c", "tenant-d", "tenant-e"]
+    await groups.close()
+
+
+async def test_a_unit_alone_fails_with_its_own_error_and_stores_nothing(sessions) -> None:
+    groups = GroupCommits(sessions)
+
+    async def refused(session):
+        await session.execute(insert(things).values(name="half-done"))
+        raise Unavailable("refused after a write")
+
+    with pytest.raises(Unavailable, match="refused after a write"):
+        await groups.run(refused)
+    assert await storing(groups, "next") > 0  # the committer goes on
+    async with sessions() as session:
+        names = (await session.execute(select(things.c.name))).scalars().all()
+    assert names == ["next"]
+    await groups.close()

@@ -1,5 +1,6 @@
 """Retention: the sweep purges read notifications older than the configured age and
-finished inbox rows; unread notifications and parked events stay."""
+finished inbox rows; unread notifications stay until their own, longer retention; parked
+events stay."""
 
 from __future__ import annotations
 
@@ -43,3 +44,35 @@ async def test_sweep_purges_old_read_notifications_only(notify):
     # The parked event is still waiting; a purged inbox row's redelivery is skipped as old.
     assert (await notify.ingest(parked)).duplicate
     assert (await notify.ingest(events[0])).outcome == notify_pb2.INGEST_OUTCOME_SKIPPED_OLD
+
+
+async def test_unread_notifications_go_after_their_own_retention(notify):
+    await notify.ingest_all([event(f"f-unread-{i}", 1) for i in range(3)], parallel=1)
+    await notify.settled()
+    assert await notify.unread("alice") == 3
+    engine = create_engine(notify.settings.database_url)
+    try:
+        sessions = session_factory(engine)
+        read_age, unread_age = timedelta(days=30), timedelta(days=180)
+        # Past the read retention, not the unread one: every unread notification stays.
+        kept = await purge(
+            sessions,
+            read_older_than=read_age,
+            inbox_older_than=read_age,
+            unread_older_than=unread_age,
+            now=utcnow() + 2 * read_age,
+        )
+        assert kept.notifications == 0 and await notify.unread("alice") == 3
+        gone = await purge(
+            sessions,
+            read_older_than=read_age,
+            inbox_older_than=read_age,
+            unread_older_than=unread_age,
+            now=utcnow() + unread_age + timedelta(days=1),
+        )
+    finally:
+        await engine.dispose()
+    # Three for alice and three for bob (the events' audience); the badge drops with them.
+    assert gone.notifications == 6
+    assert await notify.unread("alice") == 0
+    assert await notify.all_notifications("alice") == []

@@ -19,6 +19,7 @@ from services.common import audit, validation
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import InvalidArgument
+from services.common.group_commit import GroupCommits
 from services.common.page_tokens import PageTokens
 from services.upload.errors import ContentReplaced, FileDeleted, VersionPurged, WrongKind
 from services.upload.files import history, sharing
@@ -65,8 +66,10 @@ class Files:
         cache: ListingCache,
         tokens: PageTokens,
         share_batch_max: int = 1_000,
+        groups: GroupCommits | None = None,
     ) -> None:
         self._sessions = sessions
+        self._groups = groups
         self._blobs = blobs
         self._cache = cache
         self._tokens = tokens
@@ -347,8 +350,9 @@ class Files:
             content = await history.version_content(session, file, request.version)
         if not 0 <= request.offset <= content.size:
             raise InvalidArgument("offset", f"must be 0..{content.size}")
-        # A read changes nothing to share a transaction with: its audit row has its own.
-        async with self._sessions.begin() as session:
+        # A read changes nothing to share a transaction with: its audit row has its own,
+        # shared with the other small writes of the moment (group commit) when wired.
+        async def record(session: AsyncSession) -> None:
             await audit.record(
                 session,
                 tenant_id=identity.tenant_id,
@@ -358,6 +362,12 @@ class Files:
                 target_id=file.id,
                 detail={"version": content.version or file.version, "offset": request.offset},
             )
+
+        if self._groups is not None:
+            await self._groups.run(record, (identity.tenant_id,))
+        else:
+            async with self._sessions.begin() as session:
+                await record(session)
         blocks = self._blobs.iter_read(content.key, request.offset, DOWNLOAD_BLOCK)
         if request.length:
             blocks = _at_most(blocks, request.length)

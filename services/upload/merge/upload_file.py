@@ -120,8 +120,8 @@ class UploadFiles:
         locks: FileLocks,
         signals: FinishSignals,
         max_chunk_size: int,
+        groups: GroupCommits,
         lock_policy: FileLockPolicy | None = None,
-        groups: GroupCommits | None = None,
     ) -> None:
         self._sessions = sessions
         self._uploads = uploads
@@ -132,7 +132,8 @@ class UploadFiles:
         self._signals = signals
         self._max = max_chunk_size
         self._lock = lock_policy or FileLockPolicy()
-        self._groups = groups or GroupCommits(sessions)
+        # The process's group committer (owned by the caller, who closes it).
+        self._groups = groups
         # In-flight requests per (tenant, user, client_request_id): a concurrent duplicate
         # waits for the first one instead of racing it to the same outcome.
         self._flights: dict[str, asyncio.Future[None]] = {}
@@ -248,7 +249,6 @@ class UploadFiles:
         """Let the commits under way finish (shutdown); each is one short transaction."""
         if self._running:
             await asyncio.wait(set(self._running), timeout=self._lock.wait_seconds + 5)
-        await self._groups.close()
 
     async def _commit(
         self, identity: Identity, upload: UploadRow, key: str, checksum: str
@@ -284,7 +284,9 @@ class UploadFiles:
                 return UploadedFile(upload, file, role)
 
             # Shared with the other small files committing now (group commit).
-            done = await self._groups.run(commit)
+            # In lock order (the tenant's allowance and tree locks, then the folder's row).
+            order = (upload.tenant_id, upload.folder_id, upload.file_id)
+            done = await self._groups.run(commit, order)
         return done
 
     async def _earlier(
