@@ -2,8 +2,9 @@
 
 Each handler checks the protocol (Tus-Resumable first: 412 without processing), identifies
 the caller by the same bearer tokens as gRPC, and calls one use case of `TusUploads`
-under the upload's request lock (one request at a time per upload on this replica: a HEAD
-never reads an offset a PATCH is still moving). Statuses are the spec's: 409 on an offset
+under the upload's request lock, taken before anything else in arrival order (one request at a
+time per upload on this replica: a HEAD never reads an offset a PATCH is still moving, and a
+HEAD sent after a cut PATCH sees what that PATCH kept). Statuses are the spec's: 409 on an offset
 mismatch, 412 on a version mismatch, 413 past Upload-Length or Tus-Max-Size, 415 without
 `application/offset+octet-stream`, 460 on a checksum mismatch, 400 on an unsupported
 checksum algorithm, 403 on a PATCH of a final upload, 404 for an unknown upload (or
@@ -159,13 +160,13 @@ class TusHandlers:
         tus_id = request.match_info["tus_id"]
         if method == "OPTIONS":
             return self.options()
-        if method == "HEAD":
-            return await self.head(request, tus_id)
-        if method == "PATCH":
-            return await self.patch(request, tus_id)
-        if method == "DELETE":
-            return await self.delete(request, tus_id)
-        raise web.HTTPMethodNotAllowed(method, ["HEAD", "PATCH", "DELETE", "OPTIONS"])
+        handlers = {"HEAD": self.head, "PATCH": self.patch, "DELETE": self.delete}
+        if method not in handlers:
+            raise web.HTTPMethodNotAllowed(method, ["HEAD", "PATCH", "DELETE", "OPTIONS"])
+        # Taken first, before anything awaits: a request takes its turn in arrival order, so
+        # a HEAD sent after a cut PATCH waits for that PATCH to keep what it received.
+        async with self._locks.hold(tus_id):
+            return await handlers[method](request, tus_id)
 
     def options(self) -> web.Response:
         """Discovery: versions, extensions, the largest upload, checksum algorithms."""
@@ -259,8 +260,7 @@ class TusHandlers:
         identity = await self._user(request)
         await self._spend(identity, "GetUpload")
         row = await self._store.load(identity, tus_id)
-        async with self._locks.hold(row.id):
-            state = await self._store.state(identity, row)
+        state = await self._store.state(identity, row)
         headers = _upload_headers(state)
         if state.offset is not None:
             headers["Upload-Offset"] = str(state.offset)
@@ -283,15 +283,14 @@ class TusHandlers:
         row = await self._store.load(identity, tus_id)
         if row.kind == tus.FINAL:
             raise TusError(403, "FINAL_UPLOAD", "a final upload takes no PATCH")
-        async with self._locks.hold(row.id):
-            state = await self._store.state(identity, row)
-            if state.offset != offset:
-                raise TusError(
-                    409,
-                    "OFFSET_MISMATCH",
-                    f"Upload-Offset is {offset}, the upload is at {state.offset}",
-                )
-            state = await self._apply(request, identity, state, length)
+        state = await self._store.state(identity, row)
+        if state.offset != offset:
+            raise TusError(
+                409,
+                "OFFSET_MISMATCH",
+                f"Upload-Offset is {offset}, the upload is at {state.offset}",
+            )
+        state = await self._apply(request, identity, state, length)
         headers = _upload_headers(state)
         headers["Upload-Offset"] = str(state.offset)
         return web.Response(status=204, headers=headers)
@@ -329,8 +328,7 @@ class TusHandlers:
         identity = await self._user(request)
         await self._spend(identity, "AbortUpload")
         row = await self._store.load(identity, tus_id)
-        async with self._locks.hold(row.id):
-            await self._store.terminate(identity, row)
+        await self._store.terminate(identity, row)
         return web.Response(status=204)
 
 

@@ -29,7 +29,10 @@ class RequestLocks:
         self._locks[key] = (lock, users + 1)
         try:
             try:
-                await asyncio.wait_for(lock.acquire(), self._wait)
+                if lock.locked():
+                    await asyncio.wait_for(lock.acquire(), self._wait)
+                else:
+                    await lock.acquire()  # free: taken at once, without yielding to the loop
             except TimeoutError:
                 raise TusError(
                     423, "UPLOAD_LOCKED", "another request is writing this upload"
