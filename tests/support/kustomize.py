@@ -1,6 +1,7 @@
 """A small kustomize renderer for the tests (no kubectl in CI): resources, namespace,
-images, labels (metadata only) and strategic-merge patches by kind and name — the features
-deploy/k8s uses. Anything else in a kustomization.yaml is an error, not silently skipped."""
+images, labels (metadata only), nameSuffix and strategic-merge patches by kind and name —
+the features deploy/k8s uses. Anything else in a kustomization.yaml is an error, not
+silently skipped."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ from typing import Any
 
 import yaml
 
-SUPPORTED = {"apiVersion", "kind", "resources", "namespace", "images", "labels", "patches"}
+SUPPORTED = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "images",
+    "labels",
+    "patches",
+    "nameSuffix",
+}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 # Strategic-merge keys of the lists deploy/k8s patches.
 MERGE_KEYS = {"containers": "name", "env": "name", "volumes": "name", "volumeMounts": "mountPath"}
@@ -39,6 +49,10 @@ def render(directory: Path) -> list[dict[str, Any]]:
         if len(target) != 1:
             raise ValueError(f"patch {patch['path']} matches {len(target)} objects")
         _merge(target[0], {k: v for k, v in body.items() if k not in {"apiVersion", "kind"}})
+    # Renames only (no object of a suffixed kustomization is referenced by name elsewhere).
+    for obj in objects:
+        if obj["kind"] not in CLUSTER_SCOPED:
+            obj["metadata"]["name"] += spec.get("nameSuffix", "")
     for entry in spec.get("labels", []):
         for obj in objects:
             obj["metadata"].setdefault("labels", {}).update(entry["pairs"])
