@@ -25,6 +25,7 @@ from deploy.local.etcd import etcd_command, etcd_healthy
 from deploy.local.etcd_pin import EtcdChoiceError, choose_binary, explain_exit, remember
 from deploy.local.support_health import wait_all_serving
 from services.common.config import CommonSettings, load
+from services.upload.settings import UploadSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("locks", "upload", "notify")
@@ -89,6 +90,9 @@ def start_service(name: str, logs: Path) -> subprocess.Popen[bytes]:
     env = {
         # The embedded default migrates at start (production: `serentak-migrate` as a step).
         "SERENTAK_MIGRATE_ON_START": "true",
+        # The tus endpoint for browsers and tus clients (upload service; tus_port, 1080).
+        "SERENTAK_TUS_ENABLED": "true",
+        "SERENTAK_TUS_CORS_ORIGINS": "*",
         **os.environ,
         "SERENTAK_AUTH_MODE": "dev",
         "PYTHONPATH": str(REPO_ROOT),
@@ -116,6 +120,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def main() -> int:
     """Run until Ctrl-C; return the exit code."""
     settings = load(CommonSettings)
+    upload_settings = load(UploadSettings)
+    tus_port = upload_settings.tus_port
     logs = settings.data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     stopping = False
@@ -134,6 +140,7 @@ def main() -> int:
             settings.locks_metrics_port,
             settings.upload_metrics_port,
             settings.notify_metrics_port,
+            tus_port,
         ],
     )
     if busy:
@@ -173,6 +180,9 @@ def main() -> int:
                 f"http://{settings.bind_host}:{metrics[name]}/metrics",
             )
         console.print(table)
+        console.print(
+            f"tus 1.0 uploads: http://{settings.bind_host}:{tus_port}{upload_settings.tus_path}"
+        )
         console.print(f"data: {settings.data_dir.resolve()}  logs: {logs.resolve()}")
         while not stopping:
             dead = [n for n, c in children.items() if c.poll() is not None]

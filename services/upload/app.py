@@ -13,7 +13,7 @@ from services.common.readiness import Probe, database_probe
 from services.common.security import server_security
 from services.common.server_limits import server_limits
 from services.upload.audit import UploadAudit
-from services.upload.components import build_components
+from services.upload.components import UploadComponents, build_components
 from services.upload.database import migration_locations, prepare
 from services.upload.ingest.status_ages import sample_status_ages
 from services.upload.servicer import FileServicer, UploadAdminServicer, UploadServicer
@@ -32,6 +32,15 @@ def build_app(
     sync_settings: SyncSettings | None = None,
 ) -> ServiceApp:
     """The upload service as a `ServiceApp`; migrates or checks its schema first."""
+    return assemble(settings, runtime_options, sync_settings)[0]
+
+
+def assemble(
+    settings: UploadSettings,
+    runtime_options: RuntimeOptions | None = None,
+    sync_settings: SyncSettings | None = None,
+) -> tuple[ServiceApp, UploadComponents]:
+    """`build_app` and the parts it runs on (tests reach the tus endpoint's bound port)."""
     prepare(settings.database_url, migrate_on_start=settings.migrate_on_start)
     parts = build_components(settings, runtime_options, sync_settings)
     background = parts.runtime.background()
@@ -50,7 +59,9 @@ def build_app(
     background.append(parts.signals.serve)
     if parts.sync.engine.settings.enabled:
         background.append(parts.sync.webhook_server)
-    return ServiceApp(
+    if parts.tus is not None:
+        background.append(parts.tus.serve)
+    app = ServiceApp(
         name="upload",
         host=settings.bind_host,
         port=settings.upload_port,
@@ -105,3 +116,4 @@ def build_app(
         limits=server_limits(settings),
         rates=parts.rates,
     )
+    return app, parts

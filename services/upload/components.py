@@ -51,6 +51,7 @@ from services.upload.storage.lifecycle import (
 )
 from services.upload.sync.settings import SyncSettings
 from services.upload.sync.wiring import SyncWiring, wire_sync
+from services.upload.tus import Tails, TusServer, TusUploads
 
 
 @dataclass
@@ -83,6 +84,8 @@ class UploadComponents:
     runtime: JobRuntime
     sync: SyncWiring
     subscribers: list[GrpcIngestSubscriber]
+    # The tus 1.0 endpoint (tus_enabled), served by the app as a background task.
+    tus: TusServer | None = None
 
     async def close(self) -> None:
         """Release connections (provider, notify and lock service channels, database pool)."""
@@ -231,6 +234,23 @@ def build_components(
     # One group committer for the process's small writes (UploadFile commits, download
     # audit rows): concurrent ones share a transaction.
     small_writes = GroupCommits(sessions, on_group=metrics.COMMIT_GROUP_UNITS.observe)
+    rates = RateGate(
+        rate_policy(settings),
+        Limiter(
+            database_store(settings.database_url),
+            service="upload",
+            window_seconds=settings.rate_limit_window_seconds,
+            batch_max=settings.rate_limit_batch_max,
+        ),
+        auth,
+    )
+    tus = None
+    if settings.tus_enabled:
+        tails = Tails(settings.tus_root, fsync=settings.blob_fsync)
+        store = TusUploads(
+            sessions, settings, uploads, chunks, blobs, tails, inline, runtime.wake
+        )
+        tus = TusServer(store, auth, rates, settings)
     return UploadComponents(
         settings=settings,
         engine=engine,
@@ -265,18 +285,10 @@ def build_components(
             groups=small_writes,
         ),
         small_writes=small_writes,
-        rates=RateGate(
-            rate_policy(settings),
-            Limiter(
-                database_store(settings.database_url),
-                service="upload",
-                window_seconds=settings.rate_limit_window_seconds,
-                batch_max=settings.rate_limit_batch_max,
-            ),
-            auth,
-        ),
+        rates=rates,
         registry=registry,
         runtime=runtime,
         sync=sync,
         subscribers=subscribers,
+        tus=tus,
     )

@@ -17,6 +17,15 @@ BYTES_RECEIVED = Counter(
     "Chunk bytes callers sent to PutChunk/UploadChunks (stored, repeated or refused).",
 )
 BYTES_SENT = Counter("serentak_download_bytes_sent_total", "File bytes sent by Download.")
+TUS_BYTES_RECEIVED = Counter(
+    "serentak_tus_bytes_received_total",
+    "Body bytes tus clients sent in PATCH and POST (applied, spooled or refused).",
+)
+TUS_REQUESTS = Counter(
+    "serentak_tus_requests_total",
+    "tus endpoint requests answered, by method and status.",
+    ["method", "status"],
+)
 CHUNKS_STORED = Counter("serentak_upload_chunks_stored_total", "Chunks stored for the first time.")
 DUPLICATE_MERGES_REFUSED = Counter(
     "serentak_upload_duplicate_merges_refused_total",

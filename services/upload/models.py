@@ -190,3 +190,41 @@ class MultipartUploadRow(Base):
     # The blob store's key (without the bucket prefix): files/{file_id}/{upload_id}.
     object_key: Mapped[str] = mapped_column(String(255), nullable=False, index=True)
     started_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+
+class TusUploadRow(Base):
+    """One tus 1.0 upload resource (services/upload/tus/): what HEAD must echo and where
+    its bytes go.
+
+    `upload_id` is the Serentak upload its bytes become chunks of (a plain upload with a
+    known length, or a final concatenation); NULL while it has none (a partial upload, or
+    a deferred length not yet sent), when its full pieces are parked in the blob store
+    under `tus/{id}/{index}` and `pieces` counts them.
+    """
+
+    __tablename__ = "tus_uploads"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    owner_user_id: Mapped[str] = mapped_column(String(64), nullable=False)
+    # No foreign key: the storage lifecycle deletes a purged upload's row (the tus row then
+    # answers 404, as for an upload that never was).
+    upload_id: Mapped[str | None] = mapped_column(String(32))
+    # "single", "partial" or "final" (Upload-Concat).
+    kind: Mapped[str] = mapped_column(String(8), nullable=False)
+    # NULL: Upload-Defer-Length, not sent yet.
+    length: Mapped[int | None] = mapped_column(BigInteger)
+    chunk_size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    pieces: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    # Upload-Metadata and Upload-Concat as received (HEAD echoes them).
+    upload_metadata: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    concat: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+    # DELETE (termination): the URL answers 410 Gone until the row is swept at expires_at.
+    terminated_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (
+        Index("ix_tus_uploads_owner", "tenant_id", "owner_user_id"),
+        Index("ix_tus_uploads_expires", "expires_at"),
+    )

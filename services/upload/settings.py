@@ -199,6 +199,41 @@ class UploadSettings(CommonSettings):
         True, description="Relay outbox events to the notify service's Ingest at notify_address."
     )
 
+    # The tus 1.0 endpoint (services/upload/tus/): HTTP beside the gRPC server, same process.
+    tus_enabled: bool = Field(
+        False, description="Serve the tus 1.0 resumable-upload endpoint (HTTP) on tus_port."
+    )
+    tus_port: int = Field(
+        1080, ge=0, description="Port of the tus endpoint (bind_host; 1080 is tusd's default)."
+    )
+    tus_path: str = Field(
+        "/files/",
+        pattern=r"^/([A-Za-z0-9._~-]+/)*$",
+        description="URL path of the tus creation endpoint; uploads live under it.",
+    )
+    tus_chunk_size: int = Field(
+        8 * MIB,
+        ge=1,
+        description="Serentak chunk size of tus uploads (<= max_chunk_size): bytes are stored"
+        " as chunks of this size; a PATCH ending inside one keeps the rest staged on disk.",
+    )
+    tus_dir: Path | None = Field(
+        None,
+        description="Where the tus endpoint stages the bytes of a chunk not yet complete"
+        " (fsynced); default data_dir/tus.",
+    )
+    tus_cors_origins: str = Field(
+        "",
+        description="Browser origins allowed to call the tus endpoint, comma-separated (`*`:"
+        " any; bearer tokens, no cookies); empty: no CORS headers.",
+    )
+    tus_lock_wait_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="How long a tus request waits for another request of the same upload to"
+        " finish before answering 423 Locked.",
+    )
+
     @field_validator("blob_url")
     @classmethod
     def _known_blob_url(cls, value: str | None) -> str | None:
@@ -215,6 +250,11 @@ class UploadSettings(CommonSettings):
     def max_message_bytes(self) -> int:
         """Largest request the upload service accepts: a full chunk plus its envelope."""
         return self.upload_max_message_bytes or self.max_chunk_size + MIB
+
+    @property
+    def tus_root(self) -> Path:
+        """Where the tus endpoint stages incomplete chunks (tus_dir, else data_dir/tus)."""
+        return self.tus_dir or (self.data_dir / "tus")
 
     @property
     def database_url(self) -> str:

@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 from support.etcd import etcd_binary
 from support.ports import free_port
 
@@ -30,6 +32,19 @@ def _processes_mentioning(fragment: str) -> list[int]:
     return pids
 
 
+def _tus_discovery(port: int) -> httpx.Response:
+    """OPTIONS on the tus endpoint, once its listener (started with the service) is up."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return httpx.options(
+                f"http://127.0.0.1:{port}/files/", headers={"Origin": "http://localhost:3000"}
+            )
+        except httpx.ConnectError:
+            assert time.monotonic() < deadline, "the tus endpoint never listened"
+            time.sleep(0.05)
+
+
 def test_run_starts_everything_and_ctrl_c_leaves_no_orphans(tmp_path: Path) -> None:
     assert etcd_binary(), "etcd is needed"
     data_dir = tmp_path / "serentak-run-data"
@@ -44,6 +59,8 @@ def test_run_starts_everything_and_ctrl_c_leaves_no_orphans(tmp_path: Path) -> N
         env[f"SERENTAK_{name.upper()}_PORT"] = str(port)
         env[f"SERENTAK_{name.upper()}_ADDRESS"] = f"127.0.0.1:{port}"
         env[f"SERENTAK_{name.upper()}_METRICS_PORT"] = str(free_port())
+    tus_port = free_port()
+    env["SERENTAK_TUS_PORT"] = str(tus_port)
     proc = subprocess.Popen(
         [sys.executable, "-m", "deploy.local.run"],
         cwd=REPO_ROOT,
@@ -62,6 +79,10 @@ def test_run_starts_everything_and_ctrl_c_leaves_no_orphans(tmp_path: Path) -> N
         else:
             raise AssertionError("".join(seen[-50:]))
         assert _processes_mentioning(str(data_dir)), "children should be running"
+        # make run serves the tus endpoint too (the upload service's, with CORS for any origin).
+        discovery = _tus_discovery(tus_port)
+        assert discovery.status_code == 204 and discovery.headers["Tus-Version"] == "1.0.0"
+        assert discovery.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:

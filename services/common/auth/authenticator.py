@@ -107,6 +107,16 @@ class Authenticator:
         verified when the stream opened, which may have expired since."""
         _CALL_IDENTITY.set(None)
 
+    async def identify_bearer(self, authorization: str | None) -> Identity:
+        """The caller of an HTTP request (the tus endpoint) from its `Authorization: Bearer`
+        header, verified as an RPC's token is; UNAUTHENTICATED without a valid one."""
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("missing bearer token", reason="MISSING_CREDENTIALS")
+        await self._tokens.refresh_keys(token)
+        return self._tokens.verify(token)
+
     def identity_of_token(self, text: str) -> Identity | None:
         """Whom `text` would authenticate as a bearer token, else None.
 
