@@ -83,7 +83,7 @@ def assemble(
             ),
             Servicer(
                 upload_pb2_grpc.add_FileServiceServicer_to_server,
-                FileServicer(parts.auth, parts.files, parts.restores),
+                FileServicer(parts.auth, parts.files, parts.restores, parts.changes),
                 _SERVICES["FileService"].full_name,
             ),
             Servicer(

@@ -24,6 +24,13 @@ from services.common.page_tokens import PageTokens
 from services.common.rate_limits import Limiter, RateGate, database_store
 from services.common.retention import register_runtime_retention
 from services.upload import metrics
+from services.upload.files.change_feed import ChangeFeed
+from services.upload.files.change_log import (
+    PURGE_CHANGES_JOB,
+    purge_changes_handler,
+    purge_changes_schedule,
+)
+from services.upload.files.change_waits import ChangeSignals
 from services.upload.files.listing_cache import ListingCache
 from services.upload.files.retire import retire_files
 from services.upload.files.trash import PURGE_TRASH_JOB, purge_trash_handler, purge_trash_schedule
@@ -77,6 +84,9 @@ class UploadComponents:
     # RestoreVersion: an older version committed again under the file lock.
     restores: VersionRestores
     files: Files
+    # ListChanges and the wake-ups of its long polls.
+    changes: ChangeFeed
+    change_signals: ChangeSignals
     # Rate limits per RPC family, user and tenant, applied by the RPC wrapper; counted in
     # the upload database when it is PostgreSQL (every replica's), else in memory.
     rates: RateGate
@@ -98,6 +108,7 @@ class UploadComponents:
         await self.restores.close()
         await self.inline.close()
         await self.signals.close()
+        self.change_signals.close()
         await self.sync.close()
         for subscriber in self.subscribers:
             await subscriber.close()
@@ -195,6 +206,11 @@ def build_components(
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
     )
     registry.register(
+        PURGE_CHANGES_JOB,
+        purge_changes_handler(timedelta(days=settings.change_log_retention_days)),
+        retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
+    )
+    registry.register(
         RECLAIM_JOB,
         reclaim_handler(blobs, reclaim_policy(settings)),
         retry=RetryPolicy(max_attempts=3, base_seconds=1, cap_seconds=30),
@@ -213,6 +229,7 @@ def build_components(
         expiry_schedule(settings.expiry_interval_seconds),
         reclaim_schedule(settings.reclaim_interval_seconds),
         purge_trash_schedule(settings.trash_purge_interval_seconds),
+        purge_changes_schedule(settings.change_log_purge_interval_seconds),
         register_runtime_retention(registry, settings),
     ]
     if sync_config.enabled:
@@ -233,6 +250,7 @@ def build_components(
     )
     # One group committer for the process's small writes (UploadFile commits, download
     # audit rows): concurrent ones share a transaction.
+    change_signals = ChangeSignals(settings.change_wait_recheck_ms / 1000)
     small_writes = GroupCommits(sessions, on_group=metrics.COMMIT_GROUP_UNITS.observe)
     rates = RateGate(
         rate_policy(settings),
@@ -284,6 +302,10 @@ def build_components(
             share_batch_max=settings.share_batch_max,
             groups=small_writes,
         ),
+        changes=ChangeFeed(
+            sessions, tokens, change_signals, max_wait_ms=settings.change_wait_max_ms
+        ),
+        change_signals=change_signals,
         small_writes=small_writes,
         rates=rates,
         registry=registry,

@@ -141,3 +141,9 @@ class VersionIsCurrent(FailedPrecondition):
     """RestoreVersion of the content the file already has: nothing to restore."""
 
     reason = "VERSION_IS_CURRENT"
+
+
+class CursorExpired(FailedPrecondition):
+    """A ListChanges cursor older than the change log's retention: enumerate again."""
+
+    reason = "CURSOR_EXPIRED"

@@ -141,6 +141,10 @@ UPLOAD_WAITERS = Gauge(
     "serentak_upload_waiters",
     "GetUpload calls waiting on this replica for their upload to finish (wait_finished_ms).",
 )
+CHANGE_WAITERS = Gauge(
+    "serentak_upload_change_waiters",
+    "ListChanges calls waiting on this replica for the next change of their view (wait_ms).",
+)
 UPLOAD_WAIT_SECONDS = Histogram(
     "serentak_upload_wait_seconds",
     "Time one GetUpload call waited for its upload to finish, by outcome (finished,"

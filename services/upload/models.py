@@ -228,3 +228,39 @@ class TusUploadRow(Base):
         Index("ix_tus_uploads_owner", "tenant_id", "owner_user_id"),
         Index("ix_tus_uploads_expires", "expires_at"),
     )
+
+
+class ChangeHeadRow(Base):
+    """A tenant's change log position (services/upload/files/change_log.py).
+
+    `last_seq` is taken under this row's lock by every change, so sequence numbers commit
+    in order per tenant: a reader that saw seq n has seen every seq below it.
+    """
+
+    __tablename__ = "file_change_heads"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    # Rows up to here were purged (retention): an older cursor is CURSOR_EXPIRED.
+    purged_through: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+class ChangeRow(Base):
+    """One change of one item, for one user whose view it may change (one row per user)."""
+
+    __tablename__ = "file_changes"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    file_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    event_type: Mapped[str] = mapped_column(String(32), nullable=False)
+    # The row was written for an item under the folder the event named (a share, move...).
+    via_folder: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    # The row's user is the one a share or unshare names (the item enters or leaves their view).
+    named: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    # The item's version after the change (1 for a content update: the file was created).
+    version: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, nullable=False)
+
+    __table_args__ = (Index("ix_file_changes_created", "created_at"),)

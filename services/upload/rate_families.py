@@ -35,6 +35,7 @@ RULES = {
     "ListSharedWithMe": Rule(READS),
     "Download": Rule(READS),
     "ListVersions": Rule(READS),
+    "ListChanges": Rule(READS),
     "RestoreVersion": Rule(WRITES),
     "ShareFile": Rule(SHARING),
     "ShareFileBatch": Rule(SHARING),

@@ -19,6 +19,7 @@ from services.common.auth import Authenticator, Identity
 from services.common.errors import InvalidArgument
 from services.upload import convert
 from services.upload.audit import UploadAudit
+from services.upload.files.change_feed import ChangeFeed
 from services.upload.files.history import version_message
 from services.upload.files.use_cases import Files
 from services.upload.ingest.chunk_commits import Chain
@@ -235,11 +236,16 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
     """The versioned file tree."""
 
     def __init__(
-        self, auth: Authenticator, files: Files, restores: VersionRestores | None = None
+        self,
+        auth: Authenticator,
+        files: Files,
+        restores: VersionRestores | None = None,
+        changes: ChangeFeed | None = None,
     ) -> None:
         self._auth = auth
         self._files = files
         self._restores = restores
+        self._changes = changes
 
     async def CreateFolder(
         self, request: upload_pb2.CreateFolderRequest, context: grpc.aio.ServicerContext
@@ -374,6 +380,13 @@ class FileServicer(upload_pb2_grpc.FileServiceServicer):
             version=version_message(done.file, done.upload),
             restored_from=done.restored_from,
         )
+
+    async def ListChanges(
+        self, request: upload_pb2.ListChangesRequest, context: grpc.aio.ServicerContext
+    ) -> upload_pb2.ListChangesResponse:
+        identity = self._auth.require_user(context)
+        assert self._changes is not None, "ListChanges needs the ChangeFeed use case"
+        return await self._changes.list_changes(identity, request, context.time_remaining())
 
 
 class UploadAdminServicer(upload_pb2_grpc.UploadAdminServiceServicer):

@@ -182,6 +182,24 @@ class UploadSettings(CommonSettings):
     trash_purge_interval_seconds: float = Field(
         3600.0, gt=0, description="How often the upload.purge_trash job runs (periodic)."
     )
+    change_log_retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="ListChanges' log keeps changes this long; an older cursor is"
+        " FAILED_PRECONDITION / CURSOR_EXPIRED (the client enumerates again).",
+    )
+    change_log_purge_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the upload.purge_changes job runs (periodic)."
+    )
+    change_wait_max_ms: int = Field(
+        60_000, ge=0, description="Longest ListChanges wait_ms honoured (a long poll)."
+    )
+    change_wait_recheck_ms: int = Field(
+        250,
+        gt=0,
+        description="While a ListChanges waits, the log is re-read this often for changes"
+        " committed by another replica (this replica's own wake waiters at once).",
+    )
     worker_lease_seconds: float = Field(
         10.0,
         gt=0,

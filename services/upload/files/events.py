@@ -9,6 +9,7 @@ version, so none is merged away), the correlation id and the audience at commit 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from serentak.events.v1 import events_pb2
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.common import audit
 from services.common.correlation import current_correlation_id
 from services.common.outbox.store import record_event
+from services.upload.files import change_log
 from services.upload.files.permissions import audience
 from services.upload.models import FOLDER, FileRow
 
@@ -40,9 +42,15 @@ async def record_file_event(
     actor_user_id: str,
     *,
     idempotency_key: str | None = None,
+    seen_by: Iterable[str] = (),
     **payload: Any,
 ) -> events_pb2.Event:
-    """Write one event about `file` (at its current version) to the outbox, in `session`."""
+    """Write one event about `file` (at its current version) to the outbox, in `session`.
+
+    The change is logged for ListChanges too (change_log.py): for its audience, the users
+    in `seen_by` (who could see the item before: a move's old audience) and the user a
+    share names.
+    """
     field, dedupe = _KINDS[event_type]
     event = events_pb2.Event(
         event_id=uuid.uuid4().hex,
@@ -59,6 +67,8 @@ async def record_file_event(
     )
     getattr(event, field).CopyFrom(getattr(events_pb2, _message_name(field))(**payload))
     await record_event(session, event)
+    named = {payload.get("user_id", "")} | {g.user_id for g in payload.get("grants", ())}
+    await change_log.append(session, event_type, file, [*event.audience_user_ids, *seen_by], named)
     # Same transaction as the change and its event: the trail shows exactly what committed.
     await audit.record(
         session,

@@ -28,6 +28,7 @@ from services.upload.files.listing import list_page
 from services.upload.files.listing_cache import ListingCache
 from services.upload.files.permissions import (
     MAX_DEPTH,
+    audience,
     chain,
     check_move,
     reaches_root,
@@ -168,6 +169,8 @@ class Files:
             if check is not None:
                 await check(session, file, role)
             old = (file.name, file.parent_id)
+            # Who could see it before: a move can take it (and all under it) out of a view.
+            seen_by = await audience(session, file) if event_type == "file.moved" else []
             file = await bump(session, file, expected_version, **values)
             touched = {old[1], file.parent_id}
             for folder in touched:
@@ -181,7 +184,9 @@ class Files:
                 )
             else:
                 payload["name"] = file.name
-            await record_file_event(session, event_type, file, identity.user_id, **payload)
+            await record_file_event(
+                session, event_type, file, identity.user_id, seen_by=seen_by, **payload
+            )
         for folder in touched:
             self._cache.invalidate_folder(folder)
         return file, role, touched
@@ -350,6 +355,7 @@ class Files:
             content = await history.version_content(session, file, request.version)
         if not 0 <= request.offset <= content.size:
             raise InvalidArgument("offset", f"must be 0..{content.size}")
+
         # A read changes nothing to share a transaction with: its audit row has its own,
         # shared with the other small writes of the moment (group commit) when wired.
         async def record(session: AsyncSession) -> None:
