@@ -154,8 +154,12 @@ async def test_a_waiting_call_wakes_on_a_commit(cluster) -> None:
     started = loop.time()
     waiting = asyncio.create_task(feed.page(wait_ms=30_000))
     # The rename commits while the call waits (its re-read every minute cannot answer it).
-    while metrics.CHANGE_WAITERS._value.get() < 1:
+    for _ in range(1000):  # until the call is registered as waiting (at most 10 s)
+        if metrics.CHANGE_WAITERS._value.get() >= 1:
+            break
         await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("ListChanges never started waiting")
     await _rename(alice, docs, "renamed")
     got = await waiting
     assert [(c.kind, c.file.name) for c in got.changes] == [(K.CHANGE_KIND_RENAMED, "renamed")]
