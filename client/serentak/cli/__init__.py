@@ -3,10 +3,10 @@
     serentak [global flags] COMMAND [args] [global flags]
 
 Commands: upload, uploads, abort, status, ls, shared, download, versions, share, unshare,
-collaborators, mkdir, mv, rm, restore, watch, admin. `--json` prints one JSON document on
-stdout (watch: one object a line); messages and progress go to stderr. Exit codes: see
-`serentak.cli.output` and `serentak --help`. A reader that closes stdout early (`| head`)
-ends the command quietly with 141, as SIGPIPE ends a C tool.
+collaborators, mkdir, mv, rm, restore, watch, changes, admin. `--json` prints one JSON
+document on stdout (watch, changes --follow: one object a line); messages and progress go
+to stderr. Exit codes: see `serentak.cli.output` and `serentak --help`. A reader that
+closes stdout early (`| head`) ends the command quietly with 141, as SIGPIPE ends a C tool.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from serentak.cli import admin, commands, tree, versions, watch
+from serentak.cli import admin, changes, commands, tree, versions, watch
 from serentak.cli.output import (
     EXIT_BROKEN_PIPE,
     EXIT_CORRUPT,
@@ -54,6 +54,7 @@ COMMANDS: dict[str, Command] = {
     "rm": tree.rm,
     "restore": tree.restore,
     "watch": watch.watch,
+    "changes": changes.changes,
 }
 
 _UNAVAILABLE_HINT = (
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "watch":
             resume = f" --cursor {watch.WatchRun.cursor}" if watch.WatchRun.cursor else ""
             out.note(f"stopped; resume with: serentak watch{resume}")
+            return EXIT_OK
+        if args.command == "changes":
+            resume = f" --cursor {changes.ChangesRun.cursor}" if changes.ChangesRun.cursor else ""
+            out.note(f"stopped; resume with: serentak changes --follow{resume}")
             return EXIT_OK
         message = "interrupted"
         upload_id = commands.UploadRun.upload_id

@@ -269,6 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="name notify's certificate carries (default $SERENTAK_NOTIFY_TLS_SERVER_NAME)",
     )
+    ch = command(
+        "changes",
+        "what changed in everything you can see (a snapshot first without --cursor; "
+        "--follow waits for more until Ctrl-C; --json)",
+    )
+    ch.add_argument(
+        "--cursor", default="", help="resume after this cursor (printed when changes ends)"
+    )
+    ch.add_argument("--follow", action="store_true", help="keep waiting for new changes")
     top_audit = command("audit", "upload store audit (= admin audit; needs an ops token)")
     top_audit.add_argument("--sample", type=int, default=0, help="completed files to re-hash")
     top_audit.set_defaults(admin_command="audit", service="upload", timeout=30.0)

@@ -9,12 +9,21 @@ async with SerentakClient("127.0.0.1:50051", token="dev-alice") as client:
 from serentak.errors import LockHeld, LockLost
 from serentak.sdk.client import ProgressCallback, SerentakClient
 from serentak.sdk.locks import HeldLock, LockClient
-from serentak.sdk.named import ChecksumAlgorithm, FileKind, Named, ProtoEnum, Role, UploadStatus
+from serentak.sdk.named import (
+    ChangeKind,
+    ChecksumAlgorithm,
+    FileKind,
+    Named,
+    ProtoEnum,
+    Role,
+    UploadStatus,
+)
 from serentak.sdk.notifications import notifications_in
 from serentak.sdk.results import ChecksumMismatch, DownloadResult, UploadFailed
 from serentak.sdk.transfer import upload_request_id
 
 __all__ = [
+    "ChangeKind",
     "ChecksumAlgorithm",
     "ChecksumMismatch",
     "DownloadResult",

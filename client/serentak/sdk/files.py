@@ -8,13 +8,16 @@ Each returns `Named` results (`serentak.sdk.named`): enum fields read as names.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 
 from serentak.sdk.named import Named, Role
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 
 File = Named[upload_pb2.File]
 FileVersion = Named[upload_pb2.FileVersion]
+ChangePage = Named[upload_pb2.ListChangesResponse]
+# How long one ListChanges of `changes(follow=True)` waits on the server for a change.
+FOLLOW_WAIT_MS = 30_000
 
 
 def role_value(role: int | str) -> int:
@@ -212,3 +215,36 @@ class FileCalls:
                 )
             )
         )
+
+    async def changes(
+        self, cursor: str = "", *, follow: bool = False, page_size: int = 0
+    ) -> AsyncIterator[ChangePage]:
+        """The changes to everything you can see, page by page (ListChanges).
+
+        From `cursor` "" the first pages are a snapshot of your whole view (`reset` set on
+        the first: drop what you knew), then every change since, yours included. Apply each
+        page's `changes` in order: `removed` drops `file_id`, otherwise `file` is the item
+        as you see it now; then keep the page's `next_cursor` to resume from after a
+        restart. Without `follow` the iteration ends once no more changes are ready; with
+        it, it waits on the server (a long poll, no busy polling) and yields each page of
+        new changes as it comes (and once the page that caught up, `has_more` false, even
+        if empty), until you stop iterating. A cursor older than the server's
+        retention fails FAILED_PRECONDITION / CURSOR_EXPIRED: start again from "".
+        """
+        caught_up = False
+        while True:
+            page = await self.files.ListChanges(
+                upload_pb2.ListChangesRequest(
+                    cursor=cursor,
+                    page_size=page_size,
+                    wait_ms=FOLLOW_WAIT_MS if follow and cursor else 0,
+                )
+            )
+            cursor = page.next_cursor
+            # Following, the first page with nothing more ready is yielded even if empty:
+            # it says "caught up" (and carries the cursor).
+            if page.changes or page.reset or not follow or not (page.has_more or caught_up):
+                yield Named(page)
+            caught_up = caught_up or not page.has_more
+            if not page.has_more and not follow:
+                return

@@ -90,12 +90,29 @@ class Role(ProtoEnum):
     OWNER = 3
 
 
+class ChangeKind(ProtoEnum):
+    """`serentak.upload.v1.ChangeKind` (what a ListChanges change did to your view)."""
+
+    UNSPECIFIED = 0
+    LISTED = 1
+    CREATED = 2
+    CONTENT_UPDATED = 3
+    RENAMED = 4
+    MOVED = 5
+    DELETED = 6
+    RESTORED = 7
+    ENTERED_VIEW = 8
+    LEFT_VIEW = 9
+    SHARING_CHANGED = 10
+
+
 # Each Python enum and the proto enum it mirrors.
 PROTO_ENUMS: dict[type[ProtoEnum], EnumDescriptor] = {
     UploadStatus: upload_pb2.UploadStatus.DESCRIPTOR,
     ChecksumAlgorithm: upload_pb2.ChecksumAlgorithm.DESCRIPTOR,
     FileKind: upload_pb2.FileKind.DESCRIPTOR,
     Role: upload_pb2.Role.DESCRIPTOR,
+    ChangeKind: upload_pb2.ChangeKind.DESCRIPTOR,
 }
 _BY_PROTO = {descriptor.full_name: enum for enum, descriptor in PROTO_ENUMS.items()}
 
