@@ -58,7 +58,7 @@ _SEEN_KIND = {
 }
 
 
-def _kind(row: ChangeRow, item: FileRow | None, visible: bool) -> upload_pb2.ChangeKind.ValueType:
+def _kind(row: ChangeRow, item: FileRow | None, visible: bool) -> upload_pb2.ChangeKind:
     """How the caller should read this change, given whether the item is in its view now."""
     if visible:
         if row.via_folder or (row.named and row.event_type == "file.shared"):

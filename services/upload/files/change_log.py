@@ -4,7 +4,9 @@
 what committed. One change gets one sequence number from the tenant's head row
 (`file_change_heads`), taken with an UPDATE that locks the row until commit: numbers commit
 in order per tenant, so a reader that saw seq n never later finds a smaller one (no gap
-from a slower transaction, on PostgreSQL or SQLite).
+from a slower transaction, on PostgreSQL or SQLite). The tenant's tree lock is taken
+first (tree.lock_tree; most changes hold it already), so the two locks are always taken in
+the same order.
 
 A change is written once per user whose view it may change: the item's audience after the
 change, plus who could see it before (`seen_by`: a move's old audience) and the user a
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import Executable, delete, func, insert, select, update
 from sqlalchemy import event as sa_event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -31,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from services.common.jobs import Handler, JobContext, PeriodicSchedule
 from services.upload.files.permissions import MAX_DEPTH
+from services.upload.files.tree import lock_tree
 from services.upload.models import FOLDER, ChangeHeadRow, ChangeRow, FileRow, utcnow
 
 PURGE_CHANGES_JOB = "upload.purge_changes"
@@ -51,13 +54,20 @@ def subscribe(callback: Callable[[str], None]) -> Callable[[], None]:
 async def next_seqs(session: AsyncSession, tenant_id: str, count: int) -> int:
     """Reserve `count` sequence numbers for the tenant; returns the last (row-locked)."""
     head = ChangeHeadRow.__table__
-    dialect = session.get_bind().dialect.name
-    ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(head)
+    values = {"tenant_id": tenant_id, "last_seq": count, "purged_through": 0}
     # Insert-or-increment in one statement: the row lock is held until this commit.
-    stmt = ins.values(tenant_id=tenant_id, last_seq=count, purged_through=0)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[head.c.tenant_id], set_={"last_seq": head.c.last_seq + count}
-    ).returning(head.c.last_seq)
+    increment = {"last_seq": head.c.last_seq + count}
+    stmt: Executable
+    if session.get_bind().dialect.name == "postgresql":
+        pg = postgresql.insert(ChangeHeadRow).values(values)
+        stmt = pg.on_conflict_do_update(index_elements=["tenant_id"], set_=increment).returning(
+            ChangeHeadRow.last_seq
+        )
+    else:
+        lite = sqlite.insert(ChangeHeadRow).values(values)
+        stmt = lite.on_conflict_do_update(index_elements=["tenant_id"], set_=increment).returning(
+            ChangeHeadRow.last_seq
+        )
     return int((await session.execute(stmt)).scalar_one())
 
 
@@ -98,6 +108,10 @@ async def append(
     items: list[tuple[FileRow, bool]] = [(file, False)]
     if file.kind == FOLDER and event_type in SUBTREE_EVENTS:
         items.extend((row, True) for row in await _below(session, file))
+    # The tree lock before the head row, in every transaction that logs (a no-op where it
+    # is held already): one lock order per tenant, so a transaction holding the head row
+    # never waits for the tree lock of the same tenant (no deadlock with a tree change).
+    await lock_tree(session, file.tenant_id)
     last = await next_seqs(session, file.tenant_id, len(items))
     first = last - len(items) + 1
     now = utcnow()
