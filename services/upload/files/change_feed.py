@@ -58,6 +58,10 @@ _SEEN_KIND = {
 }
 
 
+# Events after which an item out of the view was deleted (hidden: tombstoned upstream).
+_GONE = ("file.deleted", "file.hidden")
+
+
 def _kind(row: ChangeRow, item: FileRow | None, visible: bool) -> upload_pb2.ChangeKind:
     """How the caller should read this change, given whether the item is in its view now."""
     if visible:
@@ -66,7 +70,7 @@ def _kind(row: ChangeRow, item: FileRow | None, visible: bool) -> upload_pb2.Cha
         if row.event_type == "file.content.updated" and row.version == 1:
             return _K.CHANGE_KIND_CREATED
         return _SEEN_KIND.get(row.event_type, _K.CHANGE_KIND_UNSPECIFIED)
-    if item is None or item.deleted_at is not None or row.event_type == "file.deleted":
+    if item is None or item.deleted_at is not None or row.event_type in _GONE:
         return _K.CHANGE_KIND_DELETED
     return _K.CHANGE_KIND_LEFT_VIEW
 

@@ -23,6 +23,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.common.jobs.errors import PermanentError, RetryLater, TransientError
 from services.common.jobs.job import Handler, JobContext
 from services.common.logging import get_logger
+from services.upload.files import change_log
+from services.upload.files.permissions import audience
+from services.upload.models import FileRow
 from services.upload.sync import items, metrics
 from services.upload.sync.decisions import ItemAction, decide_item, is_expired, not_found_delay
 from services.upload.sync.engine import SyncEngine
@@ -50,6 +53,10 @@ async def tombstone_item(
     """Tombstone `row` in the session's transaction and evict its cached bytes."""
     if not await items.tombstone(session, row["id"], reason, utcnow()):
         return False
+    file = await session.get(FileRow, row["file_id"]) if row["file_id"] else None
+    if file is not None:
+        # Hidden from the tree from now on: ListChanges tells whoever could see it.
+        await change_log.append(session, "file.hidden", file, await audience(session, file))
     metrics.TOMBSTONES.labels(reason).inc()
     if row["cache_key"]:
         # Evicted before commit: if the commit fails the cache is merely cold, and the

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import select
+from upload.change_helpers import FeedCopy, view
 from upload.sync.fake_provider import FakeProvider
 from upload.upload_helpers import (
     chunk_request,
@@ -68,6 +69,9 @@ async def test_a_410_upstream_tombstones_the_served_file(cluster, fake) -> None:
     )
     # Cached before the tombstone: the stale page must not be served afterwards.
     assert done.file_id in await _listed(alice, file.parent_id)
+    feed = FeedCopy(alice)
+    await feed.catch_up()
+    assert done.file_id in feed.items()
 
     fake.always(DRIVE, "up-1", 410)
     engine = create_engine(cluster.settings.database_url)
@@ -116,6 +120,10 @@ async def test_a_410_upstream_tombstones_the_served_file(cluster, fake) -> None:
             "FILE_NOT_FOUND",
         )
         assert done.file_id not in await _listed(alice, file.parent_id)
+        # ListChanges says it is gone too (a tombstone, kind deleted).
+        await feed.catch_up()
+        assert feed.received[-1] == (upload_pb2.CHANGE_KIND_DELETED, done.file_id, True)
+        assert feed.items() == await view(alice)
         # One upstream call: 410 is terminal.
         assert len(fake.item_calls(DRIVE, "up-1")) == 1
         async with sessions() as session:
