@@ -167,3 +167,27 @@ async def test_a_waiting_call_wakes_on_a_commit(cluster) -> None:
     # With nothing to wait for, a short wait answers empty at its end.
     empty = await feed.page(wait_ms=50)
     assert not empty.changes
+
+
+async def test_an_offline_client_catches_up_in_bounded_pages(cluster) -> None:
+    """600 changes while a client is away: it catches up in pages of at most page_size
+    changes (its memory bound: one page), each change once, to exactly the listings."""
+    alice, bob = cluster["alice"], cluster["bob"]
+    docs = await folder(alice, "docs")
+    await share(alice, docs, "bob", upload_pb2.ROLE_EDITOR)
+    names = [await folder(alice, f"f{i}", docs) for i in range(6)]
+    feed = FeedCopy(bob)
+    await feed.catch_up()
+    before = len(feed.received)
+
+    async def churn(file_id: str) -> None:
+        for n in range(100):
+            await _rename(alice if n % 2 else bob, file_id, f"{file_id[:6]}-{n}")
+
+    await asyncio.gather(*(churn(f) for f in names))
+    pages = await feed.catch_up(page_size=250)
+    assert [len(p.changes) for p in pages] == [250, 250, 100]
+    assert [p.has_more for p in pages] == [True, True, False]
+    assert len(feed.received) - before == 600
+    assert all(kind == K.CHANGE_KIND_RENAMED for kind, _, _ in feed.received[before:])
+    assert feed.items() == await view(bob)
