@@ -250,7 +250,9 @@ def build_components(
     )
     # One group committer for the process's small writes (UploadFile commits, download
     # audit rows): concurrent ones share a transaction.
-    change_signals = ChangeSignals(settings.change_wait_recheck_ms / 1000)
+    change_signals = ChangeSignals(
+        settings.change_wait_recheck_ms / 1000, max_waiters=settings.change_wait_max_waiters
+    )
     small_writes = GroupCommits(sessions, on_group=metrics.COMMIT_GROUP_UNITS.observe)
     rates = RateGate(
         rate_policy(settings),

@@ -104,6 +104,12 @@ class TooManyWaiters(ResourceExhausted):
     reason = "UPLOAD_WAITER_LIMIT"
 
 
+class TooManyChangeWaiters(ResourceExhausted):
+    """This replica already has `change_wait_max_waiters` ListChanges calls waiting."""
+
+    reason = "CHANGE_WAITER_LIMIT"
+
+
 class ContentReplaced(Aborted):
     """The version a download was reading was replaced and deleted: download again."""
 

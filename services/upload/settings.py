@@ -194,6 +194,12 @@ class UploadSettings(CommonSettings):
     change_wait_max_ms: int = Field(
         60_000, ge=0, description="Longest ListChanges wait_ms honoured (a long poll)."
     )
+    change_wait_max_waiters: int = Field(
+        500,
+        ge=1,
+        description="ListChanges calls that may wait at once on a replica (each holds an RPC);"
+        " past it a waiting call is RESOURCE_EXHAUSTED / CHANGE_WAITER_LIMIT.",
+    )
     change_wait_recheck_ms: int = Field(
         250,
         gt=0,

@@ -232,6 +232,8 @@ class ChangeFeed:
         self, identity: Identity, seq: int, size: int, wait: float
     ) -> upload_pb2.ListChangesResponse:
         """`_log_page`, waiting up to `wait` seconds for a change when there is none."""
+        if wait <= 0:
+            return await self._log_page(identity, seq, size)
         end = time.monotonic() + wait
         with self._signals.waiting(identity.tenant_id) as woken:
             while True:

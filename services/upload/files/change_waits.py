@@ -14,14 +14,17 @@ import contextlib
 from collections.abc import Iterator
 
 from services.upload import metrics
+from services.upload.errors import TooManyChangeWaiters
 from services.upload.files import change_log
 
 
 class ChangeSignals:
     """Per-tenant wake-ups for waiting ListChanges calls."""
 
-    def __init__(self, recheck_seconds: float = 0.25) -> None:
+    def __init__(self, recheck_seconds: float = 0.25, max_waiters: int = 500) -> None:
         self.recheck_seconds = recheck_seconds
+        self._max_waiters = max_waiters
+        self._count = 0
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._unsubscribe = change_log.subscribe(self.changed)
 
@@ -32,13 +35,21 @@ class ChangeSignals:
 
     @contextlib.contextmanager
     def waiting(self, tenant_id: str) -> Iterator[asyncio.Event]:
-        """An event set by every change of the tenant committed while the block runs."""
+        """An event set by every change of the tenant committed while the block runs;
+        CHANGE_WAITER_LIMIT when `max_waiters` calls wait already."""
+        if self._count >= self._max_waiters:
+            raise TooManyChangeWaiters(
+                "too many ListChanges calls are waiting on this replica; retry shortly",
+                max_waiters=self._max_waiters,
+            )
         woken = asyncio.Event()
         self._waiters.setdefault(tenant_id, set()).add(woken)
+        self._count += 1
         metrics.CHANGE_WAITERS.inc()
         try:
             yield woken
         finally:
+            self._count -= 1
             metrics.CHANGE_WAITERS.dec()
             waiters = self._waiters.get(tenant_id)
             if waiters is not None:

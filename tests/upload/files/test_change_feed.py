@@ -9,12 +9,12 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 from serentak.upload.v1 import upload_pb2
 from upload.change_helpers import FeedCopy, view
 from upload.tree_helpers import folder, move, share, upload
 from upload.upload_helpers import expect_error
 
-from services.upload import metrics
 from services.upload.files.change_log import purge_changes
 
 K = upload_pb2
@@ -22,8 +22,9 @@ K = upload_pb2
 
 @pytest.fixture
 def settings_overrides() -> dict[str, Any]:
-    """Waiting calls re-read the log once a minute: only the in-process wake-up is fast."""
-    return {"change_wait_recheck_ms": 60_000}
+    """Waiting calls re-read the log once a minute (only the in-process wake-up is fast);
+    at most two wait at once."""
+    return {"change_wait_recheck_ms": 60_000, "change_wait_max_waiters": 2}
 
 
 async def _rename(client, file_id: str, name: str) -> None:
@@ -144,6 +145,15 @@ async def test_forged_foreign_and_expired_cursors_are_precise(cluster, sessions)
     assert fresh.items() == await view(alice)
 
 
+async def _until_waiting(count: int) -> None:
+    """Return once `count` ListChanges calls wait on the (in-process) server."""
+    for _ in range(1000):  # at most 10 s
+        if (REGISTRY.get_sample_value("serentak_upload_change_waiters") or 0) >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} ListChanges calls never waited at once")
+
+
 async def test_a_waiting_call_wakes_on_a_commit(cluster) -> None:
     alice, bob = cluster["alice"], cluster["bob"]
     docs = await folder(alice, "docs")
@@ -154,13 +164,20 @@ async def test_a_waiting_call_wakes_on_a_commit(cluster) -> None:
     started = loop.time()
     waiting = asyncio.create_task(feed.page(wait_ms=30_000))
     # The rename commits while the call waits (its re-read every minute cannot answer it).
-    for _ in range(1000):  # until the call is registered as waiting (at most 10 s)
-        if metrics.CHANGE_WAITERS._value.get() >= 1:
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError("ListChanges never started waiting")
+    await _until_waiting(1)
+    # Up to the limit calls wait; the next one that would wait is refused at once.
+    other = FeedCopy(bob, feed.cursor)
+    second = asyncio.create_task(other.page(wait_ms=30_000))
+    await _until_waiting(2)
+    await expect_error(
+        bob.files.ListChanges(
+            upload_pb2.ListChangesRequest(cursor=feed.cursor, wait_ms=1000), metadata=bob.metadata
+        ),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "CHANGE_WAITER_LIMIT",
+    )
     await _rename(alice, docs, "renamed")
+    assert [c.file_id for c in (await second).changes] == [docs]
     got = await waiting
     assert [(c.kind, c.file.name) for c in got.changes] == [(K.CHANGE_KIND_RENAMED, "renamed")]
     assert loop.time() - started < 10
