@@ -244,8 +244,7 @@ class ChangeFeed:
                 if page.changes or remaining <= 0:
                     return page
                 try:
-                    await asyncio.wait_for(
-                        woken.wait(), min(remaining, self._signals.recheck_seconds)
-                    )
+                    async with asyncio.timeout(min(remaining, self._signals.recheck_seconds)):
+                        await woken.wait()
                 except TimeoutError:
                     pass  # a change committed by another replica is found by the re-read

@@ -30,7 +30,8 @@ class RequestLocks:
         try:
             try:
                 if lock.locked():
-                    await asyncio.wait_for(lock.acquire(), self._wait)
+                    async with asyncio.timeout(self._wait):
+                        await lock.acquire()
                 else:
                     await lock.acquire()  # free: taken at once, without yielding to the loop
             except TimeoutError:
