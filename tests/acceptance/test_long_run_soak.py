@@ -1,6 +1,6 @@
 """The long run, compressed: many cycles of upload (whole and chunked), new version, share,
 unshare, download and delete on PostgreSQL, with every retention near zero and the purges
-run after each cycle (trash purge, storage reclaim, runtime retention). After the first
+run after each cycle (trash purge, storage reclaim, runtime retention, change log). After the first
 cycles, every table of the upload database keeps the same row count and the blob store the
 same bytes: nothing the cycles do is left behind (issue 33, part 3)."""
 
@@ -32,6 +32,7 @@ from services.locks.settings import LocksSettings
 from services.notify.app import build_app as build_notify_app
 from services.notify.settings import NotifySettings
 from services.upload.app import build_app as build_upload_app
+from services.upload.files.change_log import purge_changes
 from services.upload.files.trash import purge_trash
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import open_blob_store
@@ -188,6 +189,7 @@ async def test_tables_and_blob_bytes_stay_flat_over_many_cycles(
             reclaim_interval_seconds=RARELY,
             trash_purge_interval_seconds=RARELY,
             runtime_retention_interval_seconds=RARELY,
+            change_log_purge_interval_seconds=RARELY,
         )
         upload = build_upload_app(
             settings,
@@ -213,6 +215,7 @@ async def test_tables_and_blob_bytes_stay_flat_over_many_cycles(
                     assert trash.items == 2
                     await reclaim(sessions, blobs, NO_GRACE)
                     purged_rows += sum((await purge_runtime(sessions, ZERO)).rows.values())
+                    purged_rows += await purge_changes(sessions, timedelta(0))
                     seen.append((await _rows(sessions), await _bytes(blobs)))
         finally:
             await blobs.close()

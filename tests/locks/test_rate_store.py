@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from prometheus_client import REGISTRY
 from support.etcd import EtcdServer
 
 from services.common.rate_limits import Limiter
@@ -17,6 +18,13 @@ from services.locks.rate_store import RATE_FOLDER, EtcdCounterStore
 
 pytestmark = pytest.mark.etcd
 WINDOW = 86_400.0  # a test never straddles two windows (checked)
+
+
+def _store_errors() -> float:
+    return (
+        REGISTRY.get_sample_value("serentak_rate_limit_store_errors_total", {"service": "test"})
+        or 0.0
+    )
 
 
 async def test_racing_replicas_never_count_past_the_limit(etcd: EtcdServer) -> None:
@@ -35,13 +43,17 @@ async def test_racing_replicas_never_count_past_the_limit(etcd: EtcdServer) -> N
             ]
             window = int(time.time() // WINDOW)
             key = f"acme/{limit}/{batch_max}"
+            failed_open = _store_errors()
             results = await asyncio.gather(
                 *(replicas[i % 2].take(key, limit) for i in range(calls))
             )
             assert int(time.time() // WINDOW) == window, "straddled a window: run it again"
             admitted = sum(r is None for r in results)
             slack = 2 * (replicas[0].batch(limit) - 1)
-            assert limit - slack <= admitted <= limit, (limit, admitted)
+            # A call is let through uncounted only when etcd did not answer (fail open),
+            # and then counted as a store error (on a loaded machine a call can time out).
+            failed_open = _store_errors() - failed_open
+            assert limit - slack <= admitted <= limit + failed_open, (limit, admitted)
         folder = prefix.encode() + RATE_FOLDER
         kvs, _, _ = await clients[0].scan(folder, prefix_end(folder), limit=100)
         # One counter per key and window, each exactly at its limit, on a lease.
