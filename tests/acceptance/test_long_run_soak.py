@@ -190,6 +190,9 @@ async def test_tables_and_blob_bytes_stay_flat_over_many_cycles(
             trash_purge_interval_seconds=RARELY,
             runtime_retention_interval_seconds=RARELY,
             change_log_purge_interval_seconds=RARELY,
+            # One rate window for the whole soak: a new window's counters (the old ones
+            # go with their window) would read as growth at a boundary.
+            rate_limit_window_seconds=86_400,
         )
         upload = build_upload_app(
             settings,
