@@ -295,7 +295,7 @@ def build_components(
             groups=small_writes,
             lock_policy=lock_policy,
         ),
-        restores=VersionRestores(sessions, blobs, locks, settings, lock_policy),
+        restores=VersionRestores(sessions, blobs, locks, uploads, lock_policy),
         files=Files(
             sessions,
             blobs,

@@ -230,7 +230,7 @@ class Uploads:
             )
         request_key = f"{identity.tenant_id}:{identity.user_id}:{crid}" if crid else None
         if request_key is not None:
-            existing = await self._by_request_key(request_key)
+            existing = await self.by_request_key(request_key)
             if existing is not None:
                 return Prepared(await self._same_request(identity, existing, request), True)
         validate_shape(self._settings, request.total_chunks, request.total_size, request.chunk_size)
@@ -283,14 +283,15 @@ class Uploads:
         """The upload a concurrent try with `row`'s client_request_id stored first."""
         existing = None
         if row.request_key is not None:
-            existing = await self._by_request_key(row.request_key)
+            existing = await self.by_request_key(row.request_key)
         if existing is None:
             # Not a duplicate request id (its row is gone again, or the conflict was
             # another's): the request may simply be retried.
             raise Aborted(f"upload {row.id} could not be stored; retry", reason="UPLOAD_CONFLICT")
         return await self._same_request(identity, existing, request)
 
-    async def _by_request_key(self, key: str) -> UploadRow | None:
+    async def by_request_key(self, key: str) -> UploadRow | None:
+        """The upload stored under `key` (tenant:user:client_request_id), if any."""
         async with self._sessions() as session:
             await read_only(session)
             return (

@@ -43,7 +43,6 @@ from dataclasses import dataclass
 
 from serentak.errors import SerentakError
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -63,12 +62,11 @@ from services.upload.files.history import content_of, find_version, is_current
 from services.upload.files.permissions import readable, writable
 from services.upload.files.tree import new_id
 from services.upload.files.visibility import raise_if_hidden
-from services.upload.ingest.allowance import check_allowance
+from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.merge_job import commit_content
 from services.upload.merge.upload_file import FileLockPolicy
 from services.upload.models import COMPLETED, FILE, MERGING, FileRow, UploadRow, utcnow
-from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store import BlobStore, Merged, content_key
 
 log = get_logger(__name__)
@@ -93,13 +91,14 @@ class VersionRestores:
         sessions: async_sessionmaker[AsyncSession],
         blobs: BlobStore,
         locks: FileLocks,
-        settings: UploadSettings,
+        uploads: Uploads,
         lock_policy: FileLockPolicy | None = None,
     ) -> None:
         self._sessions = sessions
         self._blobs = blobs
         self._locks = locks
-        self._settings = settings
+        # Stores the new version's upload row (allowance checked) and finds earlier tries.
+        self._uploads = uploads
         self._lock = lock_policy or FileLockPolicy()
         self._running: set[asyncio.Future[Restored]] = set()
 
@@ -114,7 +113,8 @@ class VersionRestores:
         if request.expected_version < 0:
             raise InvalidArgument("expected_version", "must not be negative (0: no check)")
         request_key = f"{identity.tenant_id}:{identity.user_id}:{crid}" if crid else None
-        if request_key is not None and (earlier := await self._earlier(request_key)) is not None:
+        earlier = await self._uploads.by_request_key(request_key) if request_key else None
+        if earlier is not None:
             return await self._same_request(identity, earlier, file_id, request.version)
         file, source = await self._check(identity, file_id, request.version)
         upload = _new_version_row(identity, file, source, request_key, crid)
@@ -128,7 +128,7 @@ class VersionRestores:
         except IntegrityError:
             # The same client_request_id committed first (a concurrent retry): its outcome.
             assert request_key is not None
-            earlier = await self._earlier(request_key)
+            earlier = await self._uploads.by_request_key(request_key)
             if earlier is None:
                 raise Aborted(
                     "the restore could not be stored; retry", reason="RESTORE_CONFLICT"
@@ -195,16 +195,9 @@ class VersionRestores:
         ) as token:
             async with self._sessions.begin() as session:
                 done = await commit_restore(
-                    session, self._settings, identity, source, upload, token, expected_version
+                    session, self._uploads, identity, source, upload, token, expected_version
                 )
         return done
-
-    async def _earlier(self, request_key: str) -> UploadRow | None:
-        async with self._sessions() as session:
-            await read_only(session)
-            return (
-                await session.execute(select(UploadRow).where(UploadRow.request_key == request_key))
-            ).scalar_one_or_none()
 
     async def _same_request(
         self, identity: Identity, earlier: UploadRow, file_id: str, version: int
@@ -237,7 +230,7 @@ class VersionRestores:
 
 async def commit_restore(
     session: AsyncSession,
-    settings: UploadSettings,
+    uploads: Uploads,
     identity: Identity,
     source: UploadRow,
     upload: UploadRow,
@@ -259,9 +252,7 @@ async def commit_restore(
             current_version=file.version,
         )
     _require_not_current(file, source)
-    await check_allowance(session, settings, identity, upload.total_size)
-    session.add(upload)
-    await session.flush()
+    await uploads.insert(session, identity, upload)
     copied = Merged(
         key=content_key(upload.file_id, upload.id),
         size=source.total_size,
