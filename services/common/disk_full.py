@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import sqlite3
 
-from services.common.errors import ResourceExhausted
+from services.common.errors import ResourceExhausted, causes
 
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 _PG_DISK_FULL = "53100"
@@ -35,14 +35,6 @@ def _is_full(exc: BaseException) -> bool:
 
 def as_storage_full(exc: BaseException) -> StorageFull | None:
     """STORAGE_FULL if `exc` (or what it wraps: SQLAlchemy's `.orig`, causes) is a full disk."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if _is_full(current):
-            return StorageFull("no space left on the server's storage; retry later")
-        orig = getattr(current, "orig", None)
-        current = (
-            orig if isinstance(orig, BaseException) else current.__cause__ or current.__context__
-        )
+    if any(_is_full(cause) for cause in causes(exc)):
+        return StorageFull("no space left on the server's storage; retry later")
     return None

@@ -7,6 +7,8 @@ Anything else escaping a handler is a bug and becomes INTERNAL.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 import serentak.errors
 from google.protobuf import duration_pb2
@@ -127,3 +129,16 @@ class Unavailable(SerentakError):
 
     code = grpc.StatusCode.UNAVAILABLE
     reason = "UNAVAILABLE"
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and what it wraps, outermost first: SQLAlchemy's `.orig`, then the causes."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        orig = getattr(current, "orig", None)
+        current = (
+            orig if isinstance(orig, BaseException) else current.__cause__ or current.__context__
+        )

@@ -12,6 +12,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from services.common import correlation
+from services.common.database_conflicts import as_transaction_conflict
 from services.common.disk_full import as_storage_full
 from services.common.errors import ERROR_DOMAIN, SerentakError
 from services.common.logging import get_logger
@@ -51,7 +52,7 @@ def status_name(exc: BaseException) -> str:
     """The status code `fail` answers `exc` with, as metrics and logs name it."""
     if isinstance(exc, NotImplementedError):
         return grpc.StatusCode.UNIMPLEMENTED.name
-    exc = as_storage_full(exc) or exc
+    exc = as_storage_full(exc) or as_transaction_conflict(exc) or exc
     if isinstance(exc, SerentakError):
         return exc.code.name
     return grpc.StatusCode.INTERNAL.name
@@ -96,6 +97,16 @@ def account_error(exc: BaseException, method: str) -> SerentakError | None:
     bug (INTERNAL, logged with the traceback being handled)."""
     # A full disk (OSError, SQLite, PostgreSQL) is RESOURCE_EXHAUSTED, not a bug.
     exc = as_storage_full(exc) or exc
+    conflict = as_transaction_conflict(exc)
+    if conflict is not None:
+        # Retryable for the caller, yet a lock order somewhere is wrong: logged as a bug.
+        log.error(
+            "rpc_transaction_conflict",
+            method=method,
+            error=repr(exc),
+            traceback=traceback.format_exc(),
+        )
+        exc = conflict
     if isinstance(exc, SerentakError):
         DOMAIN_ERRORS.labels(exc.reason).inc()
         log.info(

@@ -1,7 +1,11 @@
 """ListSharedWithMe: the live items of the caller's tenant shared directly with the caller.
 
-Scoped by the file's tenant (a share row names only a user id, which another tenant may
-also have), keyset-paginated by file id with a signed page token bound to the caller.
+Each item's `file.role` is the caller's role on it now, as GetFile, ListFolder and
+ListChanges say it (a share on a folder above, of the same owner, may give more than this
+one); `role` is what this share grants. Items hidden from the tree (sync's tombstones) are
+left out, as ListFolder leaves them out. Scoped by the file's tenant (a share row names
+only a user id, which another tenant may also have), keyset-paginated by file id with a
+signed page token bound to the caller.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
+from services.common.db import read_only
 from services.common.errors import InvalidArgument
 from services.common.page_tokens import PageTokens
 from services.upload import convert
+from services.upload.files.change_view import ViewJudge
 from services.upload.models import FileRow, ShareRow
 
 DEFAULT_PAGE_SIZE = 100
@@ -45,12 +51,20 @@ async def list_shared_with_me(
     )
     if position is not None:
         query = query.where(FileRow.id > str(position[0]))
-    async with sessions() as session:
-        rows = list((await session.execute(query)).all())
     response = upload_pb2.ListSharedWithMeResponse()
+    async with sessions() as session:
+        await read_only(session)
+        rows = list((await session.execute(query)).all())
+        judge = ViewJudge(session, identity)
+        judge.remember([file for file, _ in rows[:size]])
+        await judge.load([file.id for file, _ in rows[:size]])
+        roles = {file.id: await judge.role(file.id) for file, _ in rows[:size]}
     for file, share in rows[:size]:
+        role = roles[file.id]
+        if role is None:
+            continue  # hidden from the tree
         item = response.items.add(
-            file=convert.file_message(file, share.role),
+            file=convert.file_message(file, role),
             role=convert.ROLE[share.role],
             granted_by=share.granted_by,
         )

@@ -29,6 +29,7 @@ from services.upload import convert
 from services.upload.errors import FileNotFound
 from services.upload.files.events import record_file_event
 from services.upload.files.permissions import owned, readable
+from services.upload.files.tree import lock_tree
 from services.upload.files.versions import bump, touch_folder
 from services.upload.models import FileRow, ShareRow, utcnow
 
@@ -49,8 +50,8 @@ async def share(
     if request.user_id == identity.user_id:
         raise InvalidArgument("user_id", "the owner cannot share with themselves")
     async with sessions.begin() as session:
+        await _take_turns(session, identity)
         file = await owned(session, identity, request.file_id)
-        await _take_turns(session, file)
         existing = await session.get(ShareRow, (file.id, request.user_id))
         if existing is None:
             session.add(
@@ -130,8 +131,8 @@ async def share_batch(
     validation.resource_id(request.file_id, "file_id")
     grants = check_grants(identity, request, batch_max)
     async with sessions.begin() as session:
+        await _take_turns(session, identity)
         file = await owned(session, identity, request.file_id)
-        await _take_turns(session, file)
         rows = await session.execute(
             select(ShareRow).where(ShareRow.file_id == file.id, ShareRow.user_id.in_(list(grants)))
         )
@@ -185,12 +186,11 @@ async def share_batch(
     return BatchOutcome(file, added, changed, len(grants) - len(made))
 
 
-async def _take_turns(session: AsyncSession, file: FileRow) -> None:
-    """Hold the file's row until commit, so share changes of one file take turns and each
-    reads the shares committed before it: two grants of one user must not both insert (the
-    second would break the primary key: INTERNAL). PostgreSQL; SQLite's IMMEDIATE
-    transactions take turns already."""
-    await session.execute(select(FileRow.id).where(FileRow.id == file.id).with_for_update())
+async def _take_turns(session: AsyncSession, identity: Identity) -> None:
+    """The tenant's tree lock, first in the transaction: share changes take turns, each
+    reading the shares committed before it (two grants of one user must not both insert),
+    and in the one lock order every logged change keeps (tree.lock_tree)."""
+    await lock_tree(session, identity.tenant_id)
 
 
 async def unshare(
@@ -202,6 +202,7 @@ async def unshare(
     validation.principal_id(request.user_id, "user_id")
     validation.resource_id(request.file_id, "file_id")
     async with sessions.begin() as session:
+        await _take_turns(session, identity)
         file = await owned(session, identity, request.file_id)
         result = await session.execute(
             delete(ShareRow).where(ShareRow.file_id == file.id, ShareRow.user_id == request.user_id)

@@ -139,16 +139,44 @@ class TreeTooDeep(FailedPrecondition):
 
 
 async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
-    """Serialise the tenant's tree changes (moves, names) until this transaction ends.
+    """Serialise the tenant's tree changes (moves, names, the change log) until this
+    transaction ends.
 
-    Call first in the transaction, before any row is written. SQLite needs nothing: every
-    transaction begins IMMEDIATE, so writers are serialised already.
+    Call first in the transaction, before any row is written or locked: the one lock order
+    (tree lock, then rows) is what keeps two changes of a tenant from deadlocking (one
+    holding a folder row and waiting for the tree lock, the other the reverse). On
+    PostgreSQL a transaction that has written already and does not hold the lock yet is
+    refused (`TreeLockOrder`, a bug), so a wrong order fails every test that takes the
+    path, not one run in a hundred. SQLite needs nothing: every transaction begins
+    IMMEDIATE, so writers are serialised already.
     """
-    if session.get_bind().dialect.name == "postgresql":
-        await session.execute(
-            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"),
-            {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id},
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    params = {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id}
+    # Held already (a no-op), or nothing written yet: taking it now keeps the order.
+    held, wrote = (await session.execute(_TREE_LOCK_STATE, params)).one()
+    if held:
+        return
+    if wrote:
+        raise TreeLockOrder(
+            f"tree lock of tenant {tenant_id!r} taken after this transaction wrote rows"
         )
+    await session.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"), params)
+
+
+# pg_locks shows a two-key advisory lock as (classid, objid, objsubid=2); the transaction
+# has an id once it has written or locked a row.
+_TREE_LOCK_STATE = text(
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+    " AND pid = pg_backend_pid() AND granted AND objsubid = 2"
+    " AND classid = CAST(:ns AS oid) AND objid = CAST(hashtext(:tenant) AS oid)),"
+    " pg_current_xact_id_if_assigned() IS NOT NULL"
+)
+
+
+class TreeLockOrder(RuntimeError):
+    """A transaction asked for the tree lock after writing rows: a bug in the caller's
+    order (see `lock_tree`), refused before it can deadlock."""
 
 
 async def name_holder(

@@ -370,11 +370,13 @@ async def _commit_content(
         "checksum_algorithm": result.algorithm,
         "blob_key": content_key(upload.file_id, upload.id),
     }
+    # The tree lock before any row (tree.lock_tree): the change is logged, the folder's
+    # row bumped, and a new file's name must be free in its folder.
+    await lock_tree(session, upload.tenant_id)
     existing = await session.get(FileRow, upload.file_id, populate_existing=True)
     if existing is None:
-        # Names are unique per folder: the tree lock first, and if the name was taken
-        # since CreateUpload, the new file is kept as "name (2)" (README "Access rules").
-        await lock_tree(session, upload.tenant_id)
+        # If the name was taken since CreateUpload, the new file is kept as "name (2)"
+        # (README "Access rules").
         folder = await session.get(FileRow, upload.folder_id)
         # A new file belongs to the folder's owner; the uploader is the event's actor.
         owner = folder.owner_user_id if folder is not None else upload.owner_user_id

@@ -60,7 +60,7 @@ from services.upload.errors import (
 )
 from services.upload.files.history import content_of, find_version, is_current
 from services.upload.files.permissions import readable, writable
-from services.upload.files.tree import new_id
+from services.upload.files.tree import lock_tree, new_id
 from services.upload.files.visibility import raise_if_hidden
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
@@ -242,6 +242,8 @@ async def commit_restore(
 
     ABORTED / STALE_FENCING_TOKEN when a newer lock holder committed first (`commit_fenced`).
     """
+    # The tree lock before the upload row is written (tree.lock_tree; commit_content logs).
+    await lock_tree(session, upload.tenant_id)
     file, role = await writable(session, identity, upload.file_id)
     _require_live_file(file)
     if expected_version and file.version != expected_version:

@@ -63,6 +63,7 @@ from services.upload.errors import (
     UploadNotActive,
 )
 from services.upload.files.permissions import readable
+from services.upload.files.tree import lock_tree
 from services.upload.ingest.chunks import ChunkStore
 from services.upload.ingest.finish_waits import FinishSignals
 from services.upload.ingest.uploads import Uploads, check_uploader
@@ -269,6 +270,8 @@ class UploadFiles:
         ) as token:
 
             async def commit(session: AsyncSession) -> UploadedFile:
+                # The tree lock before the upload row (tree.lock_tree; the commit logs).
+                await lock_tree(session, upload.tenant_id)
                 now = utcnow()
                 upload.status = MERGING
                 upload.received_chunk_count = 1
@@ -284,7 +287,7 @@ class UploadFiles:
                 return UploadedFile(upload, file, role)
 
             # Shared with the other small files committing now (group commit).
-            # In lock order (the tenant's allowance and tree locks, then the folder's row).
+            # In lock order (the tenant's tree and allowance locks, then the folder's row).
             order = (upload.tenant_id, upload.folder_id, upload.file_id)
             done = await self._groups.run(commit, order)
         return done

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.common.jobs.errors import PermanentError, TransientError
 from services.common.jobs.job import Handler, JobContext
 from services.common.logging import get_logger
+from services.upload.files.tree import lock_tree
 from services.upload.sync import items, metrics
 from services.upload.sync.decisions import DeltaAction, decide_delta, is_expired
 from services.upload.sync.drive_errors import raise_for_drive
@@ -82,6 +83,9 @@ async def apply_entry(
     engine: SyncEngine, session: AsyncSession, drive: RowMapping, entry: UpstreamItem
 ) -> str:
     """Apply one delta entry; returns inserted, updated, tombstoned or ignored."""
+    # The tenant's tree lock before the first row this poll writes (tree.lock_tree; a
+    # no-op once held): an entry may create a file or hide one, and log the change.
+    await lock_tree(session, drive["tenant_id"])
     row = await items.find_upstream(session, drive["tenant_id"], drive["account_id"], entry.id)
     now = utcnow()
     if entry.removed:

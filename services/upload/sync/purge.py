@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.jobs.job import Handler, JobContext
 from services.common.logging import get_logger
+from services.upload.files.tree import lock_tree
 from services.upload.sync import metrics
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.models import TOMBSTONED, synced_items, utcnow
@@ -53,11 +54,23 @@ async def purge_batch(
         .order_by(synced_items.c.tombstoned_at)
         .limit(limit)
     )
-    if session.get_bind().dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True)
     if engine.retire_files is None:
         # Rows kept for their file are re-visited only while they still hold bytes.
         stmt = stmt.where(synced_items.c.file_id.is_(None) | synced_items.c.cache_key.is_not(None))
+    else:
+        # Retiring files logs changes: the tenants' tree locks before any row lock
+        # (tree.lock_tree), in one sorted order. The candidates are read without locks, and
+        # only they are then locked, so no row of a tenant not locked here is touched.
+        candidates = (
+            await session.execute(
+                stmt.with_only_columns(synced_items.c.id, synced_items.c.tenant_id)
+            )
+        ).all()
+        for tenant in sorted({c.tenant_id for c in candidates}):
+            await lock_tree(session, tenant)
+        stmt = stmt.where(synced_items.c.id.in_([c.id for c in candidates]))
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
     rows = (await session.execute(stmt)).all()
     if not rows:
         return result

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.jobs.job import Handler, JobContext
+from services.upload.files.tree import lock_tree
 from services.upload.sync.engine import SyncEngine
 from services.upload.sync.jobs import enqueue_delta_poll, enqueue_item_sync
 from services.upload.sync.models import (
@@ -36,8 +37,13 @@ async def tombstone_expired(engine: SyncEngine, session: AsyncSession, limit: in
         .order_by(synced_items.c.expires_at)
         .limit(limit)
     )
+    rows = (await session.execute(stmt)).mappings().all()
+    # Every tenant's tree lock before the first row is written, in one (sorted) order
+    # (tree.lock_tree): each tombstone hides a file and logs the change.
+    for tenant in sorted({row["tenant_id"] for row in rows}):
+        await lock_tree(session, tenant)
     count = 0
-    for row in (await session.execute(stmt)).mappings().all():
+    for row in rows:
         count += await tombstone_item(engine, session, row, EXPIRED)
     return count
 

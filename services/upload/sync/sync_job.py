@@ -25,6 +25,7 @@ from services.common.jobs.job import Handler, JobContext
 from services.common.logging import get_logger
 from services.upload.files import change_log
 from services.upload.files.permissions import audience
+from services.upload.files.tree import lock_tree
 from services.upload.models import FileRow
 from services.upload.sync import items, metrics
 from services.upload.sync.decisions import ItemAction, decide_item, is_expired, not_found_delay
@@ -79,8 +80,9 @@ async def sync_item(engine: SyncEngine, ctx: JobContext) -> str:
         async with ctx.sessions() as session:
             seen = await items.load_item(session, item_id)
     else:
-        # An old runtime without a session factory: the job's transaction is all there is.
-        seen = await items.load_item(ctx.session, item_id, for_update=True)
+        # An old runtime without a session factory: the job's transaction is all there is
+        # (the row lock is taken below, after the tree lock).
+        seen = await items.load_item(ctx.session, item_id)
     if seen is None:
         return "unlinked"
     if seen["status"] == TOMBSTONED:
@@ -97,7 +99,9 @@ async def sync_item(engine: SyncEngine, ctx: JobContext) -> str:
         except UpstreamError as exc:
             failure = exc
     # The job's transaction begins here: re-read under the row lock, apply to what is there
-    # now (unlinked or tombstoned meanwhile: the answer is dropped).
+    # now (unlinked or tombstoned meanwhile: the answer is dropped). The tenant's tree lock
+    # first (tree.lock_tree): a tombstone hides the file and logs the change.
+    await lock_tree(ctx.session, seen["tenant_id"])
     row = await items.load_item(ctx.session, item_id, for_update=True)
     if row is None:
         return "unlinked"

@@ -88,3 +88,20 @@ async def test_shared_with_me_refuses_anonymous_and_bad_input(cluster) -> None:
         grpc.StatusCode.INVALID_ARGUMENT,
         "INVALID_PAGE_TOKEN",
     )
+
+
+async def test_the_listed_file_carries_the_callers_role_now_and_the_item_the_grant(
+    cluster,
+) -> None:
+    alice, bob = cluster["alice"], cluster["bob"]
+    team = await folder(alice, "team")
+    plan = await upload(alice, b"plan", "plan.txt", team)
+    # bob edits all of team, and is also granted plan alone as a viewer.
+    await share(alice, team, "bob", upload_pb2.ROLE_EDITOR)
+    await share(alice, plan, "bob", upload_pb2.ROLE_VIEWER)
+
+    listed = {i.file.file_id: i for i in (await _shared(cluster, "dev-bob")).items}
+    got = await bob.files.GetFile(upload_pb2.GetFileRequest(file_id=plan), metadata=bob.metadata)
+    assert got.role == upload_pb2.ROLE_EDITOR
+    assert listed[plan].file.role == got.role  # as GetFile, ListFolder and ListChanges say
+    assert listed[plan].role == upload_pb2.ROLE_VIEWER  # what this share grants

@@ -1,0 +1,120 @@
+"""One lock order for every change of a tenant's tree: the tree lock first, then rows
+(services/upload/files/tree.py `lock_tree`). A transaction that wrote before asking for the
+lock is refused on PostgreSQL before it can deadlock, and changes that each write the same
+folder's row (shares, new files, new versions, renames) race without a deadlock."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from serentak.upload.v1 import upload_pb2
+from sqlalchemy import select
+from upload.tree_helpers import folder
+from upload.upload_helpers import chunk_request, create_request, wait_status
+
+from services.upload.files.tree import TreeLockOrder, lock_tree
+from services.upload.files.versions import touch_folder
+from services.upload.models import FileRow
+
+ROUNDS = 3
+PER_ROUND = 6
+
+
+def _postgres_only(cluster) -> None:
+    if cluster.settings.database_url.startswith("sqlite"):
+        pytest.skip("SQLite begins every writer IMMEDIATE: there is no tree lock to order")
+
+
+async def test_the_tree_lock_after_a_written_row_is_refused(cluster, sessions) -> None:
+    _postgres_only(cluster)
+    root = await folder(cluster["alice"], "any")
+    async with sessions() as session:
+        parent = await session.scalar(select(FileRow.parent_id).where(FileRow.id == root))
+    with pytest.raises(TreeLockOrder):
+        async with sessions.begin() as session:
+            await touch_folder(session, parent)
+            await lock_tree(session, "acme")
+
+
+async def test_the_tree_lock_first_then_rows_then_again_is_one_lock(cluster, sessions) -> None:
+    _postgres_only(cluster)
+    made = await folder(cluster["alice"], "any")
+    async with sessions.begin() as session:
+        # Several tenants' locks before any row (a batch across tenants), in sorted order.
+        await lock_tree(session, "acme")
+        await lock_tree(session, "evil")
+        await touch_folder(session, made)
+        # Held already: a no-op, not a refusal, though the transaction has written.
+        await lock_tree(session, "acme")
+        changed = await session.scalar(select(FileRow.children_version).where(FileRow.id == made))
+    assert changed == 1
+
+
+async def test_shares_uploads_and_renames_of_one_folder_race_without_a_deadlock(
+    cluster,
+) -> None:
+    alice = cluster["alice"]
+    place = await folder(alice, "busy")
+    kept = await alice.uploads.UploadFile(
+        upload_pb2.UploadFileRequest(
+            new_file=upload_pb2.NewFileTarget(folder_id=place, name="kept.bin"), data=b"k"
+        ),
+        metadata=alice.metadata,
+    )
+    file_id = kept.file.file_id
+
+    async def small(n: int) -> None:
+        await alice.uploads.UploadFile(
+            upload_pb2.UploadFileRequest(
+                new_file=upload_pb2.NewFileTarget(folder_id=place, name=f"s{n}.bin"),
+                data=os.urandom(100 + n),
+            ),
+            metadata=alice.metadata,
+        )
+
+    async def version(n: int) -> None:
+        data = os.urandom(300 + n)
+        request = create_request(data, 1024)
+        request.file_id = file_id  # the next version (the merge job's commit)
+        made = await alice.uploads.CreateUpload(request, metadata=alice.metadata)
+        await alice.uploads.PutChunk(
+            chunk_request(made.upload_id, 0, data), metadata=alice.metadata
+        )
+        await wait_status(alice, made.upload_id, upload_pb2.UPLOAD_STATUS_COMPLETED)
+
+    async def share(n: int) -> None:
+        user = ("bob", "carol")[n % 2]
+        await alice.files.ShareFile(
+            upload_pb2.ShareFileRequest(file_id=file_id, user_id=user, role=upload_pb2.ROLE_VIEWER),
+            metadata=alice.metadata,
+        )
+        await alice.files.UnshareFile(
+            upload_pb2.UnshareFileRequest(file_id=file_id, user_id=user),
+            metadata=alice.metadata,
+        )
+
+    async def rename(n: int) -> None:
+        made = await folder(alice, f"d{n}", place)
+        await alice.files.RenameFile(
+            upload_pb2.RenameFileRequest(file_id=made, new_name=f"renamed-{n}"),
+            metadata=alice.metadata,
+        )
+
+    for r in range(ROUNDS):
+        ids = range(r * PER_ROUND, (r + 1) * PER_ROUND)
+        # Each call must succeed: a deadlock would answer one of them INTERNAL.
+        await asyncio.gather(
+            *(small(n) for n in ids),
+            *(version(n) for n in ids[:2]),
+            *(share(n) for n in ids[:2]),
+            *(rename(n) for n in ids[:2]),
+        )
+    listed = await alice.files.ListFolder(
+        upload_pb2.ListFolderRequest(folder_id=place, page_size=1000), metadata=alice.metadata
+    )
+    names = {f.name for f in listed.files}
+    assert {f"s{n}.bin" for n in range(ROUNDS * PER_ROUND)} <= names
+    renamed = {f"renamed-{r * PER_ROUND + k}" for r in range(ROUNDS) for k in range(2)}
+    assert renamed <= names
