@@ -1,4 +1,5 @@
-"""TLS for every gRPC server: one place that turns certificate files into server credentials.
+"""TLS for every server: one place that turns certificate files into server credentials
+(gRPC) and HTTPS contexts (the HTTP doors: tus).
 
 Servers: `server_credentials` serves the certificate in `SERENTAK_TLS_CERT_FILE` /
 `SERENTAK_TLS_KEY_FILE` and, with `SERENTAK_TLS_CLIENT_CA_FILE`, requires client
@@ -7,12 +8,17 @@ every new handshake; the fetcher re-reads the files only when their mtime or siz
 changed, so a renewed certificate (cert-manager, certbot: replace the files atomically)
 is served to new connections without a restart.
 
+HTTP doors (`HttpsCertificate`): the same certificate and key, no client certificate asked
+(their callers, browsers and tus clients, authenticate with bearer tokens); `refresh`
+loads renewed files into the same context, so new connections get them.
+
 Clients: the client package's `serentak.credentials` (`ClientTls`, `channel_credentials`),
 which the services use for their own calls too (services.common.channels).
 """
 
 from __future__ import annotations
 
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,3 +100,35 @@ def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
         _CertificateReloader(tls),
         require_client_authentication=tls.client_ca_file is not None,
     )
+
+
+class HttpsCertificate:
+    """An HTTPS server context on the TLS files, following them as they are renewed."""
+
+    def __init__(self, tls: ServerTls) -> None:
+        self._tls = tls
+        self._paths = [tls.cert_file, tls.key_file]
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._stamp = _stamp(self._paths)
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            self.context.load_cert_chain(self._tls.cert_file, self._tls.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load TLS files: {exc}") from exc
+
+    def refresh(self) -> bool:
+        """Load the files again if they changed (True if it did); keeps the old on error."""
+        try:
+            stamp = _stamp(self._paths)
+            if stamp == self._stamp:
+                return False
+            self._load()
+        except (OSError, ConfigError) as exc:
+            log.warning("tls_reload_failed", error=str(exc))
+            return False
+        self._stamp = stamp
+        log.info("tls_certificate_reloaded", cert_file=str(self._tls.cert_file))
+        return True

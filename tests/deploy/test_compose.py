@@ -13,6 +13,7 @@ import yaml
 from support.prometheus import ALERTS, require
 
 from services.common.config import CommonSettings
+from services.upload.settings import UploadSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO_ROOT / "deploy" / "compose"
@@ -183,15 +184,20 @@ def test_published_ports_are_unique_one_per_replica_and_clear_of_make_run() -> N
                 assert port not in owner, f"host port {port}: {owner[port]} and {name}"
                 owner[port] = name
     defaults = CommonSettings.model_fields
+    tus_port = UploadSettings.model_fields["tus_port"].default
     for name in SERVICES:
-        grpc_port = defaults[f"{name}_port"].default
-        (spec,) = services[name]["ports"]
-        hosts, container = _published(spec)
-        assert container == grpc_port, name
-        assert spec.startswith("127.0.0.1:"), spec  # loopback only, as the other parts
-        assert len(hosts) >= services[name]["deploy"]["replicas"], name  # one per replica
+        # The gRPC port, and for upload the tus endpoint's (HTTPS on the same certificate).
+        expected = [defaults[f"{name}_port"].default] + ([tus_port] if name == "upload" else [])
+        specs = services[name]["ports"]
+        assert [_published(spec)[1] for spec in specs] == expected, name
+        for spec in specs:
+            hosts, _ = _published(spec)
+            assert spec.startswith("127.0.0.1:"), spec  # loopback only, as the other parts
+            assert len(hosts) >= services[name]["deploy"]["replicas"], name  # one per replica
+    assert services["upload"]["environment"]["SERENTAK_TUS_ENABLED"] == "true"
     # `make run`'s ports (the settings' defaults) stay free for a checkout beside compose.
     make_run = {f.default for key, f in defaults.items() if key.endswith("_port") and f.default}
+    make_run.add(tus_port)
     assert not make_run & set(owner), sorted(make_run & set(owner))
 
 

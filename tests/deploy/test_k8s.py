@@ -18,6 +18,7 @@ from support.kustomize import render
 from support.prometheus import ALERTS
 
 from deploy.k8s.monitoring.sync_rules import prometheus_rule
+from services.upload.settings import UploadSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 K8S = REPO_ROOT / "deploy" / "k8s"
@@ -127,6 +128,20 @@ def test_headless_services_for_self_balancing_clients(objects) -> None:
         assert service["spec"]["clusterIP"] == "None"
         assert service["metadata"]["labels"]["serentak.io/scrape-job"].startswith("serentak-")
     assert _get(objects, "Service", "upload")["spec"]["type"] == "ClusterIP"
+
+
+def test_the_tus_door_is_served_exposed_and_admitted(objects) -> None:
+    config = _get(objects, "ConfigMap", "serentak-config")["data"]
+    assert config["SERENTAK_TUS_ENABLED"] == "true"
+    (container,) = _get(objects, "Deployment", "upload")["spec"]["template"]["spec"]["containers"]
+    port = UploadSettings.model_fields["tus_port"].default
+    assert {"name": "tus", "containerPort": port} in container["ports"]
+    service_ports = _get(objects, "Service", "upload")["spec"]["ports"]
+    assert {"name": "tus", "port": port, "targetPort": "tus", "appProtocol": "https"} in (
+        service_ports
+    )
+    (api_rule, _metrics) = _get(objects, "NetworkPolicy", "upload-ingress")["spec"]["ingress"]
+    assert {"protocol": "TCP", "port": "tus"} in api_rule["ports"]
 
 
 def test_network_policies_only_upload_and_labelled_clients_reach_locks_and_notify(

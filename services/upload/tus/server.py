@@ -5,6 +5,9 @@ the service's own asyncio loop beside `grpc.aio` (no second process, no thread: 
 cases and their database pools are shared as they are), and streams request bodies with
 backpressure (`request.content`), which a PATCH of gigabytes needs. An ASGI stack
 (uvicorn/hypercorn + a framework) would add two dependencies for the same.
+
+With the service's TLS certificate configured (SERENTAK_TLS_CERT_FILE/KEY_FILE) it serves
+HTTPS on it, renewed files picked up at each sweep; without, plain HTTP (`make run`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from aiohttp import web
 from services.common.auth import Authenticator
 from services.common.logging import get_logger
 from services.common.rate_limits import RateGate
+from services.common.tls import HttpsCertificate, server_tls
 from services.upload.settings import UploadSettings
 from services.upload.tus.http import tus_app
 from services.upload.tus.resources import TusUploads
@@ -47,18 +51,24 @@ class TusServer:
             lock_wait_seconds=settings.tus_lock_wait_seconds,
         )
         self.started = asyncio.Event()
+        # HTTPS on the service's own certificate when it has one (nothing in the clear
+        # outside `make run`); plain HTTP otherwise.
+        tls = server_tls(settings)
+        self._https = HttpsCertificate(tls) if tls is not None else None
 
     @property
     def url(self) -> str:
         """The creation URL (for clients and tests)."""
-        return f"http://{self.host}:{self.port}{self.path}"
+        scheme = "https" if self._https is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}{self.path}"
 
     async def serve(self) -> None:
         """Listen until cancelled (service shutdown), sweeping expired uploads meanwhile."""
         runner = web.AppRunner(self._app, access_log=None, handler_cancellation=False)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
+            ssl_context = self._https.context if self._https is not None else None
+            site = web.TCPSite(runner, self.host, self.port, ssl_context=ssl_context)
             await site.start()
             # aiohttp exposes the bound socket (needed with port 0) only on the private server.
             sockets = getattr(site._server, "sockets", None)
@@ -68,6 +78,8 @@ class TusServer:
             self.started.set()
             while True:
                 await asyncio.sleep(self._sweep_seconds)  # the sweep's period, not a wait
+                if self._https is not None:
+                    self._https.refresh()  # a renewed certificate, for new connections
                 try:
                     swept = await self.store.sweep()
                 except Exception:
