@@ -25,14 +25,13 @@ half-way (it completes, or is handed back to the runtime at shutdown).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.jobs import ClaimedJob, JobRegistry, Worker
 from services.common.jobs.queue import enqueue_claimed
+from services.common.tasks import ShieldedWork
 from services.upload.merge.merge_job import merge_job
 from services.upload.models import UploadRow
 
@@ -52,7 +51,7 @@ class InlineMerges:
         self._worker = Worker(
             sessions, registry, worker_id=f"{node_id}/inline", lease_seconds=lease_seconds
         )
-        self._running: set[asyncio.Task[None]] = set()
+        self._running = ShieldedWork()
 
     async def claim(self, session: AsyncSession, upload: UploadRow) -> ClaimedJob:
         """Enqueue `upload`'s merge job leased to this process (in the caller's
@@ -77,15 +76,8 @@ class InlineMerges:
     async def run(self, job: ClaimedJob) -> None:
         """Run a claimed merge job to its outcome (completed, retried by the runtime
         later, dead-lettered, or lost to another worker); shielded from cancellation."""
-        task = asyncio.ensure_future(self._worker.execute(job))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-        await asyncio.shield(task)
+        await self._running.run(self._worker.execute(job))
 
     async def close(self) -> None:
         """Stop runs still going (shutdown): each hands its job back to the runtime."""
-        for task in list(self._running):
-            task.cancel()
-        for task in list(self._running):
-            with contextlib.suppress(BaseException):
-                await task
+        await self._running.cancel()

@@ -37,7 +37,6 @@ it half-way nor the bytes deleted under a version that did commit.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from dataclasses import dataclass
 
@@ -51,6 +50,7 @@ from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import Aborted, AlreadyExists, InvalidArgument
 from services.common.logging import get_logger
+from services.common.tasks import ShieldedWork
 from services.upload.errors import (
     FileDeleted,
     VersionIsCurrent,
@@ -100,7 +100,7 @@ class VersionRestores:
         # Stores the new version's upload row (allowance checked) and finds earlier tries.
         self._uploads = uploads
         self._lock = lock_policy or FileLockPolicy()
-        self._running: set[asyncio.Future[Restored]] = set()
+        self._running = ShieldedWork()
 
     async def restore(
         self, identity: Identity, request: upload_pb2.RestoreVersionRequest
@@ -120,11 +120,8 @@ class VersionRestores:
         upload = _new_version_row(identity, file, source, request_key, crid)
         # Shielded: a caller that goes away never leaves the commit half-way, nor the
         # copy deleted under a version that did commit.
-        task = asyncio.ensure_future(self._copy_and_commit(identity, source, upload, request))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
         try:
-            return await asyncio.shield(task)
+            return await self._running.run(self._copy_and_commit(identity, source, upload, request))
         except IntegrityError:
             # The same client_request_id committed first (a concurrent retry): its outcome.
             assert request_key is not None
@@ -224,8 +221,7 @@ class VersionRestores:
 
     async def close(self) -> None:
         """Let the commits under way finish (shutdown); each is one short transaction."""
-        if self._running:
-            await asyncio.wait(set(self._running), timeout=self._lock.wait_seconds + 5)
+        await self._running.wait(self._lock.wait_seconds + 5)
 
 
 async def commit_restore(

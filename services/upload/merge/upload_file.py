@@ -52,6 +52,7 @@ from services.common.db import read_only
 from services.common.errors import AlreadyExists, InvalidArgument
 from services.common.group_commit import GroupCommits
 from services.common.logging import get_logger
+from services.common.tasks import ShieldedWork
 from services.upload import checksums, metrics
 from services.upload.errors import (
     ChecksumMismatch,
@@ -138,7 +139,7 @@ class UploadFiles:
         # In-flight requests per (tenant, user, client_request_id): a concurrent duplicate
         # waits for the first one instead of racing it to the same outcome.
         self._flights: dict[str, asyncio.Future[None]] = {}
-        self._running: set[asyncio.Future[UploadedFile]] = set()
+        self._running = ShieldedWork()
 
     async def upload(
         self, identity: Identity, request: upload_pb2.UploadFileRequest
@@ -202,11 +203,8 @@ class UploadFiles:
         upload = prepared.row
         # Shielded from the calling RPC: a caller that goes away never leaves a commit
         # half-way, nor its bytes deleted under a version that did commit.
-        task = asyncio.ensure_future(self._store(identity, upload, data, checksum))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
         try:
-            return await asyncio.shield(task)
+            return await self._running.run(self._store(identity, upload, data, checksum))
         except IntegrityError:
             # The same client_request_id committed first (another replica): its outcome.
             earlier = await self._uploads.earlier(identity, shape, upload)
@@ -248,8 +246,7 @@ class UploadFiles:
 
     async def close(self) -> None:
         """Let the commits under way finish (shutdown); each is one short transaction."""
-        if self._running:
-            await asyncio.wait(set(self._running), timeout=self._lock.wait_seconds + 5)
+        await self._running.wait(self._lock.wait_seconds + 5)
 
     async def _commit(
         self, identity: Identity, upload: UploadRow, key: str, checksum: str
