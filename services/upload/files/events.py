@@ -20,6 +20,7 @@ from services.common.correlation import current_correlation_id
 from services.common.outbox.store import record_event
 from services.upload.files import change_log
 from services.upload.files.permissions import audience
+from services.upload.files.tree import lock_tree
 from services.upload.models import FOLDER, FileRow
 
 # event_type -> (payload field, dedupe key template)
@@ -49,8 +50,10 @@ async def record_file_event(
 
     The change is logged for ListChanges too (change_log.py): for its audience, the users
     in `seen_by` (who could see the item before: a move's old audience) and the user a
-    share names.
+    share names. The tenant's tree lock is taken first (a no-op where the change holds it
+    already, as it must: `tree.lock_tree`).
     """
+    await lock_tree(session, file.tenant_id)
     field, dedupe = _KINDS[event_type]
     event = events_pb2.Event(
         event_id=uuid.uuid4().hex,
