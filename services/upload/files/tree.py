@@ -147,30 +147,34 @@ async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
     holding a folder row and waiting for the tree lock, the other the reverse). On
     PostgreSQL a transaction that has written already and does not hold the lock yet is
     refused (`TreeLockOrder`, a bug), so a wrong order fails every test that takes the
-    path, not one run in a hundred. SQLite needs nothing: every transaction begins
-    IMMEDIATE, so writers are serialised already.
+    path, not one run in a hundred. Inside a savepoint (a unit of a group commit) the
+    lock is taken whatever came before: the group runs its units sorted by tenant, and a
+    unit rolled back releases the lock it took (services/common/group_commit.py). SQLite
+    needs nothing: every transaction begins IMMEDIATE, so writers are serialised already.
     """
     if session.get_bind().dialect.name != "postgresql":
         return
-    params = {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id}
-    # Held already (a no-op), or nothing written yet: taking it now keeps the order.
-    held, wrote = (await session.execute(_TREE_LOCK_STATE, params)).one()
-    if held:
-        return
-    if wrote:
+    strict = not session.in_nested_transaction()
+    params = {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id, "strict": strict}
+    held, wrote, _ = (await session.execute(_TAKE_TREE_LOCK, params)).one()
+    if strict and wrote and not held:
         raise TreeLockOrder(
             f"tree lock of tenant {tenant_id!r} taken after this transaction wrote rows"
         )
-    await session.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:tenant))"), params)
 
 
-# pg_locks shows a two-key advisory lock as (classid, objid, objsubid=2); the transaction
-# has an id once it has written or locked a row.
-_TREE_LOCK_STATE = text(
-    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+# One round trip: whether the lock is held already (pg_locks shows a two-key advisory lock
+# as classid, objid, objsubid=2) and whether the transaction wrote (it has an id once it
+# has written or locked a row); the lock is taken unless that would break the order (held
+# already, taking it again is a no-op until the transaction ends; `strict`: not in a
+# savepoint, see `lock_tree`).
+_TAKE_TREE_LOCK = text(
+    "WITH state AS (SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
     " AND pid = pg_backend_pid() AND granted AND objsubid = 2"
-    " AND classid = CAST(:ns AS oid) AND objid = CAST(hashtext(:tenant) AS oid)),"
-    " pg_current_xact_id_if_assigned() IS NOT NULL"
+    " AND classid = CAST(:ns AS oid) AND objid = CAST(hashtext(:tenant) AS oid)) AS held,"
+    " pg_current_xact_id_if_assigned() IS NOT NULL AS wrote)"
+    " SELECT held, wrote, CASE WHEN held OR NOT wrote OR NOT :strict"
+    " THEN pg_advisory_xact_lock(:ns, hashtext(:tenant)) IS NULL END FROM state"
 )
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from upload.tree_helpers import folder
 from upload.upload_helpers import chunk_request, create_request, wait_status
 
+from services.common.group_commit import GroupCommits
 from services.upload.files.tree import TreeLockOrder, lock_tree
 from services.upload.files.versions import touch_folder
 from services.upload.models import FileRow
@@ -50,6 +51,47 @@ async def test_the_tree_lock_first_then_rows_then_again_is_one_lock(cluster, ses
         await lock_tree(session, "acme")
         changed = await session.scalar(select(FileRow.children_version).where(FileRow.id == made))
     assert changed == 1
+
+
+class _Refused(Exception):
+    pass
+
+
+async def test_a_group_commit_takes_each_units_tree_lock_after_the_units_before(
+    cluster, sessions
+) -> None:
+    """A group's units run sorted by tenant in savepoints of one transaction: a unit takes
+    its tenant's lock after earlier units wrote (another tenant's rows, or its own tenant's
+    rolled back with a refused unit), and that is the group's order, not a wrong one."""
+    _postgres_only(cluster)
+    made = await folder(cluster["alice"], "any")
+    sizes: list[int] = []
+    groups = GroupCommits(sessions, on_group=sizes.append)
+
+    def unit(tenant: str, refuse: bool = False):
+        async def work(session) -> str:
+            await lock_tree(session, tenant)
+            await touch_folder(session, made)
+            if refuse:
+                raise _Refused(tenant)
+            return tenant
+
+        return work
+
+    try:
+        outcomes = await asyncio.gather(
+            groups.run(unit("acme", refuse=True), ("acme", "1")),
+            groups.run(unit("acme"), ("acme", "2")),
+            groups.run(unit("evil"), ("evil",)),
+            return_exceptions=True,
+        )
+    finally:
+        await groups.close()
+    assert sizes == [3]  # one group, and it committed
+    assert isinstance(outcomes[0], _Refused) and outcomes[1:] == ["acme", "evil"]
+    async with sessions() as session:
+        bumped = await session.scalar(select(FileRow.children_version).where(FileRow.id == made))
+    assert bumped == 2  # the two units that were not refused
 
 
 async def test_shares_uploads_and_renames_of_one_folder_race_without_a_deadlock(
