@@ -4,9 +4,9 @@
 what committed. One change gets one sequence number from the tenant's head row
 (`file_change_heads`), taken with an UPDATE that locks the row until commit: numbers commit
 in order per tenant, so a reader that saw seq n never later finds a smaller one (no gap
-from a slower transaction, on PostgreSQL or SQLite). The tenant's tree lock is taken
-first (tree.lock_tree; most changes hold it already), so the two locks are always taken in
-the same order.
+from a slower transaction, on PostgreSQL or SQLite). The tenant's tree lock is held
+first (tree.lock_tree, taken before the change's first row), so the two locks are always
+taken in the same order.
 
 A change is written once per user whose view it may change: the item's audience after the
 change, plus who could see it before (`seen_by`: a move's old audience) and the user a
@@ -33,7 +33,6 @@ from sqlalchemy.orm import Session
 
 from services.common.jobs import Handler, JobContext, PeriodicSchedule
 from services.upload.files.permissions import MAX_DEPTH
-from services.upload.files.tree import lock_tree
 from services.upload.models import FOLDER, ChangeHeadRow, ChangeRow, FileRow, utcnow
 
 PURGE_CHANGES_JOB = "upload.purge_changes"
@@ -100,7 +99,8 @@ async def append(
     named: Iterable[str] = (),
 ) -> None:
     """Log the change of `file` (and, for a folder event that may, of everything under it)
-    for `users` and the users a share `named`, in `session`'s transaction."""
+    for `users` and the users a share `named`, in `session`'s transaction, which holds the
+    tenant's tree lock already (`record_file_event` and sync's `tombstone_item` take it)."""
     named_users = {u for u in named if u}
     audience = sorted({u for u in users if u} | named_users)
     if not audience:
@@ -108,10 +108,6 @@ async def append(
     items: list[tuple[FileRow, bool]] = [(file, False)]
     if file.kind == FOLDER and event_type in SUBTREE_EVENTS:
         items.extend((row, True) for row in await _below(session, file))
-    # The tree lock before the head row, in every transaction that logs (a no-op where it
-    # is held already): one lock order per tenant, so a transaction holding the head row
-    # never waits for the tree lock of the same tenant (no deadlock with a tree change).
-    await lock_tree(session, file.tenant_id)
     last = await next_seqs(session, file.tenant_id, len(items))
     first = last - len(items) + 1
     now = utcnow()

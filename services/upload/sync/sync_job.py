@@ -52,6 +52,9 @@ async def tombstone_item(
     engine: SyncEngine, session: AsyncSession, row: RowMapping, reason: str
 ) -> bool:
     """Tombstone `row` in the session's transaction and evict its cached bytes."""
+    # Hides a file and logs it: the tenant's tree lock first (tree.lock_tree; the callers
+    # take it before their first row, so here it is held already).
+    await lock_tree(session, row["tenant_id"])
     if not await items.tombstone(session, row["id"], reason, utcnow()):
         return False
     file = await session.get(FileRow, row["file_id"]) if row["file_id"] else None
