@@ -39,13 +39,10 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "benchmarks
 
 import grpc
 from bench_small_files import cpu_seconds
-from bench_tree import postgres_database
+from bench_tree import start_servers
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
-from support.etcd import EtcdServer
-from support.ports import free_port
-from support.services import ServiceProcess, service_process
+from support.services import ServiceProcess
 
-from services.common.config import sqlite_url
 from services.common.db import create_engine, session_factory
 from services.upload.files.tree import new_folder
 from services.upload.models import FILE
@@ -54,34 +51,6 @@ ALICE = (("authorization", "Bearer dev-alice"),)
 BOB = (("authorization", "Bearer dev-bob"),)
 PAGE = 1000
 POLL_SECONDS = 1.0
-
-
-def start_servers(
-    stack: ExitStack, tmp: Path, postgres: str | None
-) -> tuple[ServiceProcess, str, str]:
-    """etcd, the lock service and the upload service: (upload, database URL, label)."""
-    etcd = EtcdServer(tmp / "etcd")
-    etcd.start()
-    stack.callback(etcd.stop)
-    for folder in ("locks", "upload"):
-        (tmp / folder).mkdir()
-    quiet = {"SERENTAK_LOG_LEVEL": "WARNING"}
-    locks = stack.enter_context(
-        service_process("locks", tmp / "locks", {**quiet, "SERENTAK_ETCD_ENDPOINT": etcd.endpoint})
-    )
-    env = {
-        **quiet,
-        "SERENTAK_LOCKS_ADDRESS": locks.address,
-        "SERENTAK_NOTIFY_ADDRESS": f"127.0.0.1:{free_port()}",
-        "SERENTAK_PUBLISH_EVENTS": "false",
-    }
-    label = "SQLite (WAL, synchronous FULL)"
-    if postgres:
-        env["SERENTAK_UPLOAD_DATABASE_URL"] = postgres_database(stack, postgres)
-        label = "PostgreSQL"
-    upload = stack.enter_context(service_process("upload", tmp / "upload", env))
-    url = env.get("SERENTAK_UPLOAD_DATABASE_URL") or sqlite_url(tmp / "upload" / "data", "upload")
-    return upload, url, label
 
 
 async def seed_files(database_url: str, folder_id: str, count: int) -> None:

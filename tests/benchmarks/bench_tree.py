@@ -35,7 +35,9 @@ from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from sqlalchemy.engine import make_url
 from support.etcd import EtcdServer
 from support.ports import free_port
-from support.services import service_process
+from support.services import ServiceProcess, service_process
+
+from services.common.config import sqlite_url
 
 ALICE = (("authorization", "Bearer dev-alice"),)
 BOB = (("authorization", "Bearer dev-bob"),)
@@ -57,8 +59,10 @@ def postgres_database(stack: ExitStack, admin_dsn: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def start_servers(stack: ExitStack, tmp: Path, postgres: str | None) -> tuple[str, str]:
-    """etcd, the lock service and the upload service; (upload address, database name)."""
+def start_servers(
+    stack: ExitStack, tmp: Path, postgres: str | None
+) -> tuple[ServiceProcess, str, str]:
+    """etcd, the lock service and the upload service: (upload, database URL, its label)."""
     etcd = EtcdServer(tmp / "etcd")
     etcd.start()
     stack.callback(etcd.stop)
@@ -79,7 +83,8 @@ def start_servers(stack: ExitStack, tmp: Path, postgres: str | None) -> tuple[st
         env["SERENTAK_UPLOAD_DATABASE_URL"] = postgres_database(stack, postgres)
         database = "PostgreSQL"
     upload = stack.enter_context(service_process("upload", tmp / "upload", env))
-    return upload.address, database
+    url = env.get("SERENTAK_UPLOAD_DATABASE_URL") or sqlite_url(tmp / "upload" / "data", "upload")
+    return upload, url, database
 
 
 async def build_tree(files: upload_pb2_grpc.FileServiceStub, depth: int, entries: int) -> str:
@@ -172,8 +177,8 @@ def main() -> None:
     args = parser.parse_args()
     rounds = args.rounds or (10 if args.quick else 30)
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-tree-") as tmp:
-        address, database = start_servers(stack, Path(tmp), args.postgres)
-        times = asyncio.run(measure(address, args.depth, args.entries, rounds))
+        upload, _, database = start_servers(stack, Path(tmp), args.postgres)
+        times = asyncio.run(measure(upload.address, args.depth, args.entries, rounds))
     p50 = {case: statistics.median(values) * 1000 for case, values in times.items()}
     print(
         f"ListFolder of {args.entries} entries at depth {args.depth}, {database}, {rounds} rounds"
