@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import (
 
 from services.common.logging import get_logger
 from services.common.private_files import private_sqlite
+from services.common.sqlite_cursor import OneHopCursor
 
 log = get_logger(__name__)
 
@@ -108,6 +109,10 @@ class _SqliteConnection(aiosqlite.Connection):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._thread = threading.Thread(target=_worker, args=(self._tx,), daemon=True)
+
+    def cursor(self) -> Any:  # SQLAlchemy's adapter: one hand-off a statement, not four
+        """A cursor that executes, fetches and closes in one call on the thread."""
+        return OneHopCursor(self)
 
     async def close(self) -> None:
         """Close the SQLite connection and stop the thread, unless already stopped."""

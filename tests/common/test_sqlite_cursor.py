@@ -1,0 +1,80 @@
+"""SQLite statements through SQLAlchemy cost one hand-off to the connection's thread, and
+read back exactly what aiosqlite's cursor gave: rows, rowcount, lastrowid, errors
+(services/common/sqlite_cursor.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from services.common.db import create_engine
+
+metadata = MetaData()
+items = Table(
+    "items",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String, unique=True, nullable=False),
+)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path):
+    engine = create_engine(f"sqlite:///{tmp_path / 'cursor.db'}")
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+    yield engine
+    await engine.dispose()
+
+
+async def test_a_statement_is_one_hand_off_to_the_connections_thread(engine) -> None:
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        calls: list[object] = []
+        real = driver._execute
+
+        async def counted(fn, *args, **kwargs):
+            calls.append(fn)
+            return await real(fn, *args, **kwargs)
+
+        driver._execute = counted
+        try:
+            rows = (await conn.execute(select(items.c.id))).all()
+        finally:
+            del driver._execute
+    assert rows == []
+    # BEGIN and the SELECT: one call each (aiosqlite's cursor took four a statement).
+    assert len(calls) == 2
+
+
+async def test_rows_counts_and_ids_read_as_through_aiosqlite(engine) -> None:
+    async with engine.begin() as conn:
+        first = await conn.execute(insert(items).values(name="a"))
+        assert first.inserted_primary_key == (1,)  # lastrowid
+        await conn.execute(insert(items), [{"name": "b"}, {"name": "c"}])  # executemany
+        returned = (
+            await conn.execute(insert(items).values(name="d").returning(items.c.id))
+        ).scalar_one()
+        assert returned == 4
+        moved = await conn.execute(
+            update(items).where(items.c.id > 2).values(name=items.c.name + "!")
+        )
+        assert moved.rowcount == 2
+        result = await conn.execute(select(items.c.id, items.c.name).order_by(items.c.id))
+        assert result.keys() == ["id", "name"]  # description
+        assert result.fetchone() == (1, "a")
+        assert result.fetchmany(2) == [(2, "b"), (3, "c!")]
+        assert result.fetchall() == [(4, "d!")]
+
+
+async def test_a_constraint_error_is_sqlalchemys_and_the_connection_goes_on(engine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(insert(items).values(name="a"))
+    with pytest.raises(IntegrityError):
+        async with engine.begin() as conn:
+            await conn.execute(insert(items).values(name="a"))
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar_one() == 1
