@@ -8,6 +8,7 @@ from __future__ import annotations
 import unicodedata
 import uuid
 import weakref
+from typing import Any
 
 from sqlalchemy import func, literal, select, text
 from sqlalchemy.exc import IntegrityError
@@ -154,6 +155,10 @@ async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
     """
     if session.get_bind().dialect.name != "postgresql":
         return
+    sync = session.sync_session
+    current = sync.get_nested_transaction() or sync.get_transaction()
+    if _taken_in_line(session, tenant_id, current):
+        return
     strict = not session.in_nested_transaction()
     params = {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id, "strict": strict}
     held, wrote, _ = (await session.execute(_TAKE_TREE_LOCK, params)).one()
@@ -161,6 +166,24 @@ async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
         raise TreeLockOrder(
             f"tree lock of tenant {tenant_id!r} taken after this transaction wrote rows"
         )
+    session.info.setdefault(_TAKEN, {})[tenant_id] = current
+
+
+# session.info: tenant -> the (nested) transaction that took its tree lock. A use case asks
+# for the lock at each step that needs it (its unit, the commit, the change log); once taken
+# in this transaction or a savepoint around the current one, asking again costs no round
+# trip. A rolled-back savepoint gives back the lock it took, and is no longer in line.
+_TAKEN = "serentak.tree_locks"
+
+
+def _taken_in_line(session: AsyncSession, tenant_id: str, current: Any) -> bool:
+    """Whether `tenant_id`'s tree lock was taken by `current` or a transaction around it."""
+    taker = session.info.get(_TAKEN, {}).get(tenant_id)
+    while taker is not None and current is not None:
+        if current is taker:
+            return bool(taker.is_active)
+        current = current.parent
+    return False
 
 
 # One round trip: whether the lock is held already (pg_locks shows a two-key advisory lock

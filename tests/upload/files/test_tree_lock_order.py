@@ -10,7 +10,8 @@ import os
 
 import pytest
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import select
+from sqlalchemy import event, select, text
+from sqlalchemy.engine import Engine
 from upload.tree_helpers import folder
 from upload.upload_helpers import chunk_request, create_request, wait_status
 
@@ -51,6 +52,55 @@ async def test_the_tree_lock_first_then_rows_then_again_is_one_lock(cluster, ses
         await lock_tree(session, "acme")
         changed = await session.scalar(select(FileRow.children_version).where(FileRow.id == made))
     assert changed == 1
+
+
+async def _tree_lock_held(session, tenant: str) -> bool:
+    """Whether this session's backend holds `tenant`'s tree lock (pg_locks)."""
+    return bool(
+        await session.scalar(
+            text(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid = pg_backend_pid() AND granted AND objsubid = 2"
+                " AND objid = CAST(hashtext(:tenant) AS oid))"
+            ),
+            {"tenant": tenant},
+        )
+    )
+
+
+async def test_asking_again_for_a_held_tree_lock_costs_no_statement(cluster, sessions) -> None:
+    _postgres_only(cluster)
+    async with sessions.begin() as session:
+        await lock_tree(session, "acme")
+        statements: list[str] = []
+
+        def count(_conn, _cursor, statement, *_args) -> None:
+            statements.append(statement)
+
+        event.listen(Engine, "before_cursor_execute", count)
+        try:
+            await lock_tree(session, "acme")
+            async with session.begin_nested():
+                await lock_tree(session, "acme")  # taken around this savepoint: still held
+        finally:
+            event.remove(Engine, "before_cursor_execute", count)
+        assert not [s for s in statements if "pg_advisory_xact_lock" in s]
+
+
+async def test_a_rolled_back_savepoint_gives_its_tree_lock_back_and_is_asked_again(
+    cluster, sessions
+) -> None:
+    """The memo of a held lock ends with the savepoint that took it: rolled back, the lock
+    is gone (PostgreSQL releases it), and the next ask takes it again."""
+    _postgres_only(cluster)
+    async with sessions.begin() as session:
+        savepoint = await session.begin_nested()
+        await lock_tree(session, "acme")
+        assert await _tree_lock_held(session, "acme")
+        await savepoint.rollback()
+        assert not await _tree_lock_held(session, "acme")
+        await lock_tree(session, "acme")
+        assert await _tree_lock_held(session, "acme")
 
 
 class _Refused(Exception):
