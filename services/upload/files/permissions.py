@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import and_, literal, select
+from sqlalchemy import String, and_, bindparam, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
@@ -54,18 +55,14 @@ class Link:
     share: str | None  # the caller's direct share on this item, if asked for
 
 
-async def chain(
-    session: AsyncSession, tenant_id: str, file_id: str, user_id: str | None = None
-) -> list[Link]:
-    """`file_id` and its folders up to the root (at most MAX_DEPTH + 1), in one query.
-
-    With `user_id`, each link carries that user's direct share. The depth bound makes the
-    query end even on a cycle; a chain that is still not at a root is cut there.
-    """
+def _chain_statement(with_shares: bool) -> Any:
+    """The walk up from `:file_id` in `:tenant_id`, with `:user_id`'s direct shares if asked
+    (built once: a statement made per call costs more than running it)."""
     files = FileRow.__table__
+    tenant_id = bindparam("tenant_id", type_=String)
     start = (
         select(files.c.id, files.c.parent_id, files.c.owner_user_id, literal(0).label("depth"))
-        .where(files.c.id == file_id, files.c.tenant_id == tenant_id)
+        .where(files.c.id == bindparam("file_id", type_=String), files.c.tenant_id == tenant_id)
         .cte("chain", recursive=True)
     )
     up = files.alias("up")
@@ -76,14 +73,37 @@ async def chain(
             start.c.depth < MAX_DEPTH,
         )
     )
-    if user_id is None:
+    if not with_shares:
         query = select(walk.c.id, walk.c.parent_id, walk.c.owner_user_id, literal(None))
     else:
         shares = ShareRow.__table__
         query = select(walk.c.id, walk.c.parent_id, walk.c.owner_user_id, shares.c.role).outerjoin(
-            shares, and_(shares.c.file_id == walk.c.id, shares.c.user_id == user_id)
+            shares,
+            and_(
+                shares.c.file_id == walk.c.id,
+                shares.c.user_id == bindparam("user_id", type_=String),
+            ),
         )
-    rows = (await session.execute(query.order_by(walk.c.depth))).all()
+    return query.order_by(walk.c.depth)
+
+
+_CHAIN = _chain_statement(with_shares=False)
+_CHAIN_WITH_SHARES = _chain_statement(with_shares=True)
+
+
+async def chain(
+    session: AsyncSession, tenant_id: str, file_id: str, user_id: str | None = None
+) -> list[Link]:
+    """`file_id` and its folders up to the root (at most MAX_DEPTH + 1), in one query.
+
+    With `user_id`, each link carries that user's direct share. The depth bound makes the
+    query end even on a cycle; a chain that is still not at a root is cut there.
+    """
+    values = {"tenant_id": tenant_id, "file_id": file_id}
+    if user_id is None:
+        rows = (await session.execute(_CHAIN, values)).all()
+    else:
+        rows = (await session.execute(_CHAIN_WITH_SHARES, {**values, "user_id": user_id})).all()
     return [Link(r[0], r[1], r[2], r[3]) for r in rows]
 
 

@@ -7,7 +7,9 @@ deleted files still take space) plus its open (uploading, merging) uploads.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, text
+from typing import Any
+
+from sqlalchemy import String, bindparam, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
@@ -16,6 +18,27 @@ from services.upload.models import FILE, MERGING, UPLOADING, FileRow, UploadRow
 from services.upload.settings import UploadSettings
 
 _OPEN = (UPLOADING, MERGING)
+
+
+def _figures() -> Any:
+    """The caller's open uploads, the tenant's open bytes and its stored bytes: three
+    figures in one statement, built once."""
+    tenant_id = bindparam("tenant_id", type_=String)
+    mine_q = select(func.count()).where(
+        UploadRow.tenant_id == tenant_id,
+        UploadRow.owner_user_id == bindparam("user_id", type_=String),
+        UploadRow.status.in_(_OPEN),
+    )
+    open_q = select(func.coalesce(func.sum(UploadRow.total_size), 0)).where(
+        UploadRow.tenant_id == tenant_id, UploadRow.status.in_(_OPEN)
+    )
+    stored_q = select(func.coalesce(func.sum(FileRow.size), 0)).where(
+        FileRow.tenant_id == tenant_id, FileRow.kind == FILE
+    )
+    return select(mine_q.scalar_subquery(), open_q.scalar_subquery(), stored_q.scalar_subquery())
+
+
+_FIGURES = _figures()
 
 
 def check_size(settings: UploadSettings, total_size: int) -> None:
@@ -43,23 +66,9 @@ async def check_allowance(
             text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
             {"key": f"upload-allowance:{identity.tenant_id}"},
         )
-    # The three figures in one statement: one round trip, one compiled query.
-    mine_q = select(func.count()).where(
-        UploadRow.tenant_id == identity.tenant_id,
-        UploadRow.owner_user_id == identity.user_id,
-        UploadRow.status.in_(_OPEN),
-    )
-    open_q = select(func.coalesce(func.sum(UploadRow.total_size), 0)).where(
-        UploadRow.tenant_id == identity.tenant_id, UploadRow.status.in_(_OPEN)
-    )
-    stored_q = select(func.coalesce(func.sum(FileRow.size), 0)).where(
-        FileRow.tenant_id == identity.tenant_id, FileRow.kind == FILE
-    )
     mine, open_bytes, stored = (
         await session.execute(
-            select(
-                mine_q.scalar_subquery(), open_q.scalar_subquery(), stored_q.scalar_subquery()
-            )
+            _FIGURES, {"tenant_id": identity.tenant_id, "user_id": identity.user_id}
         )
     ).one()
     cap = settings.max_open_uploads_per_user
