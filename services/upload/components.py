@@ -267,9 +267,7 @@ def build_components(
     tus = None
     if settings.tus_enabled:
         tails = Tails(settings.tus_root, fsync=settings.blob_fsync)
-        store = TusUploads(
-            sessions, settings, uploads, chunks, blobs, tails, inline, runtime.wake
-        )
+        store = TusUploads(sessions, settings, uploads, chunks, blobs, tails, inline, runtime.wake)
         tus = TusServer(store, auth, rates, settings)
     return UploadComponents(
         settings=settings,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
@@ -24,7 +24,7 @@ from services.common.errors import Aborted, AlreadyExists, InvalidArgument
 from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
 from services.common.page_tokens import PageTokens
-from services.upload import checksums, pagination
+from services.upload import pagination
 from services.upload.convert import STATUS_NAME
 from services.upload.errors import (
     FileDeleted,
@@ -33,17 +33,22 @@ from services.upload.errors import (
     UploaderNotAllowed,
     UploadNotActive,
     UploadNotFound,
-    WrongKind,
 )
 from services.upload.files.permissions import writable, writable_role
 from services.upload.files.tree import ensure_root, new_id, require_free_name, validate_name
-from services.upload.ingest.allowance import check_allowance, check_size
+from services.upload.ingest.allowance import check_allowance
 from services.upload.ingest.chunk_reads import ChunkRead, ChunkReads
+from services.upload.ingest.drafts import (
+    Target,
+    check_new_file_folder,
+    check_version_target,
+    checked_shape,
+    new_row,
+    request_key_of,
+)
 from services.upload.models import (
     ABORTED,
     EXPIRED,
-    FILE,
-    FOLDER,
     UPLOADING,
     ChunkRow,
     FileRow,
@@ -52,8 +57,6 @@ from services.upload.models import (
 )
 from services.upload.ranges import missing_ranges
 from services.upload.settings import UploadSettings
-
-MAX_CLIENT_REQUEST_ID = 128
 
 # Legal moves (invariant 5); anything else is a bug in the caller.
 _FORWARD = {
@@ -113,31 +116,6 @@ def log_transition(upload_id: str, from_status: str, to_status: str) -> None:
         to_status=to_status,
         transition=f"{from_status} → {to_status}",
     )
-
-
-def validate_shape(
-    settings: UploadSettings, total_chunks: int, total_size: int, chunk_size: int
-) -> None:
-    """Check the chunk layout: counts, bounds, and that the sizes add up."""
-    if not 1 <= total_chunks <= settings.max_total_chunks:
-        raise InvalidArgument("total_chunks", f"must be 1..{settings.max_total_chunks}")
-    if chunk_size < 1 or chunk_size > settings.max_chunk_size:
-        raise InvalidArgument("chunk_size", f"must be 1..{settings.max_chunk_size} bytes")
-    if total_chunks > 1 and chunk_size < settings.min_chunk_size:
-        raise InvalidArgument(
-            "chunk_size",
-            f"must be at least {settings.min_chunk_size} bytes for a multi-chunk upload",
-        )
-    if total_size < 0:
-        raise InvalidArgument("total_size", "must not be negative")
-    # Every chunk but the last is full; the last holds 1..chunk_size bytes (0 for an empty file).
-    low = chunk_size * (total_chunks - 1) + (1 if total_chunks > 1 else 0)
-    high = chunk_size * total_chunks
-    if not low <= total_size <= high:
-        raise InvalidArgument(
-            "total_size",
-            f"{total_chunks} chunks of {chunk_size} bytes hold {low}..{high} bytes",
-        )
 
 
 def upload_target_id(upload: UploadRow) -> str:
@@ -223,51 +201,38 @@ class Uploads:
     ) -> Prepared:
         """Everything `create` checks before its insert: the earlier upload of this
         client_request_id (`earlier`), or the new upload's row, not yet stored."""
-        crid = request.client_request_id
-        if len(crid) > MAX_CLIENT_REQUEST_ID or (crid and not crid.isprintable()):
-            raise InvalidArgument(
-                "client_request_id", f"at most {MAX_CLIENT_REQUEST_ID} printable characters"
-            )
-        request_key = f"{identity.tenant_id}:{identity.user_id}:{crid}" if crid else None
+        request_key = request_key_of(identity, request.client_request_id)
         if request_key is not None:
             existing = await self.by_request_key(request_key)
             if existing is not None:
                 return Prepared(await self._same_request(identity, existing, request), True)
-        validate_shape(self._settings, request.total_chunks, request.total_size, request.chunk_size)
-        check_size(self._settings, request.total_size)
-        algorithm = checksums.algorithm_name(request.checksum_algorithm)
-        expected = ""
-        if request.expected_checksum:
-            expected = checksums.normalize_hex(
-                request.expected_checksum, algorithm, "expected_checksum"
-            )
+        algorithm, expected = checked_shape(self._settings, request)
         file_id, folder_id, name, is_new = await self._target(identity, request)
-        now = utcnow()
-        row = UploadRow(
-            id=new_id(),
-            tenant_id=identity.tenant_id,
-            owner_user_id=identity.user_id,
-            request_key=request_key,
-            client_request_id=crid,
-            file_id=file_id,
-            is_new_file=is_new,
-            folder_id=folder_id,
-            name=name,
-            status=UPLOADING,
-            total_chunks=request.total_chunks,
-            total_size=request.total_size,
-            chunk_size=request.chunk_size,
-            checksum_algorithm=algorithm,
-            expected_checksum=expected,
-            received_chunk_count=0,
-            created_at=now,
-            updated_at=now,
-            expires_at=now + timedelta(seconds=self._settings.upload_ttl_seconds),
-            file_version=0,
-            final_checksum="",
-            failure_reason="",
+        target = Target(file_id, folder_id, name, is_new)
+        return Prepared(
+            new_row(self._settings, identity, request, request_key, algorithm, expected, target),
+            False,
         )
-        return Prepared(row, False)
+
+    async def draft(self, identity: Identity, request: upload_pb2.CreateUploadRequest) -> UploadRow:
+        """The new upload's row after the checks that need no database read (the request's
+        shape, size, ids and name), its target checked later by `check_target` in the
+        transaction that stores it. A new file's folder and name are the request's; a new
+        version's are filled in by `check_target`."""
+        request_key = request_key_of(identity, request.client_request_id)
+        algorithm, expected = checked_shape(self._settings, request)
+        which = request.WhichOneof("target")
+        if which == "new_file":
+            name = validate_name(request.new_file.name, "new_file.name")
+            validation.resource_id(request.new_file.folder_id, "new_file.folder_id", required=False)
+            folder_id = request.new_file.folder_id or await ensure_root(self._sessions, identity)
+            target = Target(new_id(), folder_id, name, True)
+        elif which == "file_id":
+            validation.resource_id(request.file_id, "file_id")
+            target = Target(request.file_id, "", "", False)
+        else:
+            raise InvalidArgument("target", "set new_file or file_id")
+        return new_row(self._settings, identity, request, request_key, algorithm, expected, target)
 
     async def insert(self, session: AsyncSession, identity: Identity, row: UploadRow) -> None:
         """Store a prepared upload in the caller's transaction, within the user's open-upload
@@ -281,13 +246,23 @@ class Uploads:
         self, identity: Identity, request: upload_pb2.CreateUploadRequest, row: UploadRow
     ) -> UploadRow:
         """The upload a concurrent try with `row`'s client_request_id stored first."""
-        existing = None
-        if row.request_key is not None:
-            existing = await self.by_request_key(row.request_key)
+        existing = await self.earlier_if_any(identity, request, row)
         if existing is None:
             # Not a duplicate request id (its row is gone again, or the conflict was
             # another's): the request may simply be retried.
             raise Aborted(f"upload {row.id} could not be stored; retry", reason="UPLOAD_CONFLICT")
+        return existing
+
+    async def earlier_if_any(
+        self, identity: Identity, request: upload_pb2.CreateUploadRequest, row: UploadRow
+    ) -> UploadRow | None:
+        """The upload stored under `row`'s client_request_id, if any: the same request's
+        (CLIENT_REQUEST_ID_REUSED if it was another request)."""
+        if row.request_key is None:
+            return None
+        existing = await self.by_request_key(row.request_key)
+        if existing is None:
+            return None
         return await self._same_request(identity, existing, request)
 
     async def by_request_key(self, key: str) -> UploadRow | None:
@@ -350,10 +325,7 @@ class Uploads:
             async with self._sessions() as session:
                 await read_only(session)
                 folder, _ = await writable(session, identity, folder_id)
-                if folder.kind != FOLDER:
-                    raise WrongKind("new_file.folder_id is not a folder", file_id=folder_id)
-                if folder.deleted_at is not None:
-                    raise FileDeleted("the folder is deleted", file_id=folder_id)
+                check_new_file_folder(folder)
                 # A new version of an existing file is an upload to its file_id.
                 await require_free_name(session, identity, folder_id, name, "new_file.name")
             return new_id(), folder_id, name, True
@@ -361,10 +333,7 @@ class Uploads:
         async with self._sessions() as session:
             await read_only(session)
             file, _ = await writable(session, identity, request.file_id)
-            if file.kind != FILE:
-                raise WrongKind("file_id is a folder", file_id=file.id)
-            if file.deleted_at is not None:
-                raise FileDeleted("the file is deleted", file_id=file.id)
+            check_version_target(file)
             return file.id, file.parent_id or "", file.name, False
 
     async def load(self, session: AsyncSession, identity: Identity, upload_id: str) -> UploadRow:

@@ -344,24 +344,40 @@ async def _load(session: AsyncSession, upload_id: str) -> tuple[UploadRow | None
 
 
 async def commit_content(
-    session: AsyncSession, upload: UploadRow, result: Any, token: int, *, chunks: bool = True
+    session: AsyncSession,
+    upload: UploadRow,
+    result: Any,
+    token: int,
+    *,
+    chunks: bool = True,
+    checked_new_file: bool = False,
 ) -> FileRow:
     """Commit the merged content as the file's next version under lock `token`.
 
     One transaction (the caller's): the fenced file update (or the new file row), the
     parent folder's listing version, the outbox event and `merging -> completed`. Traced
     as `upload commit_version` (the statements; the COMMIT is the caller's).
+    `checked_new_file`: the caller checked in this transaction that the file is new and
+    its name free in its folder (UploadFile), so neither is read again.
     """
     with tracing.span(
         "upload commit_version", upload_id=upload.id, file_id=upload.file_id, fencing_token=token
     ) as span:
-        file = await _commit_content(session, upload, result, token, chunks=chunks)
+        file = await _commit_content(
+            session, upload, result, token, chunks=chunks, checked_new_file=checked_new_file
+        )
         tracing.annotate(span, version=file.version)
         return file
 
 
 async def _commit_content(
-    session: AsyncSession, upload: UploadRow, result: Any, token: int, *, chunks: bool
+    session: AsyncSession,
+    upload: UploadRow,
+    result: Any,
+    token: int,
+    *,
+    chunks: bool,
+    checked_new_file: bool,
 ) -> FileRow:
     now = utcnow()
     values: dict[str, Any] = {
@@ -373,7 +389,9 @@ async def _commit_content(
     # The tree lock before any row (tree.lock_tree): the change is logged, the folder's
     # row bumped, and a new file's name must be free in its folder.
     await lock_tree(session, upload.tenant_id)
-    existing = await session.get(FileRow, upload.file_id, populate_existing=True)
+    existing = None
+    if not checked_new_file:
+        existing = await session.get(FileRow, upload.file_id, populate_existing=True)
     if existing is None:
         # If the name was taken since CreateUpload, the new file is kept as "name (2)"
         # (README "Access rules").
@@ -384,7 +402,9 @@ async def _commit_content(
             id=upload.file_id,
             tenant_id=upload.tenant_id,
             parent_id=upload.folder_id,
-            name=await free_name(session, upload.tenant_id, upload.folder_id, upload.name),
+            name=upload.name
+            if checked_new_file
+            else await free_name(session, upload.tenant_id, upload.folder_id, upload.name),
             kind=FILE,
             owner_user_id=owner,
             version=1,

@@ -7,38 +7,41 @@ invariants by the same code the chunked path commits with:
 1. The data is hashed first; a given `checksum` that does not match is CHECKSUM_MISMATCH
    before anything is stored. More than `max_chunk_size` bytes is INVALID_ARGUMENT
    (`data`, DATA_TOO_LARGE): larger files take CreateUpload and chunks.
-2. `Uploads.prepare` runs CreateUpload's checks (the caller's write access to the target,
-   the name, the size limit) and finds an earlier upload of the same `client_request_id`
-   (same target and bytes: its outcome is the answer; else CLIENT_REQUEST_ID_REUSED).
+2. `Uploads.draft` runs CreateUpload's checks that need no read (the name, the size
+   limit, the ids); the target's are made in the committing transaction (4).
 3. The bytes go to the new version's content key (`files/{file_id}/{upload_id}`): temp +
    fsync + rename, durable before anything refers to them (invariant 4's "no partial
    object"; a crash before the commit leaves an object no row names, which the reclaim
-   sweep deletes after its grace period).
-4. Under the file lock `file:{file_id}` (the merge's key, through the same `FileLocks`,
-   held `briefly`: no Hold stream, the release not waited for; the body is one short
-   transaction and its write is fenced), one
-   transaction (shared with the other small files committing at the moment, each in its
-   own savepoint: `services.common.group_commit`) stores the upload (open-upload cap and
-   tenant quota checked in it), checks the uploader's rights again (`check_uploader`, as
-   the merge does under the lock) and commits with `commit_content`, the chunked path's
-   commit: the fencing check
-   `commit_fenced` (invariant 7), the version bump with its outbox event (6) and
-   `merging -> completed` (5). No job is involved, so there is no idempotency key to
-   record (9): the unique client_request_id is what makes a retry find this upload.
+   sweep deletes after its grace period; a refused commit deletes them at once).
+4. A new version commits under the file lock `file:{file_id}` (the merge's key, through
+   the same `FileLocks`, held `briefly`: no Hold stream, the release not waited for; the
+   body is one short transaction and its write is fenced). A new file takes no lock: its
+   id is made for this request and named nowhere before the commit, so there is no other
+   writer to exclude or fence. One transaction (shared with the other small files
+   committing at the moment, each in its own savepoint: `services.common.group_commit`)
+   checks the target (`drafts.check_target`: the caller's write access, a live folder
+   with the name free, or a live file; CreateUpload's errors), stores the upload
+   (open-upload cap and tenant quota checked in it) and commits with `commit_content`,
+   the chunked path's commit: the fencing check `commit_fenced` (invariant 7), the
+   version bump with its outbox event (6) and `merging -> completed` (5). No job is
+   involved, so there is no idempotency key to record (9): the unique client_request_id
+   is what makes a retry find this upload.
 
 Exactly once: the upload row and the version it made commit together or not at all, and
 the `client_request_id` is unique per user, so a retry (or a concurrent duplicate on
 another replica, which loses the insert) finds the committed upload and answers with its
-outcome; it never makes a second version. Concurrent duplicates in one process wait for
-the first one and then read its outcome. An upload of the same `client_request_id` made by
-CreateUpload and still open takes the chunked path's pieces (`ChunkStore.put` and the
-inline merge job).
+outcome; it never makes a second version. A retry refused by the checks (its own file now
+holds the name; the rights or quota changed) looks for that upload before answering.
+Concurrent duplicates in one process wait for the first one and then read its outcome. An
+upload of the same `client_request_id` made by CreateUpload and still open takes the
+chunked path's pieces (`ChunkStore.put` and the inline merge job).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import serentak.errors
@@ -66,8 +69,9 @@ from services.upload.errors import (
 from services.upload.files.permissions import readable
 from services.upload.files.tree import lock_tree
 from services.upload.ingest.chunks import ChunkStore
+from services.upload.ingest.drafts import check_target
 from services.upload.ingest.finish_waits import FinishSignals
-from services.upload.ingest.uploads import Uploads, check_uploader
+from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.inline import InlineMerges
 from services.upload.merge.merge_job import commit_content
@@ -197,18 +201,22 @@ class UploadFiles:
             shape.new_file.CopyFrom(request.new_file)
         elif which == "file_id":
             shape.file_id = request.file_id
-        prepared = await self._uploads.prepare(identity, shape)
-        if prepared.earlier:
-            return await self._earlier(identity, prepared.row, data, checksum)
-        upload = prepared.row
+        upload = await self._uploads.draft(identity, shape)
         # Shielded from the calling RPC: a caller that goes away never leaves a commit
         # half-way, nor its bytes deleted under a version that did commit.
         try:
             return await self._running.run(self._store(identity, upload, data, checksum))
         except IntegrityError:
-            # The same client_request_id committed first (another replica): its outcome.
+            # The same client_request_id was stored first (another request): its outcome.
             earlier = await self._uploads.earlier(identity, shape, upload)
             return await self._earlier(identity, earlier, data, checksum)
+        except SerentakError:
+            # A retry whose first try was stored gets that outcome even where the checks
+            # would refuse it now (its name taken by itself, rights, quota).
+            found = await self._uploads.earlier_if_any(identity, shape, upload)
+            if found is None:
+                raise
+            return await self._earlier(identity, found, data, checksum)
 
     async def _store(
         self, identity: Identity, upload: UploadRow, data: bytes, checksum: str
@@ -259,35 +267,46 @@ class UploadFiles:
             algorithm=upload.checksum_algorithm,
             chunk_count=1,
         )
+        # In lock order (the tenant's tree and allowance locks, then the folder's row).
+        order = (upload.tenant_id, upload.folder_id, upload.file_id)
+        if upload.is_new_file:
+            # A new file's id was made for this request and is named nowhere until this
+            # commit: no other writer to exclude or fence, so no lock. Its token is 0, as a
+            # root's or a synced file's; any lock taken on it later has a greater one.
+            return await self._groups.run(self._committer(identity, upload, stored, 0), order)
         async with self._locks.briefly(
             f"file:{upload.file_id}",
             tenant_id=upload.tenant_id,
             ttl=self._lock.ttl_seconds,
             wait_timeout=self._lock.wait_seconds,
         ) as token:
-
-            async def commit(session: AsyncSession) -> UploadedFile:
-                # The tree lock before the upload row (tree.lock_tree; the commit logs).
-                await lock_tree(session, upload.tenant_id)
-                now = utcnow()
-                upload.status = MERGING
-                upload.received_chunk_count = 1
-                upload.merge_started_at = now
-                await self._uploads.insert(session, identity, upload)
-                # The rights checked by `prepare` are checked again under the lock, in the
-                # committing transaction, as the merge does.
-                role = await check_uploader(session, upload)
-                file = await commit_content(session, upload, stored, token, chunks=False)
-                # The answer shows the row as committed (the status move set it in SQL).
-                await session.refresh(upload)
-                self._signals.after_commit(session, upload.id)
-                return UploadedFile(upload, file, role)
-
             # Shared with the other small files committing now (group commit).
-            # In lock order (the tenant's tree and allowance locks, then the folder's row).
-            order = (upload.tenant_id, upload.folder_id, upload.file_id)
-            done = await self._groups.run(commit, order)
-        return done
+            return await self._groups.run(self._committer(identity, upload, stored, token), order)
+
+    def _committer(
+        self, identity: Identity, upload: UploadRow, stored: Merged, token: int
+    ) -> Callable[[AsyncSession], Awaitable[UploadedFile]]:
+        """The unit of work that stores `upload` and commits its version (module docstring)."""
+
+        async def commit(session: AsyncSession) -> UploadedFile:
+            # The tree lock before any row (tree.lock_tree; the commit logs).
+            await lock_tree(session, upload.tenant_id)
+            # CreateUpload's checks of the target, here in the committing transaction (and
+            # for a new version under the file lock, as the merge checks its uploader).
+            role = await check_target(session, identity, upload)
+            upload.status = MERGING
+            upload.received_chunk_count = 1
+            upload.merge_started_at = utcnow()
+            await self._uploads.insert(session, identity, upload)
+            file = await commit_content(
+                session, upload, stored, token, chunks=False, checked_new_file=upload.is_new_file
+            )
+            # The status move's UPDATE has set the row's new values on `upload` too
+            # (the ORM's synchronize_session), so the answer needs no re-read.
+            self._signals.after_commit(session, upload.id)
+            return UploadedFile(upload, file, role)
+
+        return commit
 
     async def _earlier(
         self, identity: Identity, upload: UploadRow, data: bytes, checksum: str

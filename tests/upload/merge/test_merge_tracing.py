@@ -146,7 +146,26 @@ async def test_upload_file_continues_the_callers_trace_to_the_commit(cluster, ex
     assert f"{call.context.trace_id:032x}" == trace_id
     assert call.parent is not None and f"{call.parent.span_id:016x}" == parent_id
     (commit,) = named(spans, "upload commit_version")
-    assert ancestors(spans, commit)[:2] == ["lock hold", UPLOAD_FILE]
+    # A new file's commit takes no lock: nobody can name the file before it commits.
+    assert ancestors(spans, commit)[:1] == [UPLOAD_FILE]
+    assert not named(spans, "lock hold")
     assert _attr(commit, "serentak.file_id") == answer.upload.file_id
     (write,) = named(spans, "blob write")
     assert parent_of(spans, write) is call
+
+
+async def test_upload_file_commits_a_new_version_under_the_file_lock(cluster, exporter) -> None:
+    alice = cluster["alice"]
+    first = await alice.uploads.UploadFile(
+        upload_pb2.UploadFileRequest(new_file=upload_pb2.NewFileTarget(name="v.txt"), data=b"1"),
+        metadata=alice.metadata,
+    )
+    await alice.uploads.UploadFile(
+        upload_pb2.UploadFileRequest(file_id=first.upload.file_id, data=b"2"),
+        metadata=alice.metadata,
+    )
+    spans = await exporter.wait_for(lambda got: len(named(got, "upload commit_version")) == 2)
+    (commit,) = [s for s in named(spans, "upload commit_version") if _attr(s, "serentak.fencing_token")]
+    assert ancestors(spans, commit)[:2] == ["lock hold", UPLOAD_FILE]
+    (hold,) = named(spans, "lock hold")
+    assert _attr(hold, "serentak.fencing_token") == _attr(commit, "serentak.fencing_token")
