@@ -77,6 +77,7 @@ def build_components(
                 if settings.unread_retention_seconds
                 else None
             ),
+            retired_older_than=timedelta(seconds=settings.retired_aggregate_retention_seconds),
         ),
         retry=RetryPolicy(max_attempts=3, base_seconds=5.0, cap_seconds=60.0),
     )

@@ -33,6 +33,7 @@ from services.notify import cursors, digest
 from services.notify.messages import row_message
 from services.notify.models import Notification, UserStream
 from services.notify.notification_ids import new_notification_id
+from services.notify.retirement import is_terminal
 from services.notify.sql import batches, insert_ignore, upsert
 from services.notify.summaries import Description
 
@@ -166,7 +167,10 @@ def new_notification_state(
 
 
 def audience(event: events_pb2.Event) -> list[str]:
-    """The users to notify: distinct, sorted (the lock order), actor excluded."""
+    """The users to notify: distinct, sorted (the lock order), actor excluded; nobody for
+    a terminal event."""
+    if is_terminal(event):
+        return []  # a purge tells nobody: the deletion was announced when it happened
     users = set(event.audience_user_ids)
     users.discard(event.actor_user_id)
     users.discard("")

@@ -11,6 +11,8 @@ applied for the aggregate (row-locked for the transaction):
   without a hole (`applied + 2`, ...);
 - `version > applied + 1`: parked in the inbox. It "retries later" without any resend:
   the transaction that accepts its predecessor accepts it too.
+An aggregate's terminal event (`file.purged`) retires it when accepted: nothing after it
+is accepted, in this transaction or any later one (`retirement.py`).
 
 Fan-out. The events a transaction accepts are written as notifications either by that
 transaction itself (inline) or by a fan-out job (`fanout_job.py`) it enqueues, one per
@@ -68,6 +70,7 @@ from services.notify.inbox_rows import (
     row_values,
 )
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
+from services.notify.retirement import is_terminal, retire
 from services.notify.sql import retrying
 from services.notify.summaries import named_subject
 
@@ -82,6 +85,8 @@ _BEHIND = "notify_behind_job"
 # transaction has locked (an IngestBatch locks them all up front; each event then reads
 # the version from here instead of a second upsert round trip).
 _LOCKED = "notify_aggregates_locked"
+# session.info key: aggregates whose terminal event this transaction accepted.
+_RETIRING = "notify_aggregates_retiring"
 
 
 @dataclass
@@ -249,6 +254,7 @@ class Inbox:
                     await enqueue(session, fanout_job(chain[take]))
                 queued = True
         await bump_applied(session, applied)
+        await retire(session, session.info.pop(_RETIRING, ()), utcnow())
         if inline and self._writer is not None:
             # One statement for every file's chain (and their applied versions): users
             # are locked in one global order, per file in version order (`fanout_batch.py`).
@@ -269,7 +275,7 @@ class Inbox:
         applied = locked.get(event.aggregate_id)
         if applied is None:
             applied = await self._lock_aggregate(session, event.aggregate_id)
-        if event.version <= applied:
+        if event.version <= applied or event.aggregate_id in session.info.get(_RETIRING, ()):
             status, outcome = InboxStatus.SKIPPED_OLD, Outcome.INGEST_OUTCOME_SKIPPED_OLD
         elif event.version > applied + 1:
             status, outcome = InboxStatus.PARKED, Outcome.INGEST_OUTCOME_PARKED
@@ -320,11 +326,14 @@ class Inbox:
         aggregate_id = first.aggregate_id
         accepted: dict[str, list[events_pb2.Event]] = session.info.setdefault(_ACCEPTED, {})
         successors, stale = await self._parked_successors(
-            session, aggregate_id, first.version, rows
+            session, aggregate_id, first.version, rows, ended=is_terminal(first)
         )
         if behind:
             session.info.setdefault(_BEHIND, set()).add(aggregate_id)
         chain = [first, *successors]
+        if is_terminal(chain[-1]):
+            # The aggregate's last event: retired with this commit (`_fan_out`).
+            session.info.setdefault(_RETIRING, set()).add(aggregate_id)
         # Fanned out when the transaction ends (`_fan_out`): inline, or one fan-out job
         # per file per transaction, which writes every accepted event of the file from
         # the oldest on (`fanout_job.py`), this chain and any later one this transaction
@@ -349,11 +358,15 @@ class Inbox:
         aggregate_id: str,
         version: int,
         rows: list[Any] | None = None,
+        *,
+        ended: bool = False,
     ) -> tuple[list[events_pb2.Event], list[str]]:
         """Parked events of the aggregate at `version + 1`, `version + 2`, ... up to the
-        first hole (one per version: the earliest received wins), and the ids of parked
-        events that this chain makes old (a second event for `version` or a chain
-        version); from `rows` (`inbox_rows.pending_rows`, in this order) when read."""
+        first hole or the terminal event (one per version: the earliest received wins),
+        and the ids of parked events that this chain makes old (a second event for
+        `version` or a chain version, anything after a terminal event; `ended`: the event
+        at `version` is terminal); from `rows` (`inbox_rows.pending_rows`, in this
+        order) when read."""
         if rows is None:
             rows = list(
                 await session.execute(
@@ -367,8 +380,9 @@ class Inbox:
         expected = version + 1
         for row in rows:
             event_id, row_version, payload = row[0], row[1], row[2]
-            if row_version < expected:
-                stale.append(event_id)  # a second event for a version already accepted
+            if row_version < expected or ended:
+                # A second event for a version already accepted, or one after the end.
+                stale.append(event_id)
                 continue
             if row_version > expected:
                 break
@@ -376,6 +390,7 @@ class Inbox:
             event.ParseFromString(payload)
             chain.append(event)
             expected += 1
+            ended = is_terminal(event)
         return chain, stale
 
     async def _finish(self, session: AsyncSession, event_ids: list[str], status: str) -> None:

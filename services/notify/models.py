@@ -74,13 +74,26 @@ class InboxEvent(Base):
 class AggregateVersion(Base):
     """The last version applied per aggregate (file or folder): invariant 10's `current`.
 
-    Its row is also the per-aggregate lock: applying an event holds it FOR UPDATE.
+    Its row is also the per-aggregate lock: applying an event holds it FOR UPDATE. The
+    aggregate's terminal event (`file.purged`) retires it: every later event is old, and
+    the retention job deletes the row once no redelivery can arrive (`retirement.py`).
     """
 
     __tablename__ = "notify_aggregate_versions"
 
     aggregate_id: Mapped[str] = mapped_column(String(ID_LEN), primary_key=True)
     applied_version: Mapped[int] = mapped_column(BigInteger, default=0)
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+    __table_args__ = (
+        # Retention: retired rows only (a live aggregate has no entry to write).
+        Index(
+            "ix_notify_aggregate_versions_retired_at",
+            "retired_at",
+            postgresql_where=text("retired_at IS NOT NULL"),
+            sqlite_where=text("retired_at IS NOT NULL"),
+        ),
+    )
 
 
 class UserStream(Base):

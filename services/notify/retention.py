@@ -1,5 +1,5 @@
 """Retention: a periodic job purges read notifications, unread ones past their own (longer)
-retention, and finished inbox rows.
+retention, finished inbox rows, and retired aggregates (`retirement.py`).
 
 The job runtime's periodic scheduler enqueues `notify_retention` once per
 `retention_interval_seconds` across all replicas (`PeriodicSchedule`); the sweep runs in
@@ -10,7 +10,10 @@ Unread notifications go only after `unread_older_than` (SERENTAK_UNREAD_RETENTIO
 them. A redelivery that could bring one back cannot come that late: the upload service's
 outbox purges published events within days. A purged inbox row only
 means a very late redelivery of that event is no longer recognised by `event_id`; the
-version order still skips it as old, so it has no effect either way.
+version order still skips it as old, so it has no effect either way. A retired
+aggregate's row (the file was purged upstream) goes after
+`retired_older_than` (SERENTAK_RETIRED_AGGREGATE_RETENTION_SECONDS, 30 days), with any
+parked event of it: by then no redelivery of its events can arrive to find it gone.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from services.common.logging import get_logger
 from services.notify import metrics
 from services.notify.clock import utcnow
 from services.notify.models import InboxEvent, InboxStatus, Notification
+from services.notify.retirement import purge_retired
 
 log = get_logger(__name__)
 
@@ -38,6 +42,7 @@ class Purged:
 
     notifications: int
     inbox_events: int
+    retired_aggregates: int = 0
 
 
 async def purge(
@@ -46,6 +51,7 @@ async def purge(
     read_older_than: timedelta,
     inbox_older_than: timedelta,
     unread_older_than: timedelta | None = None,
+    retired_older_than: timedelta | None = None,
     now: datetime | None = None,
 ) -> Purged:
     """`purge_in` in a transaction of its own."""
@@ -55,6 +61,7 @@ async def purge(
             read_older_than=read_older_than,
             inbox_older_than=inbox_older_than,
             unread_older_than=unread_older_than,
+            retired_older_than=retired_older_than,
             now=now,
         )
 
@@ -65,12 +72,14 @@ async def purge_in(
     read_older_than: timedelta,
     inbox_older_than: timedelta,
     unread_older_than: timedelta | None = None,
+    retired_older_than: timedelta | None = None,
     now: datetime | None = None,
 ) -> Purged:
     """Delete notifications read before `now - read_older_than`, unread ones created before
-    `now - unread_older_than` (None: none), and inbox rows finished before
-    `now - inbox_older_than`, in the caller's transaction. Parked events stay, and so do
-    accepted ones whose fan-out has not run yet."""
+    `now - unread_older_than` (None: none), inbox rows finished before
+    `now - inbox_older_than`, and aggregates retired before `now - retired_older_than`
+    (None: none) with their parked events, in the caller's transaction. Other parked
+    events stay, and so do accepted ones whose fan-out has not run yet."""
     now = now or utcnow()
     notes = await session.execute(
         delete(Notification).where(
@@ -91,13 +100,23 @@ async def purge_in(
             InboxEvent.finished_at < now - inbox_older_than,
         )
     )
+    retired = parked = 0
+    if retired_older_than is not None:
+        retired, parked = await purge_retired(session, retired_older_than, now)
     purged = Purged(
         (notes.rowcount or 0) + unread_gone,  # type: ignore[attr-defined]
-        inbox.rowcount or 0,  # type: ignore[attr-defined]
+        (inbox.rowcount or 0) + parked,  # type: ignore[attr-defined]
+        retired,
     )
     metrics.PURGED.labels("notifications").inc(purged.notifications)
     metrics.PURGED.labels("notify_inbox").inc(purged.inbox_events)
-    log.info("retention_swept", notifications=purged.notifications, inbox=purged.inbox_events)
+    metrics.PURGED.labels("notify_aggregate_versions").inc(purged.retired_aggregates)
+    log.info(
+        "retention_swept",
+        notifications=purged.notifications,
+        inbox=purged.inbox_events,
+        retired_aggregates=purged.retired_aggregates,
+    )
     return purged
 
 
@@ -110,10 +129,12 @@ class RetentionJob:
         read_older_than: timedelta,
         inbox_older_than: timedelta,
         unread_older_than: timedelta | None = None,
+        retired_older_than: timedelta | None = None,
     ) -> None:
         self._read_older_than = read_older_than
         self._inbox_older_than = inbox_older_than
         self._unread_older_than = unread_older_than
+        self._retired_older_than = retired_older_than
 
     async def __call__(self, ctx: JobContext) -> None:
         """Purge what has aged out; the counts are stored with the job's idempotency key."""
@@ -122,8 +143,13 @@ class RetentionJob:
             read_older_than=self._read_older_than,
             inbox_older_than=self._inbox_older_than,
             unread_older_than=self._unread_older_than,
+            retired_older_than=self._retired_older_than,
         )
-        ctx.effect = {"notifications": purged.notifications, "inbox_events": purged.inbox_events}
+        ctx.effect = {
+            "notifications": purged.notifications,
+            "inbox_events": purged.inbox_events,
+            "retired_aggregates": purged.retired_aggregates,
+        }
 
 
 def retention_schedule(interval_seconds: float) -> PeriodicSchedule:

@@ -78,6 +78,13 @@ class NotifySettings(CommonSettings):
         description="Finished inbox rows older than this are purged (version order still "
         "skips a very late duplicate as old).",
     )
+    retired_aggregate_retention_seconds: float = Field(
+        30 * DAY_SECONDS,
+        gt=0,
+        description="A file's applied-version row is deleted this long after its terminal "
+        "event (file.purged) retired it; keep it longer than the upload service's "
+        "SERENTAK_OUTBOX_RETENTION_SECONDS (7 days), so no redelivery can still arrive.",
+    )
     retention_interval_seconds: float = Field(
         3600.0, gt=0, description="How often the retention job runs (periodic schedule)."
     )

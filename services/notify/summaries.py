@@ -25,6 +25,7 @@ _SUBJECT_FIELDS = {
     "file_shared": "file_id",
     "file_unshared": "file_id",
     "folder_created": "folder_id",
+    "file_purged": "file_id",
 }
 
 

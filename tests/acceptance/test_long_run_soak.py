@@ -1,8 +1,9 @@
 """The long run, compressed: many cycles of upload (whole and chunked), new version, share,
 unshare, download and delete on PostgreSQL, with every retention near zero and the purges
-run after each cycle (trash purge, storage reclaim, runtime retention, change log). After the first
-cycles, every table of the upload database keeps the same row count and the blob store the
-same bytes: nothing the cycles do is left behind (issue 33, part 3)."""
+run after each cycle (trash purge, storage reclaim, runtime retention, change log; notify's
+retention and runtime retention). After the first cycles, every table of the upload and
+notify databases keeps the same row count and the blob store the same bytes: nothing the
+cycles do is left behind (issue 33, parts 3 and 4)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from services.common.retention import RuntimeRetention, purge_runtime
 from services.locks.app import build_app as build_locks_app
 from services.locks.settings import LocksSettings
 from services.notify.app import build_app as build_notify_app
+from services.notify.retention import purge as purge_notify
 from services.notify.settings import NotifySettings
 from services.upload.app import build_app as build_upload_app
 from services.upload.files.change_log import purge_changes
@@ -51,6 +53,14 @@ RARELY = 1e6
 ZERO = RuntimeRetention(
     outbox_seconds=0, applied_jobs_seconds=0, dead_letter_seconds=0, audit_seconds=0
 )
+# Notify's retention with every window at zero: read and unread notifications, finished
+# inbox rows and retired aggregates all go.
+NOTIFY_ZERO = {
+    "read_older_than": timedelta(0),
+    "inbox_older_than": timedelta(0),
+    "unread_older_than": timedelta(0),
+    "retired_older_than": timedelta(0),
+}
 NO_GRACE = ReclaimPolicy(
     failed_grace_seconds=0,
     version_keep_count=1,
@@ -117,19 +127,21 @@ async def _cycle(uploads, files, n: int) -> None:
         await files.DeleteFile(upload_pb2.DeleteFileRequest(file_id=file_id), metadata=ALICE)
 
 
-async def _settled(sessions) -> None:
-    """Until every job has run and the relay has published every event."""
+async def _settled(*databases) -> None:
+    """Until every job of each database (upload's, notify's) has run and every event is
+    published (the relay's Ingest returns once notify has the event)."""
     deadline = time.monotonic() + DEADLINE_S
-    while True:
-        async with sessions() as session:
-            left = await session.scalar(select(func.count()).select_from(jobs))
-            unpublished = await session.scalar(
-                select(func.count()).where(outbox_events.c.published_at.is_(None))
-            )
-        if not left and not unpublished:
-            return
-        assert time.monotonic() < deadline, f"{left} jobs, {unpublished} events still pending"
-        await asyncio.sleep(0.05)
+    for sessions in databases:
+        while True:
+            async with sessions() as session:
+                left = await session.scalar(select(func.count()).select_from(jobs))
+                unpublished = await session.scalar(
+                    select(func.count()).where(outbox_events.c.published_at.is_(None))
+                )
+            if not left and not unpublished:
+                break
+            assert time.monotonic() < deadline, f"{left} jobs, {unpublished} events pending"
+            await asyncio.sleep(0.05)  # poll interval of the wait above, not a stand-in
 
 
 async def _rows(sessions) -> dict[str, int]:
@@ -165,7 +177,12 @@ async def test_tables_and_blob_bytes_stay_flat_over_many_cycles(
     )
     notify = build_notify_app(
         NotifySettings(
-            notify_database_url=notify_url, data_dir=tmp_path / "notify", worker_poll_seconds=0.05
+            notify_database_url=notify_url,
+            data_dir=tmp_path / "notify",
+            worker_poll_seconds=0.05,
+            retention_interval_seconds=RARELY,
+            runtime_retention_interval_seconds=RARELY,
+            rate_limit_window_seconds=86_400,
         )
     )
     async with running_app(locks) as lk, running_app(notify) as nt:
@@ -199,8 +216,8 @@ async def test_tables_and_blob_bytes_stay_flat_over_many_cycles(
             RuntimeOptions(node_id=f"soak-{uuid.uuid4().hex[:6]}", poll_interval=0.05),
             SyncSettings(webhook_port=0, client_state=f"state-{uuid.uuid4().hex}"),
         )
-        engine = create_engine(upload_url)
-        sessions = session_factory(engine)
+        engine, notify_engine = create_engine(upload_url), create_engine(notify_url)
+        sessions, notify_sessions = session_factory(engine), session_factory(notify_engine)
         blobs = open_blob_store(settings)
         try:
             async with (
@@ -209,30 +226,43 @@ async def test_tables_and_blob_bytes_stay_flat_over_many_cycles(
             ):
                 uploads = upload_pb2_grpc.UploadServiceStub(channel)
                 files = upload_pb2_grpc.FileServiceStub(channel)
-                seen: list[tuple[dict[str, int], int]] = []
-                purged_rows = 0
+                seen: list[tuple[dict[str, int], dict[str, int], int]] = []
+                purged_rows = notify_purged = 0
                 for n in range(CYCLES):
                     await _cycle(uploads, files, n)
-                    await _settled(sessions)
+                    await _settled(sessions, notify_sessions)
                     trash = await purge_trash(sessions, timedelta(0))
                     assert trash.items == 2
+                    # What the purge announced reaches notify before its retention runs.
+                    await _settled(sessions, notify_sessions)
                     await reclaim(sessions, blobs, NO_GRACE)
                     purged_rows += sum((await purge_runtime(sessions, ZERO)).rows.values())
                     purged_rows += await purge_changes(sessions, timedelta(0))
-                    seen.append((await _rows(sessions), await _bytes(blobs)))
+                    swept = await purge_notify(notify_sessions, **NOTIFY_ZERO)
+                    notify_purged += swept.notifications + swept.inbox_events
+                    notify_purged += sum((await purge_runtime(notify_sessions, ZERO)).rows.values())
+                    seen.append(
+                        (await _rows(sessions), await _rows(notify_sessions), await _bytes(blobs))
+                    )
         finally:
             await blobs.close()
             await engine.dispose()
-    # Work happened (events, keys, audit rows were written and purged) ...
+            await notify_engine.dispose()
+    # Work happened (events, keys, audit rows, notifications were written and purged) ...
     assert purged_rows > CYCLES * 10
-    # ... and after the warm-up nothing grows: the same rows in every table, the same bytes.
-    base_rows, base_bytes = seen[WARM_UP - 1]
-    for rows, size in seen[WARM_UP:]:
-        # Periodic ticks are kept for the last KEEP_TICKS ticks of each type: bounded.
-        ticks = rows.pop("periodic_ticks")
-        assert ticks <= KEEP_TICKS * 10
-        assert rows == {k: v for k, v in base_rows.items() if k != "periodic_ticks"}
+    assert notify_purged > CYCLES * 10
+    # ... and after the warm-up nothing grows: the same rows in every table of both
+    # databases, the same bytes.
+    base_rows, base_notify, base_bytes = seen[WARM_UP - 1]
+    for rows, notify_rows, size in seen[WARM_UP:]:
+        for now, base in ((rows, base_rows), (notify_rows, base_notify)):
+            # Periodic ticks are kept for the last KEEP_TICKS ticks of each type: bounded.
+            ticks = now.pop("periodic_ticks")
+            assert ticks <= KEEP_TICKS * 10
+            assert now == {k: v for k, v in base.items() if k != "periodic_ticks"}
         assert size == base_bytes
     assert base_rows["files"] == 1  # alice's root folder
     for table in ("shares", "uploads", "upload_chunks", "outbox_events", "audit_events"):
         assert base_rows[table] == 0, table
+    for table in ("notifications", "notify_inbox", "notify_aggregate_versions", "jobs"):
+        assert base_notify[table] == 0, table

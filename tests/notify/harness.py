@@ -75,6 +75,11 @@ def event(
         ev.event_type = "file.renamed"
         ev.dedupe_key = dedupe_key if dedupe_key is not None else f"file:{file_id}:rename"
         ev.file_renamed.CopyFrom(events_pb2.FileRenamed(file_id=file_id, new_name=name))
+    elif kind == "purged":
+        # The terminal event the upload service's purge writes (audience: nobody).
+        ev.event_type = "file.purged"
+        ev.dedupe_key = dedupe_key if dedupe_key is not None else f"file:{file_id}:purged"
+        ev.file_purged.CopyFrom(events_pb2.FilePurged(file_id=file_id))
     else:
         raise ValueError(kind)
     return ev

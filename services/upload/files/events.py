@@ -4,6 +4,11 @@ with its audit row (services/common/audit) in the same transaction.
 Each event carries the file's new version, an idempotency key naming the change, a dedupe
 key (renames of one file share one, so a burst collapses; content updates get one per
 version, so none is merged away), the correlation id and the audience at commit time.
+
+An item deleted for good (the trash purge, the sync purge) ends its aggregate with
+`file.purged` (`record_purged`): the version after its last, written in the transaction
+that deletes the row, so a subscriber applies it after every earlier event and may then
+forget the aggregate.
 """
 
 from __future__ import annotations
@@ -83,6 +88,32 @@ async def record_file_event(
         detail=_audit_detail(file, payload),
     )
     return event
+
+
+async def record_purged(
+    session: AsyncSession, tenant_id: str, items: Iterable[tuple[str, str, int]]
+) -> None:
+    """Write the terminal `file.purged` event of each item `(id, kind, last version)`
+    deleted for good in `session` (the caller holds the tenant's tree lock and deletes the
+    rows in this transaction). No change log row or audit row of its own: the log showed
+    the deletion, and the purge writes its own audit row."""
+    for file_id, kind, version in items:
+        event = events_pb2.Event(
+            event_id=uuid.uuid4().hex,
+            event_type="file.purged",
+            aggregate_type="folder" if kind == FOLDER else "file",
+            aggregate_id=file_id,
+            tenant_id=tenant_id,
+            version=version + 1,
+            idempotency_key=f"file.purged:{file_id}:v{version + 1}",
+            dedupe_key=f"file:{file_id}:purged",
+            correlation_id=current_correlation_id(),
+            # Told to nobody: its deletion was announced when it happened, and the purge is
+            # the retention's doing, no one's action.
+            audience_user_ids=[],
+            file_purged=events_pb2.FilePurged(file_id=file_id),
+        )
+        await record_event(session, event)
 
 
 def _audit_detail(file: FileRow, payload: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ A tombstoned synced file is hidden while its tombstone row exists. When the sync
 deletes tombstones past retention it calls `retire_files` in the same transaction, so
 the file goes with its tombstone and nothing can show it again: the row (and its shares)
 is deleted, after a version bump and a `file.deleted` outbox event (invariant 6) naming
-the folder's audience, and the folder's listing version moves. The bytes of every version
+the folder's audience and the terminal `file.purged` (told to nobody: subscribers may
+forget the file), and the folder's listing version moves. The bytes of every version
 the file had are deleted by the next `upload.reclaim` run (`lifecycle/sweep.py`, retired
 files). Folders are not retired (their
 tombstone row stays, keeping them hidden). Tenants are locked in sorted order, so two
@@ -19,7 +20,7 @@ from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.logging import get_logger
-from services.upload.files.events import record_file_event
+from services.upload.files.events import record_file_event, record_purged
 from services.upload.files.tree import lock_tree
 from services.upload.files.versions import bump, touch_folder
 from services.upload.models import FILE, FileRow, ShareRow
@@ -50,6 +51,7 @@ async def retire_files(session: AsyncSession, file_ids: Sequence[str]) -> set[st
             file_id=file.id,
             name=file.name,
         )
+        await record_purged(session, file.tenant_id, [(file.id, file.kind, file.version)])
         await session.execute(delete(ShareRow).where(ShareRow.file_id == file.id))
         parent = file.parent_id
         await session.delete(file)

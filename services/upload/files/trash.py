@@ -8,6 +8,9 @@ first (the item is no longer due and stays) or finds the item gone (NOT_FOUND):
 - items under it that were not deleted themselves get their version bump and a
   `file.deleted` event (their collaborators learn they are gone, invariant 6); the item
   itself announced its deletion when it was deleted;
+- every item that goes ends its aggregate with a `file.purged` outbox event at the version
+  after its last (told to nobody), so subscribers apply it after every earlier event and
+  may forget the item (notify retires its version row, `services/notify/retirement.py`);
 - its shares and rows are deleted, deepest first (rows name their parent); the parent
   folder's listing version moves;
 - one audit row, `file.purged`, names the item and what went with it.
@@ -30,7 +33,7 @@ from services.common import audit
 from services.common.jobs import Handler, JobContext, PeriodicSchedule
 from services.common.logging import get_logger
 from services.upload import metrics
-from services.upload.files.events import record_file_event
+from services.upload.files.events import record_file_event, record_purged
 from services.upload.files.permissions import MAX_DEPTH
 from services.upload.files.tree import lock_tree
 from services.upload.files.versions import bump, touch_folder
@@ -99,6 +102,13 @@ async def purge_item(
                 )
     for level in reversed(levels):
         ids = [row.id for row in level]
+        # Versions as stored now: the live items above were bumped by their file.deleted.
+        last = await session.execute(
+            select(FileRow.id, FileRow.kind, FileRow.version)
+            .where(FileRow.id.in_(ids))
+            .order_by(FileRow.id)
+        )
+        await record_purged(session, top.tenant_id, [(i, kind, v) for i, kind, v in last])
         files += sum(1 for row in level if row.kind == FILE)
         sizes += sum(row.size for row in level if row.kind == FILE)
         await session.execute(delete(ShareRow).where(ShareRow.file_id.in_(ids)))

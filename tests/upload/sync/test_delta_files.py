@@ -4,7 +4,8 @@ A drive linked into a folder: each new upstream item is a file there, owned by t
 folder's owner (the link's owner), NFC-named, unique per folder ("name (2).ext" on a
 clash), with version 1 and its outbox event; a replayed page creates nothing twice; one
 tenant's link never writes into another's tree. Purge past retention deletes the
-tombstoned file with its tombstone (file.deleted event), so nothing shows it again.
+tombstoned file with its tombstone (file.deleted, then the terminal file.purged), so
+nothing shows it again.
 """
 
 from __future__ import annotations
@@ -201,6 +202,12 @@ async def test_purge_retires_tombstoned_files(world: SyncWorld, channel: grpc.ai
     ]
     # The audience at deletion: the owner and the collaborator hear it.
     assert set(deleted[0].audience_user_ids) >= {"alice", "bob"}
+    # Then the file's last event, told to nobody: subscribers may forget it.
+    purged = await _events(world, "file.purged")
+    assert [(e.aggregate_id, e.version, list(e.audience_user_ids)) for e in purged] == [
+        (gone.file_id, 4, [])
+    ]
+    assert purged[0].file_purged.file_id == gone.file_id
     assert set(await _listing(channel, ALICE, docs)) == {"kept.txt"}
     async with world.sessions() as s:
         left = (await s.execute(select(synced_items.c.upstream_item_id))).scalars().all()
