@@ -1,15 +1,20 @@
-"""`python -m services.common.health_probe [ADDRESS] [--service readiness]`: exit 0 if SERVING.
+"""`python -m services.common.health_probe [ADDRESS...] [--service readiness] [--wait S]`:
+exit 0 if every ADDRESS reports SERVING.
 
 The container HEALTHCHECK and the Kubernetes exec probe of a TLS deployment (the kubelet's
-native gRPC probe speaks plaintext only). With `SERENTAK_TLS_CA_FILE` set it dials TLS, with
-`SERENTAK_TLS_CLIENT_CERT_FILE`/`_KEY_FILE` mutual TLS; `--server-name` is the name the
-server certificate carries when it does not list the dialled address.
+native gRPC probe speaks plaintext only), and an operator's start-up check
+(docs/deploy-replicated.md): `--wait SECONDS` watches each server's status (Health/Watch,
+waiting for it to listen) until it is SERVING or the time is up, instead of asking once.
+With `SERENTAK_TLS_CA_FILE` set it dials TLS, with `SERENTAK_TLS_CLIENT_CERT_FILE`/`_KEY_FILE`
+mutual TLS; `--server-name` is the name the server certificate carries when it does not
+list the dialled address.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -57,21 +62,68 @@ def probe(
     return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
 
+def wait_serving(
+    address: str,
+    settings: ProbeSettings,
+    server_name: str = "",
+    wait: float = 60.0,
+    service: str = "",
+) -> str:
+    """The status of `service` once it is SERVING, or the last one seen when `wait` seconds
+    pass first (a server not yet listening is waited for, not failed)."""
+    deadline = time.monotonic() + wait
+    status = "UNKNOWN"
+    with channel(address, settings, server_name) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            request = health_pb2.HealthCheckRequest(service=service)
+            stream = stub.Watch(request, timeout=deadline - time.monotonic(), wait_for_ready=True)
+            try:
+                for update in stream:
+                    status = health_pb2.HealthCheckResponse.ServingStatus.Name(update.status)
+                    if update.status == health_pb2.HealthCheckResponse.SERVING:
+                        return status
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+                    break
+                # The server went away (a restart): watch it again once it is back.
+                status = exc.code().name  # type: ignore[attr-defined]
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the status; exit 0 only for SERVING."""
+    """Print each address's status; exit 0 only when all are SERVING."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("address", nargs="?", default="127.0.0.1:50051")
+    parser.add_argument("addresses", nargs="*", default=["127.0.0.1:50051"], metavar="ADDRESS")
     parser.add_argument("--server-name", default="", help="TLS name to verify instead")
     parser.add_argument("--timeout", type=float, default=3.0)
     parser.add_argument("--service", default="", help='"" (liveness) or "readiness"')
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS (in all) for every address to report SERVING",
+    )
     args = parser.parse_args(argv)
-    try:
-        status = probe(args.address, ProbeSettings(), args.server_name, args.timeout, args.service)
-    except grpc.RpcError as exc:
-        print(f"{args.address}: {exc.code().name}", file=sys.stderr)  # type: ignore[attr-defined]
-        return 1
-    print(f"{args.address}: {status}")
-    return 0 if status == "SERVING" else 1
+    settings = ProbeSettings()
+    serving = True
+    # One deadline for all: --wait bounds the whole check, however many addresses.
+    deadline = time.monotonic() + args.wait
+    for address in args.addresses:
+        try:
+            if args.wait > 0:
+                left = max(0.1, deadline - time.monotonic())
+                status = wait_serving(address, settings, args.server_name, left, args.service)
+            else:
+                status = probe(address, settings, args.server_name, args.timeout, args.service)
+        except grpc.RpcError as exc:
+            print(f"{address}: {exc.code().name}", file=sys.stderr)  # type: ignore[attr-defined]
+            serving = False
+            continue
+        print(f"{address}: {status}")
+        serving = serving and status == "SERVING"
+    return 0 if serving else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -82,3 +83,38 @@ def test_readiness_is_probed_separately_from_liveness(health_server) -> None:
     assert main([address, "--service", "readiness"]) == 1
     servicer.set("readiness", health_pb2.HealthCheckResponse.SERVING)
     assert main([address, "--service", "readiness"]) == 0
+
+
+def test_every_address_must_serve(health_server, capsys) -> None:
+    address, servicer = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    assert main([address, address]) == 0
+    assert main([address, f"127.0.0.1:{free_port()}", "--timeout", "1"]) == 1
+    out = capsys.readouterr()
+    assert f"{address}: SERVING" in out.out and "UNAVAILABLE" in out.err
+
+
+def test_wait_watches_until_serving_and_waits_for_a_server_to_listen() -> None:
+    port = free_port()
+    answered: list[int] = []
+    # Nothing listens yet: the probe waits for the server instead of failing.
+    waiting = threading.Thread(
+        target=lambda: answered.append(
+            main([f"127.0.0.1:{port}", "--service", "readiness", "--wait", "60"])
+        )
+    )
+    waiting.start()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    servicer.set("readiness", health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        # Not ready yet: a short wait ends with the status it saw.
+        assert main([f"127.0.0.1:{port}", "--service", "readiness", "--wait", "0.5"]) == 1
+        servicer.set("readiness", health_pb2.HealthCheckResponse.SERVING)
+        waiting.join(timeout=60)
+        assert answered == [0]
+    finally:
+        server.stop(None)

@@ -106,3 +106,59 @@ def test_jwks_verifies_the_minted_tokens(pki: Path) -> None:
     )
     service = json.loads(_b64url((pki / "tokens" / "upload.jwt").read_text().split(".")[1]))
     assert service["client_id"] == "serentak-upload"
+
+
+def test_a_token_for_a_new_user_verifies_with_the_same_jwks(pki: Path) -> None:
+    shell = shutil.which("dash") or "sh"
+    jwks_before = (pki / "public" / "jwks.json").read_text()
+    subprocess.run(
+        [shell, str(PKI_SCRIPT), str(pki), "user", "dora", "acme", "ops,auditor"],
+        check=True,
+        capture_output=True,
+    )
+    # No new key, no restart: the JWKS the services hold already verifies it.
+    assert (pki / "public" / "jwks.json").read_text() == jwks_before
+    (key,) = json.loads(jwks_before)["keys"]
+    token = (pki / "tokens" / "dora.jwt").read_text().strip()
+    header, payload, signature = token.split(".")
+    assert json.loads(_b64url(header))["kid"] == key["kid"]
+    claims = json.loads(_b64url(payload))
+    assert (claims["sub"], claims["tenant_id"], claims["roles"]) == (
+        "dora",
+        "acme",
+        ["ops", "auditor"],
+    )
+    assert (pki / "tokens" / "dora.jwt").stat().st_mode & 0o077 == 0
+    (pki / "dora.sig").write_bytes(_b64url(signature))
+    (pki / "dora.txt").write_text(f"{header}.{payload}")
+    assert "Verified OK" in _openssl(
+        "dgst", "-sha256", "-verify", str(pki / "jwt-pub.pem"),
+        "-signature", str(pki / "dora.sig"), str(pki / "dora.txt"),
+    )  # fmt: skip
+    # A name that would break the claims' JSON is refused, and nothing is written.
+    refused = subprocess.run(
+        [shell, str(PKI_SCRIPT), str(pki), "user", 'x"y', "acme"], capture_output=True
+    )
+    assert refused.returncode != 0 and not (pki / "tokens" / 'x"y.jwt').exists()
+
+
+def test_etcd_members_carry_the_address_they_are_dialled_at(tmp_path: Path) -> None:
+    shell = shutil.which("dash") or "sh"
+    env = {"PATH": "/usr/bin:/bin", "ETCD_MEMBERS": "etcd-1=10.0.1.1 etcd-2=db.example etcd-3"}
+    subprocess.run([shell, str(PKI_SCRIPT), str(tmp_path)], check=True, env=env)
+    for member, host in (("etcd-1", "10.0.1.1"), ("etcd-2", "db.example")):
+        verified = _openssl(
+            "verify", "-CAfile", str(tmp_path / "ca.pem"),
+            "-verify_ip" if host[0].isdigit() else "-verify_hostname", host,
+            str(tmp_path / f"{member}.pem"),
+        )  # fmt: skip
+        assert f"{member}.pem: OK" in verified
+    assert sorted(p.name for p in (tmp_path / "by-service").iterdir())[:3] == [
+        "etcd-1",
+        "etcd-2",
+        "etcd-3",
+    ]
+    # ECDSA P-256 keys (fast to make): what gRPC, etcd and OpenSSL all accept.
+    assert "ASN1 OID: prime256v1" in _openssl(
+        "pkey", "-in", str(tmp_path / "etcd-1-key.pem"), "-noout", "-text"
+    )

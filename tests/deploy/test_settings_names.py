@@ -1,4 +1,5 @@
-"""Every SERENTAK_* variable the compose file and the Kubernetes manifests set names a real
+"""Every SERENTAK_* variable the compose file, the Kubernetes manifests and the replicated
+deployment's templates (deploy/replicated/, docs/deploy-replicated.md) set names a real
 setting (settings ignore unknown variables, so a typo would pass silently in production)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ import re
 from pathlib import Path
 
 from pydantic_settings import BaseSettings
+from serentak.cli.parser import _ENVIRONMENT as CLI_ENVIRONMENT
 
 from services.common.config import CommonSettings
 from services.common.health_probe import ProbeSettings
@@ -19,9 +21,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 FILES = [
     REPO_ROOT / "deploy" / "compose" / "compose.yaml",
     *sorted((REPO_ROOT / "deploy" / "k8s").rglob("*.yaml")),
+    *sorted((REPO_ROOT / "deploy" / "replicated").glob("*.env")),
 ]
 # Read by compose itself, not by a service.
 COMPOSE_ONLY = {"SERENTAK_IMAGE"}
+# Read by the serentak CLI for its flags' defaults (deploy/replicated/client.env names it).
+CLI_ONLY = set(CLI_ENVIRONMENT.values())
 
 
 def _env_names(cls: type[BaseSettings]) -> set[str]:
@@ -48,5 +53,5 @@ def test_every_variable_set_is_a_setting() -> None:
         for name in re.findall(r"\b(SERENTAK_[A-Z0-9_]+)\b", path.read_text()):
             used.setdefault(name, set()).add(str(path.relative_to(REPO_ROOT)))
     assert len(used) > 20
-    unknown = {n: sorted(w) for n, w in used.items() if n not in known | COMPOSE_ONLY}
+    unknown = {n: sorted(w) for n, w in used.items() if n not in known | COMPOSE_ONLY | CLI_ONLY}
     assert unknown == {}, unknown

@@ -31,6 +31,7 @@ from support.process import (
 )
 
 T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
 
 
 class EtcdServer(LocalServer):
@@ -253,7 +254,7 @@ class EtcdCluster:
         )
         return grpc.secure_channel(target, creds)
 
-    def _root_metadata(self, channel: grpc.Channel) -> tuple[tuple[str, str], ...]:
+    def _root_metadata(self, channel: grpc.Channel) -> Metadata:
         if not self.auth:
             return ()
         auth = rpc_pb2_grpc.AuthStub(channel)
@@ -297,27 +298,43 @@ class EtcdCluster:
 
     def statuses(self) -> dict[int, rpc_pb2.StatusResponse]:
         """Maintenance.Status of every live member, by index."""
-        out = {}
-        for i, process in enumerate(self.processes):
-            if process is None:
-                continue
-            with self._channel(i) as channel:
-                try:
-                    md = self._root_metadata(channel)
-                    out[i] = rpc_pb2_grpc.MaintenanceStub(channel).Status(
-                        rpc_pb2.StatusRequest(), timeout=2, metadata=md
-                    )
-                except grpc.RpcError:
-                    continue
-        return out
+        live = [i for i, process in enumerate(self.processes) if process is not None]
+        return member_statuses(live, self._channel, self._root_metadata)
 
     def leader(self, within: float = START_TIMEOUT_S) -> int:
         """Index of the member that is leader now (waits for an election to finish)."""
-        deadline = time.monotonic() + within
-        while True:
-            for i, status in self.statuses().items():
-                if status.leader and status.leader == status.header.member_id:
-                    return i
-            if time.monotonic() > deadline:
-                raise RuntimeError("no etcd leader elected")
-            time.sleep(0.05)  # polling an observable condition (leadership), bounded
+        return wait_for_leader(self.statuses, within)
+
+
+
+def member_statuses(
+    members: list[int],
+    channel: Callable[[int], grpc.Channel],
+    metadata: Callable[[grpc.Channel], Metadata] = lambda _: (),
+) -> dict[int, rpc_pb2.StatusResponse]:
+    """Maintenance.Status of each member in `members` that answers, by index; `channel(i)`
+    opens a channel to member i, `metadata(channel)` authenticates on it if need be."""
+    out = {}
+    for i in members:
+        with channel(i) as ch:
+            try:
+                out[i] = rpc_pb2_grpc.MaintenanceStub(ch).Status(
+                    rpc_pb2.StatusRequest(), timeout=2, metadata=metadata(ch)
+                )
+            except grpc.RpcError:
+                continue
+    return out
+
+
+def wait_for_leader(
+    statuses: Callable[[], dict[int, rpc_pb2.StatusResponse]], within: float = START_TIMEOUT_S
+) -> int:
+    """Index of the member that is leader now, by `statuses()` (waits for an election)."""
+    deadline = time.monotonic() + within
+    while True:
+        for i, status in statuses().items():
+            if status.leader and status.leader == status.header.member_id:
+                return i
+        if time.monotonic() > deadline:
+            raise RuntimeError("no etcd leader elected")
+        time.sleep(0.05)  # polling an observable condition (leadership), bounded

@@ -45,6 +45,20 @@ class PostgresDatabases:
         assert row is not None
         return int(row[0])
 
+    def drop(self, *names: str, role: str | None = None) -> None:
+        """Drop databases made elsewhere (a deployment guide's), then their owner `role`."""
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            for name in names:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            if role is not None:
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+    def ssl_on(self) -> bool:
+        """True when the server offers TLS (`ssl = on`)."""
+        with psycopg.connect(self.admin_dsn) as conn:
+            row = conn.execute("SHOW ssl").fetchone()
+        return row is not None and row[0] == "on"
+
     def drop_all(self) -> None:
         """Drop every database this object created."""
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:

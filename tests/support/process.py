@@ -14,6 +14,13 @@ from pathlib import Path
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+# What asyncio writes to stderr when a task or coroutine is dropped unfinished or unread:
+# never in a service's log (each one is a bug).
+ASYNCIO_WARNINGS = (
+    "Task was destroyed but it is pending",
+    "Task exception was never retrieved",
+    "was never awaited",
+)
 
 
 def spawn(command: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:

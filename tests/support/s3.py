@@ -103,6 +103,11 @@ class S3Server(LocalServer):
         found = (p.relative_to(bucket).as_posix() for p in bucket.rglob("*") if p.is_file())
         return sorted(k for k in found if k.startswith(prefix))
 
+    def multipart_state(self) -> list[str]:
+        """s3s-fs's unfinished multipart uploads on disk, in its root folder:
+        `.upload-{id}.json`, `.upload_id-{id}.part-N`, `....upload-{id}.metadata.json`."""
+        return sorted(p.name for p in self.root.iterdir() if ".upload" in p.name)
+
     def command(self) -> list[str]:
         """The s3s-fs command line."""
         return [

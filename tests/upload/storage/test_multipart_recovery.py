@@ -36,12 +36,6 @@ PART = 5 * MIB  # the smallest part S3 allows: part 1 is chunks 0-4
 STUCK = 8  # the chunk whose GET blocks: after part 1, before part 2
 
 
-def _multipart_files(s3: S3Server) -> list[str]:
-    """s3s-fs's multipart state on disk: `.upload-{id}.json`, `.upload_id-{id}.part-N`,
-    and `....upload-{id}.metadata.json`."""
-    return sorted(p.name for p in s3.root.iterdir() if ".upload" in p.name)
-
-
 def _records(database_url: str) -> list[tuple[str, str]]:
     engine = create_engine(sync_url(database_url))
     try:
@@ -77,8 +71,8 @@ async def _kill_mid_merge(
         os.mkfifo(fifo, 0o600)
         await stub.PutChunk(chunk_request(upload.upload_id, last, chunks[last]), metadata=ALICE)
         await wait_for(
-            lambda: any(".part-" in name for name in _multipart_files(s3)),
-            lambda: f"never saw part 1 on s3s-fs: {_multipart_files(s3)}",
+            lambda: any(".part-" in name for name in s3.multipart_state()),
+            lambda: f"never saw part 1 on s3s-fs: {s3.multipart_state()}",
         )
         kill(proc)
     _unblock(fifo, chunks[STUCK])
@@ -103,13 +97,13 @@ async def test_a_rerun_merge_aborts_the_killed_merges_multipart_upload(
     # What SIGKILL left: a multipart upload with its part on disk, and its record.
     (recorded,) = _records(database_url)
     assert recorded[0].endswith(f"/{upload_id}")
-    assert any(recorded[1] in name and ".part-1" in name for name in _multipart_files(s3))
+    assert any(recorded[1] in name and ".part-1" in name for name in s3.multipart_state())
 
     async with upload_process(tmp_path, env) as (proc, stub):
         done = await wait_completed(stub, upload_id)
         assert s3.object_path(f"{prefix}/files/{done.file_id}/{upload_id}").read_bytes() == data
         assert '"reason": "rerun"' in proc.log_text() or '"reason":"rerun"' in proc.log_text()
-    assert _multipart_files(s3) == []
+    assert s3.multipart_state() == []
     assert _records(database_url) == []
 
 
@@ -120,7 +114,7 @@ async def test_the_sweep_aborts_a_recorded_multipart_upload_past_the_grace(
     prefix = "sweep"
     env = _env(database_url, locks_address, s3, prefix)
     await _kill_mid_merge(tmp_path, env, s3, prefix, os.urandom(CHUNK * 12 + 10))
-    assert len(_records(database_url)) == 1 and _multipart_files(s3)
+    assert len(_records(database_url)) == 1 and s3.multipart_state()
 
     # The sweep alone (no merge re-runs here), on the same database and bucket.
     settings = UploadSettings(
@@ -133,10 +127,10 @@ async def test_the_sweep_aborts_a_recorded_multipart_upload_past_the_grace(
     try:
         # Within the grace: a merge may still be writing it, so it stays.
         await reclaim(session_factory(engine), blobs, ReclaimPolicy(temp_grace_seconds=3600))
-        assert len(_records(database_url)) == 1 and _multipart_files(s3)
+        assert len(_records(database_url)) == 1 and s3.multipart_state()
         swept = await reclaim(session_factory(engine), blobs, ReclaimPolicy(temp_grace_seconds=0))
         assert swept.objects == 1
-        assert _multipart_files(s3) == []
+        assert s3.multipart_state() == []
         assert _records(database_url) == []
         # s3s-fs has no ListMultipartUploads (the second net): a later run still succeeds.
         again = await reclaim(session_factory(engine), blobs, ReclaimPolicy(temp_grace_seconds=0))
@@ -166,7 +160,7 @@ async def test_a_failed_merge_aborts_its_multipart_upload_and_forgets_it(
         with pytest.raises(merge_core.FileChecksumMismatch):
             await blobs.merge(refs, "files/f/u-failed", "sha256", digest(b"other"))
         assert not await blobs.exists("files/f/u-failed")
-        assert _multipart_files(s3) == []
+        assert s3.multipart_state() == []
         assert _records(database_url) == []
     finally:
         await blobs.close()
