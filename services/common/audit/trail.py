@@ -32,6 +32,10 @@ def principal_of(identity: Identity) -> str:
     return identity.user_id
 
 
+# Built once (its values passed at execution).
+_INSERT = insert(audit_events)
+
+
 async def record(
     session: AsyncSession,
     *,
@@ -44,16 +48,17 @@ async def record(
 ) -> None:
     """Add one audit row in `session`'s transaction (the bound correlation id, now)."""
     await session.execute(
-        insert(audit_events).values(
-            at=utcnow(),
-            tenant_id=tenant_id,
-            principal=principal or SYSTEM,
-            action=action,
-            target_type=target_type,
-            target_id=target_id,
-            correlation_id=current_correlation_id(),
-            detail=dict(detail or {}),
-        )
+        _INSERT,
+        {
+            "at": utcnow(),
+            "tenant_id": tenant_id,
+            "principal": principal or SYSTEM,
+            "action": action,
+            "target_type": target_type,
+            "target_id": target_id,
+            "correlation_id": current_correlation_id(),
+            "detail": dict(detail or {}),
+        },
     )
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Executable, delete, func, insert, select, update
+from sqlalchemy import BigInteger, String, bindparam, delete, func, insert, select, update
 from sqlalchemy import event as sa_event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -50,24 +51,30 @@ def subscribe(callback: Callable[[str], None]) -> Callable[[], None]:
     return lambda: _subscribers.remove(callback) if callback in _subscribers else None
 
 
+def _next_seq_statement(dialect_insert: Any) -> Any:
+    """Insert-or-increment the tenant's head by `:count`, returning the last number."""
+    head = ChangeHeadRow.__table__
+    count = bindparam("count", type_=BigInteger)
+    stmt = dialect_insert(head).values(
+        tenant_id=bindparam("tenant_id", type_=String), last_seq=count, purged_through=0
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=["tenant_id"], set_={"last_seq": head.c.last_seq + count}
+    ).returning(head.c.last_seq)
+
+
+# Built once per dialect: a statement made per call costs more than running it.
+_NEXT_SEQ = {
+    "postgresql": _next_seq_statement(postgresql.insert),
+    "sqlite": _next_seq_statement(sqlite.insert),
+}
+
+
 async def next_seqs(session: AsyncSession, tenant_id: str, count: int) -> int:
     """Reserve `count` sequence numbers for the tenant; returns the last (row-locked)."""
-    head = ChangeHeadRow.__table__
-    values = {"tenant_id": tenant_id, "last_seq": count, "purged_through": 0}
     # Insert-or-increment in one statement: the row lock is held until this commit.
-    increment = {"last_seq": head.c.last_seq + count}
-    stmt: Executable
-    if session.get_bind().dialect.name == "postgresql":
-        pg = postgresql.insert(ChangeHeadRow).values(values)
-        stmt = pg.on_conflict_do_update(index_elements=["tenant_id"], set_=increment).returning(
-            ChangeHeadRow.last_seq
-        )
-    else:
-        lite = sqlite.insert(ChangeHeadRow).values(values)
-        stmt = lite.on_conflict_do_update(index_elements=["tenant_id"], set_=increment).returning(
-            ChangeHeadRow.last_seq
-        )
-    return int((await session.execute(stmt)).scalar_one())
+    stmt = _NEXT_SEQ[session.get_bind().dialect.name]
+    return int((await session.execute(stmt, {"tenant_id": tenant_id, "count": count})).scalar_one())
 
 
 async def _below(session: AsyncSession, folder: FileRow) -> list[FileRow]:

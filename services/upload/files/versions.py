@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import String, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.upload.errors import FileNotFound, StaleFencingToken, VersionMismatch
@@ -79,8 +79,12 @@ async def commit_fenced(session: AsyncSession, file_id: str, token: int, **value
 async def touch_folder(session: AsyncSession, folder_id: str | None) -> None:
     """Bump a folder's children_version: its cached listings are now outdated."""
     if folder_id:
-        await session.execute(
-            update(FileRow)
-            .where(FileRow.id == folder_id)
-            .values(children_version=FileRow.children_version + 1)
-        )
+        await session.execute(_TOUCH, {"folder_id": folder_id})
+
+
+# Built once (its value passed at execution).
+_TOUCH = (
+    update(FileRow)
+    .where(FileRow.id == bindparam("folder_id", type_=String))
+    .values(children_version=FileRow.children_version + 1)
+)
