@@ -165,7 +165,8 @@ async def test_upload_file_commits_a_new_version_under_the_file_lock(cluster, ex
         metadata=alice.metadata,
     )
     spans = await exporter.wait_for(lambda got: len(named(got, "upload commit_version")) == 2)
-    (commit,) = [s for s in named(spans, "upload commit_version") if _attr(s, "serentak.fencing_token")]
+    commits = named(spans, "upload commit_version")
+    (commit,) = [s for s in commits if _attr(s, "serentak.fencing_token")]  # the version's
     assert ancestors(spans, commit)[:2] == ["lock hold", UPLOAD_FILE]
     (hold,) = named(spans, "lock hold")
     assert _attr(hold, "serentak.fencing_token") == _attr(commit, "serentak.fencing_token")
