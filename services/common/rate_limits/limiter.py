@@ -109,8 +109,10 @@ class Limiter:
                 return window_end - now
             if reservation.refill is not None:
                 # One store request per key at a time: a burst waits for its reservation
-                # instead of each call reserving a batch it would spend one unit of.
-                await reservation.refill
+                # instead of each call reserving a batch it would spend one unit of. Shielded:
+                # a waiter cancelled (its client gone) must not cancel the refill the others
+                # and the refilling call wait on.
+                await asyncio.shield(reservation.refill)
                 continue
             return await self._refill(key, reservation, limit, now, window_end)
 
@@ -132,7 +134,8 @@ class Limiter:
             return None
         finally:
             reservation.refill = None
-            refill.set_result(None)
+            if not refill.done():
+                refill.set_result(None)
         if granted <= 0:
             reservation.full = True
             return window_end - now

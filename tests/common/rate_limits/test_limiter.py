@@ -103,3 +103,36 @@ async def test_a_failing_store_lets_calls_through_and_is_counted() -> None:
     lim = limiter(BrokenStore(), Clock(0.0))
     assert await admitted(lim, "k", 1, 5) == 5
     assert errors._value.get() == before + 5
+
+
+class GatedStore(MemoryCounterStore):
+    """The memory store, answering only once the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def take(self, key: str, window: int, wanted: int, limit: int, expires_at: int) -> int:
+        self.asked.set()
+        await self.gate.wait()
+        return await super().take(key, window, wanted, limit, expires_at)
+
+
+async def test_a_waiter_cancelled_during_a_refill_leaves_the_others_their_answer() -> None:
+    """Calls of one key wait for the one refill under way; one of them cancelled (its
+    client gone) must not cancel that refill for the rest. (It did: the refilling call
+    then failed with InvalidStateError, an INTERNAL to an innocent stream, and every
+    other waiter was cancelled.)"""
+    store = GatedStore()
+    lim = limiter(store, Clock(1000.5))
+    refilling = asyncio.create_task(lim.take("k", 100))
+    await store.asked.wait()
+    waiters = [asyncio.create_task(lim.take("k", 100)) for _ in range(3)]
+    await asyncio.sleep(0)  # one loop turn: each waiter runs up to the refill it waits on
+    waiters[0].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiters[0]
+    store.gate.set()
+    assert await refilling is None
+    assert [await w for w in waiters[1:]] == [None, None]
