@@ -245,6 +245,20 @@ class ChangeHeadRow(Base):
     purged_through: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
 
 
+class TenantUsageRow(Base):
+    """A tenant's stored bytes: the sum of its files' current sizes, trash included.
+
+    Kept by triggers on `files` (migration upload_0008), in the transaction of every change
+    to a file's size, so the quota check reads one row (ingest/allowance.py) and no code
+    path can forget to update it.
+    """
+
+    __tablename__ = "tenant_usage"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
 class ChangeRow(Base):
     """One change of one item, for one user whose view it may change (one row per user)."""
 

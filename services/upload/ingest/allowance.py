@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
 from services.upload.errors import QuotaExceeded, TooManyUploads, UploadTooLarge
-from services.upload.models import FILE, MERGING, UPLOADING, FileRow, UploadRow
+from services.upload.models import MERGING, UPLOADING, TenantUsageRow, UploadRow
 from services.upload.settings import UploadSettings
 
 _OPEN = (UPLOADING, MERGING)
@@ -32,8 +32,9 @@ def _figures() -> Any:
     open_q = select(func.coalesce(func.sum(UploadRow.total_size), 0)).where(
         UploadRow.tenant_id == tenant_id, UploadRow.status.in_(_OPEN)
     )
-    stored_q = select(func.coalesce(func.sum(FileRow.size), 0)).where(
-        FileRow.tenant_id == tenant_id, FileRow.kind == FILE
+    # One row kept by triggers on files (TenantUsageRow), not a sum over every file.
+    stored_q = select(func.coalesce(func.sum(TenantUsageRow.stored_bytes), 0)).where(
+        TenantUsageRow.tenant_id == tenant_id
     )
     return select(mine_q.scalar_subquery(), open_q.scalar_subquery(), stored_q.scalar_subquery())
 

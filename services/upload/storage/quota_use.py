@@ -1,9 +1,9 @@
 """The highest tenant's share of its storage quota, as a gauge (the near-quota alert).
 
-Usage is what CreateUpload's quota check counts (`Uploads._check_allowance`): the sizes of a
-tenant's files (current versions, trash included) plus the declared sizes of its open
-(`uploading` / `merging`) uploads. Two grouped aggregates over the whole store, so it runs
-every minute at most, on every replica (alerts take the max); a tenant past 90 % is logged
+Usage is what CreateUpload's quota check counts (`ingest/allowance.py`): the sizes of a
+tenant's files (current versions, trash included; `tenant_usage`, kept by triggers) plus
+the declared sizes of its open (`uploading` / `merging`) uploads. It runs every minute at
+most, on every replica (alerts take the max); a tenant past 90 % is logged
 by name, which the gauge (one series, no tenant label) cannot say.
 """
 
@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.logging import get_logger
 from services.upload import metrics
-from services.upload.models import FILE, MERGING, UPLOADING, FileRow, UploadRow
+from services.upload.models import MERGING, UPLOADING, TenantUsageRow, UploadRow
 
 log = get_logger(__name__)
 
@@ -37,13 +37,13 @@ class QuotaUse:
 async def highest_quota_use(session: AsyncSession, quota_bytes: int) -> QuotaUse:
     """The tenant closest to (or furthest past) `quota_bytes`."""
     used: dict[str, int] = {}
-    stored = select(FileRow.tenant_id, func.coalesce(func.sum(FileRow.size), 0)).where(
-        FileRow.kind == FILE
+    stored = select(TenantUsageRow.tenant_id, TenantUsageRow.stored_bytes)
+    open_uploads = (
+        select(UploadRow.tenant_id, func.coalesce(func.sum(UploadRow.total_size), 0))
+        .where(UploadRow.status.in_((UPLOADING, MERGING)))
+        .group_by(UploadRow.tenant_id)
     )
-    open_uploads = select(
-        UploadRow.tenant_id, func.coalesce(func.sum(UploadRow.total_size), 0)
-    ).where(UploadRow.status.in_((UPLOADING, MERGING)))
-    for stmt in (stored.group_by(FileRow.tenant_id), open_uploads.group_by(UploadRow.tenant_id)):
+    for stmt in (stored, open_uploads):
         for tenant_id, size in await session.execute(stmt):
             used[tenant_id] = used.get(tenant_id, 0) + int(size or 0)
     if not used or quota_bytes <= 0:
