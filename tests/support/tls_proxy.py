@@ -30,7 +30,7 @@ class TlsProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self.port = 0
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._connections: set[asyncio.Task[None]] = set()
 
     @property
     def endpoint(self) -> str:
@@ -61,23 +61,28 @@ class TlsProxy:
     async def _close(self) -> None:
         assert self._server is not None
         self._server.close()
-        # Open connections are cut, as a stopped server's would be.
-        for writer in list(self._writers):
-            writer.close()
+        # Open connections are cut, as a stopped server's would be (before waiting: newer
+        # Pythons' wait_closed waits for them).
+        for connection in self._connections:
+            connection.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
         await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        up_writer: asyncio.StreamWriter | None = None
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        pair = {writer, up_writer}
-        self._writers |= pair
-        try:
             await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        except OSError:
+            pass  # the server is down: the client sees its connection closed
         finally:
-            self._writers -= pair
+            self._connections.discard(task)
+            for end in (writer, up_writer):
+                if end is not None:
+                    end.close()
 
     @staticmethod
     async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -85,8 +90,8 @@ class TlsProxy:
             while data := await src.read(_BUFFER):
                 dst.write(data)
                 await dst.drain()
-        except (OSError, ssl.SSLError):
-            pass
+        except OSError:
+            pass  # either end went away (ssl.SSLError is an OSError)
         finally:
-            with contextlib.suppress(OSError, ssl.SSLError, RuntimeError):
+            with contextlib.suppress(OSError, RuntimeError):
                 dst.close()

@@ -132,3 +132,5 @@ def test_an_unusable_ca_file_stops_the_store_from_opening(
         open_blob_store(_settings(s3, proxy, tmp_path, s3_ca_file=garbage))
     with pytest.raises(ConfigError, match="SERENTAK_S3_ENDPOINT is not https://"):
         open_blob_store(UploadSettings(**s3.upload_settings(), s3_ca_file=garbage))
+    # A template's empty `SERENTAK_S3_CA_FILE=`: no private CA, the system's roots.
+    assert UploadSettings(s3_ca_file="").s3_ca_file is None
