@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from serentak.errors import ConfigError as ConfigError
 from serentak.settings import DEFAULT_SERVICE_TOKENS
@@ -136,6 +136,11 @@ class CommonSettings(BaseSettings):
         5.0, ge=0, description="Unknown kids trigger at most one JWKS fetch this often."
     )
     auth_jwks_timeout_seconds: float = Field(5.0, gt=0, description="One JWKS fetch's deadline.")
+    auth_jwks_ca_file: Path | None = Field(
+        None,
+        description="jwt mode: CA (PEM) of a JWKS URL with a private certificate, trusted with "
+        "the system's roots; read at start (empty: the system's roots only).",
+    )
     auth_claim_tenant: str = Field("tenant_id", description="Claim carrying the user's tenant.")
     auth_claim_user: str = Field("sub", description="Claim carrying the user id.")
     auth_claim_roles: str = Field("roles", description="Claim carrying a list of roles.")
@@ -241,6 +246,12 @@ class CommonSettings(BaseSettings):
     runtime_retention_interval_seconds: float = Field(
         3600.0, gt=0, description="How often the runtime_retention job runs (periodic schedule)."
     )
+
+    @field_validator("auth_jwks_ca_file", mode="before")
+    @classmethod
+    def _jwks_ca_empty_is_unset(cls, value: object) -> object:
+        # A rendered template's `NAME=` (no private CA) means unset, not the current folder.
+        return None if value == "" else value
 
     @model_validator(mode="after")
     def _replays_find_their_keys(self) -> CommonSettings:

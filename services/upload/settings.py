@@ -34,6 +34,11 @@ class UploadSettings(CommonSettings):
     s3_access_key_id: str | None = Field(None, description="S3 access key id.")
     s3_secret_access_key: SecretStr | None = Field(None, description="S3 secret access key.")
     s3_allow_http: bool = Field(False, description="Allow a plain-HTTP S3 endpoint (tests).")
+    s3_ca_file: Path | None = Field(
+        None,
+        description="CA (PEM) of an S3 endpoint with a private certificate (on-prem MinIO...), "
+        "trusted with the system's roots; read at start (empty: the system's roots only).",
+    )
     s3_path_style: bool = Field(
         True, description="Path-style requests (endpoint/bucket/key); False: virtual-hosted."
     )
@@ -269,6 +274,12 @@ class UploadSettings(CommonSettings):
         if parts.scheme == "s3" and parts.netloc:
             return value
         raise ValueError("blob_url must be file:///absolute/path or s3://bucket[/prefix]")
+
+    @field_validator("s3_ca_file", mode="before")
+    @classmethod
+    def _s3_ca_empty_is_unset(cls, value: object) -> object:
+        # A rendered template's `NAME=` (no private CA) means unset, not the current folder.
+        return None if value == "" else value
 
     @property
     def max_message_bytes(self) -> int:

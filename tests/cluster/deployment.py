@@ -1,9 +1,10 @@
 """The replicated deployment of docs/deploy-replicated.md, brought up on this machine by
 following the guide's own blocks (support/guide.py): every process on a loopback address of
 its own (127.0.1.N etcd, 127.0.2.N locks, 127.0.3.N notify, 127.0.4.N upload), with the
-same ports on every "host" as in production, PostgreSQL and an S3 store (s3s-fs) given to
-the inventory like an operator's. The test's clients then read what they need from the
-files the guide rendered (client.env, upload-1.env), not from settings of their own.
+same ports on every "host" as in production, PostgreSQL and an S3 store (s3s-fs behind a TLS
+terminator, its certificate from a private CA of the test's own) given to the inventory like
+an operator's. The test's clients then read what they need from the files the guide
+rendered (client.env, upload-1.env), not from settings of their own.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from serentak.credentials import ClientSecurity, ClientTls
 from sqlalchemy.engine import make_url
 from support.etcd import member_statuses, wait_for_leader
 from support.guide import Guide, GuideProcess
+from support.pki import Pki
 from support.ports import free_port
 from support.postgres import PostgresDatabases
 from support.s3 import S3Server
 from support.services import REPO_ROOT
+from support.tls_proxy import TlsProxy
 
 GUIDE = REPO_ROOT / "docs" / "deploy-replicated.md"
 PORTS = [
@@ -37,10 +40,13 @@ PORTS = [
 ]
 
 
-def inventory(folder: Path, postgres: PostgresDatabases, s3: S3Server, tag: str) -> dict[str, str]:
+def inventory(
+    folder: Path, postgres: PostgresDatabases, s3: S3Server, s3_tls: TlsProxy, s3_ca: Path, tag: str
+) -> dict[str, str]:
     """This machine's answers to the guide's inventory: loopback hosts, free ports, the
     test PostgreSQL (TLS required; its certificate is not one a CA we hold signed, so no
-    verify-full) and the s3s-fs store (plain HTTP: it has no TLS)."""
+    verify-full) and the s3s-fs store over https through `s3_tls`, trusted by `s3_ca`
+    (s3s-fs has no TLS; the CA is the store's own, not the guide's PKI)."""
     admin = make_url(postgres.admin_dsn)
     values = {
         "DIR": str(folder),
@@ -54,8 +60,9 @@ def inventory(folder: Path, postgres: PostgresDatabases, s3: S3Server, tag: str)
         "LOCKS_HOSTS": "127.0.2.1 127.0.2.2",
         "NOTIFY_HOSTS": "127.0.3.1 127.0.3.2",
         "UPLOAD_HOSTS": "127.0.4.1 127.0.4.2",
-        "S3_ENDPOINT": s3.endpoint,
-        "S3_ALLOW_HTTP": "true",
+        "S3_ENDPOINT": s3_tls.endpoint,
+        "S3_ALLOW_HTTP": "false",
+        "S3_CA_FILE": str(s3_ca),
         "S3_BUCKET": s3.bucket,
         "S3_ACCESS_KEY_ID": s3.access_key,
         "S3_SECRET_ACCESS_KEY": s3.secret_key,
@@ -142,15 +149,19 @@ class Deployment:
 def deployed(folder: Path, postgres: PostgresDatabases, s3: S3Server) -> Iterator[Deployment]:
     """Follow the guide from nothing; stop every process and drop its databases after."""
     tag = uuid.uuid4().hex[:8]
-    values = inventory(folder / "srv", postgres, s3, tag)
-    (folder / "logs").mkdir(parents=True)
-    guide = Guide(GUIDE, folder / "logs")
-    try:
-        guide.follow(values)
-        yield Deployment(
-            guide, guide.read_env_file("etc/client.env"), guide.read_env_file("etc/upload-1.env")
-        )
-    finally:
-        guide.stop_all()
-        prefix = values["DB_PREFIX"]
-        postgres.drop(f"{prefix}_upload", f"{prefix}_notify", role=values["DB_OWNER"])
+    store_ca = Pki(folder / "s3-pki", "s3-ca")
+    with TlsProxy("127.0.0.1", s3.port, store_ca.server("s3")) as s3_tls:
+        values = inventory(folder / "srv", postgres, s3, s3_tls, store_ca.ca, tag)
+        (folder / "logs").mkdir(parents=True)
+        guide = Guide(GUIDE, folder / "logs")
+        try:
+            guide.follow(values)
+            yield Deployment(
+                guide,
+                guide.read_env_file("etc/client.env"),
+                guide.read_env_file("etc/upload-1.env"),
+            )
+        finally:
+            guide.stop_all()
+            prefix = values["DB_PREFIX"]
+            postgres.drop(f"{prefix}_upload", f"{prefix}_notify", role=values["DB_OWNER"])

@@ -1,7 +1,8 @@
 """The replicated deployment as docs/deploy-replicated.md builds it, from nothing, by its
 own commands and settings (cluster/deployment.py): PostgreSQL over TLS, a 3-member etcd
-with mTLS and auth, an S3 store, two replicas of each service with TLS on every call
-(mTLS to locks) and JWT auth with the guide's tokens; then the workload of
+with mTLS and auth, an S3 store over TLS (a private CA's certificate, `S3_CA_FILE`), two
+replicas of each service with TLS on every call (mTLS to locks) and JWT auth with the
+guide's tokens; then the workload of
 cluster/workload.py, and mid-run one upload replica (in the middle of merges), one notify
 and one lock replica and the etcd leader are SIGKILLed, then restarted as the guide
 starts them.

@@ -31,7 +31,9 @@ SETTINGS = {"upload": UploadSettings, "locks": LocksSettings, "notify": NotifySe
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> Guide:
-    """The guide's files, rendered for its default inventory (plus S3 keys it leaves blank)."""
+    """The guide's files, rendered for its default inventory, plus S3 keys and the CA
+    files it leaves blank (an identity provider and a store whose certificates a private CA
+    signed: the guide's own CA stands in for theirs)."""
     for tool in ("openssl", "envsubst"):
         if shutil.which(tool) is None:
             if os.environ.get("CI", "").lower() == "true":
@@ -39,7 +41,15 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Guide:
             pytest.skip(f"{tool} not installed")
     folder = tmp_path_factory.mktemp("replicated")
     guide = Guide(GUIDE, folder)
-    values = {"DIR": str(folder / "srv"), "S3_ACCESS_KEY_ID": "k", "S3_SECRET_ACCESS_KEY": "s"}
+    ca = str(folder / "srv" / "pki" / "ca.pem")  # made by the PKI step
+    values = {
+        "DIR": str(folder / "srv"),
+        "S3_ACCESS_KEY_ID": "k",
+        "S3_SECRET_ACCESS_KEY": "s",
+        "S3_CA_FILE": ca,
+        "JWKS_URL": "https://idp.serentak.internal/jwks.json",
+        "JWKS_CA_FILE": ca,
+    }
     for block in blocks(GUIDE):
         if block.kind == "inventory":
             guide.inventory(block, values)
@@ -80,7 +90,10 @@ def test_each_replica_settings_file_loads_complete(
         assert settings.tls_cert_file == Path(env["SERENTAK_TLS_CERT_FILE"])
         assert settings.tls_cert_file.name == f"{service}-{n}.pem"
         ports.add(settings.health_port)
+        assert settings.auth_jwks_ca_file == Path(rendered.env["JWKS_CA_FILE"])
         if service == "upload":
+            assert isinstance(settings, UploadSettings)
+            assert settings.s3_ca_file == Path(rendered.env["S3_CA_FILE"])
             assert SyncSettings().client_state == env["SERENTAK_SYNC_CLIENT_STATE"]
             assert len(env["SERENTAK_LOCKS_ADDRESS"].split(",")) == 2
     assert len(ports) == 1  # the same port on every host

@@ -1,4 +1,5 @@
-"""A real identity provider stand-in: RSA signing keys, a JWKS over HTTP on loopback, tokens.
+"""A real identity provider stand-in: RSA signing keys, a JWKS over HTTP (or HTTPS with a
+test CA's certificate) on loopback, tokens.
 
 The JWKS server is a plain `ThreadingHTTPServer` in a thread; `publish()` swaps the key
 set it serves (rotation), `fetches` counts how often the service asked for it, and
@@ -9,6 +10,8 @@ set it serves (rotation), `fetches` counts how often the service asked for it, a
 from __future__ import annotations
 
 import json
+import ssl
+import sys
 import threading
 import time
 import uuid
@@ -20,6 +23,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
+
+from support.pki import CertFiles
 
 ISSUER = "https://idp.test"
 AUDIENCE = "serentak"
@@ -67,9 +72,10 @@ def claims(**overrides: Any) -> dict[str, Any]:
 
 
 class JwksServer:
-    """Serves the current key set at `url` until `close()`."""
+    """Serves the current key set at `url` until `close()`; with `tls` (a certificate for
+    127.0.0.1, support/pki.py) over https, as an identity provider with a private CA."""
 
-    def __init__(self, *keys: SigningKey) -> None:
+    def __init__(self, *keys: SigningKey, tls: CertFiles | None = None) -> None:
         self._body = b""
         self.fetches = 0
         self.requested = threading.Event()
@@ -89,13 +95,21 @@ class JwksServer:
                 self.end_headers()
                 self.wfile.write(outer._body)
 
+            def setup(self) -> None:
+                # The TLS handshake in this connection's thread, not in the accepting one.
+                if isinstance(self.request, ssl.SSLSocket):
+                    self.request.do_handshake()
+                super().setup()
+
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler, tls)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/.well-known/jwks.json"
+        scheme = "https" if tls else "http"
+        port = self._server.server_address[1]
+        self.url = f"{scheme}://127.0.0.1:{port}/.well-known/jwks.json"
 
     def publish(self, *keys: SigningKey) -> None:
         """Serve exactly these keys from now on."""
@@ -114,6 +128,30 @@ class JwksServer:
         self._open.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    """The HTTP server, wrapping each accepted connection in TLS when given a certificate;
+    a client that refuses the certificate fails its own handshake, quietly."""
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], tls: CertFiles | None
+    ) -> None:
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._tls.load_cert_chain(tls.cert, tls.key)
+        super().__init__(address, handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = super().get_request()
+        if self._tls is None:
+            return sock, address
+        return self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ssl.SSLError):
+            super().handle_error(request, client_address)
 
 
 def settings_env(settings: dict[str, Any]) -> dict[str, str]:

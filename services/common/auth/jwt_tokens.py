@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import ssl
 import threading
 import time
 from collections.abc import Iterable
@@ -35,7 +36,9 @@ log = get_logger(__name__)
 
 
 class JwksKeys:
-    """The provider's signing keys by kid, re-fetched on an unknown kid and when stale."""
+    """The provider's signing keys by kid, re-fetched on an unknown kid and when stale;
+    `ssl_context` (a private CA's, private_ca.py) verifies an https URL, default: the
+    system's roots."""
 
     def __init__(
         self,
@@ -43,9 +46,14 @@ class JwksKeys:
         cache_seconds: float = 300.0,
         min_refresh_seconds: float = 5.0,
         timeout_seconds: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._client = PyJWKClient(
-            url, cache_keys=False, cache_jwk_set=False, timeout=math.ceil(timeout_seconds)
+            url,
+            cache_keys=False,
+            cache_jwk_set=False,
+            timeout=math.ceil(timeout_seconds),
+            ssl_context=ssl_context,
         )
         self._url = url
         self._cache_seconds = cache_seconds

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 from urllib.parse import urlsplit
 
 import jwt
@@ -18,6 +19,7 @@ from services.common.auth.jwt_tokens import ClaimsMapping, JwksKeys, JwtVerifier
 from services.common.auth.peers import PeerPrincipals
 from services.common.config import CommonSettings, ConfigError
 from services.common.logging import get_logger
+from services.common.private_ca import https_context, read_ca_file
 
 log = get_logger(__name__)
 
@@ -76,6 +78,7 @@ def build_authenticator(settings: CommonSettings) -> Authenticator:
         cache_seconds=settings.auth_jwks_cache_seconds,
         min_refresh_seconds=settings.auth_jwks_min_refresh_seconds,
         timeout_seconds=settings.auth_jwks_timeout_seconds,
+        ssl_context=jwks_ssl_context(settings),
     )
     verifier = JwtVerifier(
         keys,
@@ -92,6 +95,20 @@ def build_authenticator(settings: CommonSettings) -> Authenticator:
         ),
     )
     return Authenticator(verifier, peers)
+
+
+def jwks_ssl_context(settings: CommonSettings) -> ssl.SSLContext | None:
+    """The context trusting `SERENTAK_AUTH_JWKS_CA_FILE` (read now), None without one;
+    ConfigError if it cannot be read or the JWKS URL is not https (it would protect nothing)."""
+    if settings.auth_jwks_ca_file is None:
+        return None
+    if urlsplit(settings.auth_jwks_url or "").scheme != "https":
+        raise ConfigError(
+            "SERENTAK_AUTH_JWKS_CA_FILE is set but SERENTAK_AUTH_JWKS_URL is not https://: "
+            f"{settings.auth_jwks_url}"
+        )
+    pem = read_ca_file(settings.auth_jwks_ca_file, "SERENTAK_AUTH_JWKS_CA_FILE")
+    return https_context(pem)
 
 
 def is_loopback(host: str) -> bool:

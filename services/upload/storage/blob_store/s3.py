@@ -27,6 +27,9 @@ How bytes are laid out (measured and argued in the README, "Blob store"):
   lifecycle rule (AbortIncompleteMultipartUpload) is the only net (logged at start).
 - Downloads are range reads (`offset` onwards), split into blocks of at most `block`.
 
+TLS: an endpoint whose certificate a private CA signed (on-prem MinIO) is trusted with
+`SERENTAK_S3_CA_FILE` (read at start; obstore's requests and the multipart calls alike).
+
 Settings: the SERENTAK_S3_* values are passed explicitly and win. obstore's S3 client also
 consults the standard AWS chain (AWS_* variables, web identity, instance metadata) for what
 they leave unset: the one deliberate exception to "only settings read the environment",
@@ -43,7 +46,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import obstore
@@ -51,7 +54,9 @@ from obstore.store import S3Store
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import merge_core
+from services.common.config import ConfigError
 from services.common.logging import get_logger
+from services.common.private_ca import https_context, read_ca_file
 from services.upload import checksums
 from services.upload.settings import UploadSettings
 from services.upload.storage.blob_store.base import ChunkRef, Merged, StoredObject
@@ -63,6 +68,9 @@ from services.upload.storage.blob_store.s3_multipart import (
     location_of,
 )
 from services.upload.storage.blob_store.s3_read_ahead import ReadAhead
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig  # a TypedDict of the stubs only
 
 log = get_logger(__name__)
 
@@ -76,6 +84,19 @@ _RETRY: Any = {"max_retries": 3, "retry_timeout": timedelta(seconds=30)}
 _CONNECT_TIMEOUT = timedelta(seconds=5)
 # S3's limit for one CopyObject.
 COPY_OBJECT_MAX = 5 * 1024**3
+
+
+def s3_ca(settings: UploadSettings) -> bytes | None:
+    """The PEM of `SERENTAK_S3_CA_FILE` (read now), None without one; ConfigError if it
+    cannot be read or the endpoint is plain http:// (the CA would protect nothing)."""
+    if settings.s3_ca_file is None:
+        return None
+    if urlsplit(settings.s3_endpoint or "").scheme == "http":
+        raise ConfigError(
+            "SERENTAK_S3_CA_FILE is set but SERENTAK_S3_ENDPOINT is not https://: "
+            f"{settings.s3_endpoint}"
+        )
+    return read_ca_file(settings.s3_ca_file, "SERENTAK_S3_CA_FILE")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,13 +169,17 @@ class S3BlobStore:
             config["access_key_id"] = settings.s3_access_key_id
         if secret is not None:
             config["secret_access_key"] = secret.get_secret_value()
+        client: ClientConfig = {
+            "connect_timeout": _CONNECT_TIMEOUT,
+            "allow_http": settings.s3_allow_http,
+        }
+        ca = s3_ca(settings)
+        if ca is not None:
+            client["root_certificate"] = ca  # added to the system's roots, not instead
         store = S3Store(
             url.netloc,
             prefix=prefix,
-            client_options={
-                "connect_timeout": _CONNECT_TIMEOUT,
-                "allow_http": settings.s3_allow_http,
-            },
+            client_options=client,
             retry_config=_RETRY,
             **config,
         )
@@ -171,7 +196,11 @@ class S3BlobStore:
             part_size=settings.s3_part_size,
             concurrency=settings.s3_merge_concurrency,
             description=f"s3://{url.netloc}/{prefix or ''}",
-            multipart=S3Multipart(location) if location is not None else None,
+            multipart=(
+                S3Multipart(location, trust=https_context(ca) if ca is not None else None)
+                if location is not None
+                else None
+            ),
             journal=MultipartJournal(sessions) if sessions is not None else None,
         )
 

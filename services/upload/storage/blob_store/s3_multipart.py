@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ssl
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,9 +101,18 @@ def _encode(value: str, safe: str = "-_.~") -> str:
 class S3Multipart:
     """The multipart calls on one bucket under one key prefix (keys are the store's)."""
 
-    def __init__(self, location: S3Location, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        location: S3Location,
+        client: httpx.AsyncClient | None = None,
+        *,
+        trust: ssl.SSLContext | None = None,
+    ) -> None:
         self._at = location
-        self._client = client or httpx.AsyncClient(timeout=_TIMEOUT)
+        # `trust`: a private CA's context (private_ca.py); default: the system's roots.
+        self._client = client or httpx.AsyncClient(
+            timeout=_TIMEOUT, verify=trust if trust is not None else True
+        )
         parts = urlsplit(location.endpoint)
         self._scheme = parts.scheme or "https"
         self._host = parts.netloc if location.path_style else f"{location.bucket}.{parts.netloc}"
