@@ -128,7 +128,7 @@ def new_row(
     )
 
 
-def check_new_file_folder(folder: FileRow) -> None:
+def _check_new_file_folder(folder: FileRow) -> None:
     """A new file's folder must be a live folder."""
     if folder.kind != FOLDER:
         raise WrongKind("new_file.folder_id is not a folder", file_id=folder.id)
@@ -136,7 +136,7 @@ def check_new_file_folder(folder: FileRow) -> None:
         raise FileDeleted("the folder is deleted", file_id=folder.id)
 
 
-def check_version_target(file: FileRow) -> None:
+def _check_version_target(file: FileRow) -> None:
     """A new version's target must be a live file."""
     if file.kind != FILE:
         raise WrongKind("file_id is a folder", file_id=file.id)
@@ -150,10 +150,10 @@ async def check_target(session: AsyncSession, identity: Identity, row: UploadRow
     `row`), with CreateUpload's errors. Returns the caller's role on it."""
     if row.is_new_file:
         folder, role = await writable(session, identity, row.folder_id)
-        check_new_file_folder(folder)
+        _check_new_file_folder(folder)
         await require_free_name(session, identity, row.folder_id, row.name, "new_file.name")
         return role
     file, role = await writable(session, identity, row.file_id)
-    check_version_target(file)
+    _check_version_target(file)
     row.folder_id, row.name = file.parent_id or "", file.name
     return role

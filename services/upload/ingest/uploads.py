@@ -35,13 +35,12 @@ from services.upload.errors import (
     UploadNotFound,
 )
 from services.upload.files.permissions import writable, writable_role
-from services.upload.files.tree import ensure_root, new_id, require_free_name, validate_name
+from services.upload.files.tree import ensure_root, new_id, validate_name
 from services.upload.ingest.allowance import check_allowance
 from services.upload.ingest.chunk_reads import ChunkRead, ChunkReads
 from services.upload.ingest.drafts import (
     Target,
-    check_new_file_folder,
-    check_version_target,
+    check_target,
     checked_shape,
     new_row,
     request_key_of,
@@ -206,13 +205,12 @@ class Uploads:
             existing = await self.by_request_key(request_key)
             if existing is not None:
                 return Prepared(await self._same_request(identity, existing, request), True)
-        algorithm, expected = checked_shape(self._settings, request)
-        file_id, folder_id, name, is_new = await self._target(identity, request)
-        target = Target(file_id, folder_id, name, is_new)
-        return Prepared(
-            new_row(self._settings, identity, request, request_key, algorithm, expected, target),
-            False,
-        )
+        row = await self.draft(identity, request)
+        # Pure reads (no write lock on SQLite): the commit checks again in its transaction.
+        async with self._sessions() as session:
+            await read_only(session)
+            await check_target(session, identity, row)
+        return Prepared(row, False)
 
     async def draft(self, identity: Identity, request: upload_pb2.CreateUploadRequest) -> UploadRow:
         """The new upload's row after the checks that need no database read (the request's
@@ -309,32 +307,6 @@ class Uploads:
         if not folder_id:
             folder_id = await ensure_root(self._sessions, identity)
         return existing.name == name and existing.folder_id == folder_id
-
-    async def _target(
-        self, identity: Identity, request: upload_pb2.CreateUploadRequest
-    ) -> tuple[str, str, str, bool]:
-        """(file_id, folder_id, name, is_new_file) after checking the caller may write there."""
-        which = request.WhichOneof("target")
-        if which is None:
-            raise InvalidArgument("target", "set new_file or file_id")
-        if which == "new_file":
-            name = validate_name(request.new_file.name, "new_file.name")
-            validation.resource_id(request.new_file.folder_id, "new_file.folder_id", required=False)
-            folder_id = request.new_file.folder_id or await ensure_root(self._sessions, identity)
-            # Pure reads (no write lock on SQLite): the commit checks again in its transaction.
-            async with self._sessions() as session:
-                await read_only(session)
-                folder, _ = await writable(session, identity, folder_id)
-                check_new_file_folder(folder)
-                # A new version of an existing file is an upload to its file_id.
-                await require_free_name(session, identity, folder_id, name, "new_file.name")
-            return new_id(), folder_id, name, True
-        validation.resource_id(request.file_id, "file_id")
-        async with self._sessions() as session:
-            await read_only(session)
-            file, _ = await writable(session, identity, request.file_id)
-            check_version_target(file)
-            return file.id, file.parent_id or "", file.name, False
 
     async def load(self, session: AsyncSession, identity: Identity, upload_id: str) -> UploadRow:
         """The caller's upload `upload_id` in their tenant, or UPLOAD_NOT_FOUND."""
