@@ -5,11 +5,16 @@ Per key (one caller's family, e.g. upload's writes of user alice of tenant acme)
 window index `w = floor(now / window_seconds)`:
 
 1. A replica spends units it already reserved for (key, w) without asking anyone.
-2. With none left, it asks the store (one request per key at a time; the key's other
-   calls wait for its answer) to add up to `batch` units to the key's count for w,
-   never past the limit (`CounterStore.take`: one UPSERT on PostgreSQL, one compare-and-
-   swap on etcd, a dict in memory); the store answers how many it added, and those are
-   this replica's to spend during w. `batch` is limit/50, at least 1, at most batch_max.
+2. With none left, the call waits in the key's line, and one task per key asks the store
+   (one request at a time) to add up to `batch` units to the key's count for w, never past
+   the limit (`CounterStore.take`: one UPSERT on PostgreSQL, one compare-and-swap on etcd,
+   a dict in memory); the store answers how many it added, and those are this replica's
+   to spend during w: the task hands one to each waiting call in turn, oldest first, and
+   asks again while calls still wait. `batch` is limit/50, at least 1, at most batch_max.
+   Each waiting call is woken once, with its answer: a burst of N calls on one key (a
+   share told to 10,000 streams of one tenant is 10,000 stream messages on the tenant's
+   key) costs N wake-ups, not N per request (when every request woke every waiter, that
+   was quadratic and stalled a notify replica's loop for tens of seconds, issue 37).
 3. When the store adds none the window is full on every replica: this one remembers it
    and refuses the key locally until w ends (a count never goes down within its window),
    with the time left in w as the retry delay.
@@ -30,8 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.common.logging import get_logger
@@ -57,13 +63,24 @@ class CounterStore(Protocol):
         ...
 
 
+class _Again:
+    """A waiting call's answer when its window ended before the store answered."""
+
+
+_AGAIN = _Again()
+# What a waiting call is told: admitted (None), refused (seconds to wait), or take again.
+Answer = float | None | _Again
+
+
 @dataclass
 class _Reservation:
     window: int
     left: int = 0
     full: bool = False
-    # Set while a store request for this key is in flight; done when it has answered.
-    refill: asyncio.Future[None] | None = None
+    # Calls waiting for units from the store, oldest first (a cancelled one is skipped).
+    waiting: deque[asyncio.Future[Answer]] = field(default_factory=deque)
+    # The task asking the store for them while any waits; None when none does.
+    refill: asyncio.Task[None] | None = None
 
 
 class Limiter:
@@ -85,6 +102,7 @@ class Limiter:
         self._clock = clock
         self._window = -1
         self._reservations: dict[str, _Reservation] = {}
+        self._refills: set[asyncio.Task[None]] = set()
 
     def batch(self, limit: int) -> int:
         """Units reserved from the store at once for a key of `limit` per window."""
@@ -107,41 +125,59 @@ class Limiter:
             window_end = (window + 1) * self.window_seconds
             if reservation.full:
                 return window_end - now
-            if reservation.refill is not None:
-                # One store request per key at a time: a burst waits for its reservation
-                # instead of each call reserving a batch it would spend one unit of. Shielded:
-                # a waiter cancelled (its client gone) must not cancel the refill the others
-                # and the refilling call wait on.
-                await asyncio.shield(reservation.refill)
-                continue
-            return await self._refill(key, reservation, limit, now, window_end)
+            # In the key's line: one task asks the store for everyone, one request at a
+            # time, instead of each call reserving a batch it would spend one unit of. A
+            # call cancelled while it waits (its client gone) just leaves the line.
+            answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+            reservation.waiting.append(answer)
+            if reservation.refill is None:
+                reservation.refill = asyncio.create_task(
+                    self._refill(key, reservation, limit), name=f"rate-refill {key}"
+                )
+                self._refills.add(reservation.refill)
+                reservation.refill.add_done_callback(self._refills.discard)
+            result = await answer
+            if not isinstance(result, _Again):
+                return result
 
-    async def _refill(
-        self, key: str, reservation: _Reservation, limit: int, now: float, window_end: float
-    ) -> float | None:
-        refill = reservation.refill = asyncio.get_running_loop().create_future()
+    async def _refill(self, key: str, reservation: _Reservation, limit: int) -> None:
+        """Answer `reservation`'s waiting calls: a unit each from the store, a batch per
+        request, until none waits (a failed request lets the first through); all at once
+        when the window is full or has ended."""
+        waiting = reservation.waiting
         try:
-            granted = await self.store.take(
-                key,
-                reservation.window,
-                self.batch(limit),
-                limit,
-                int(window_end + self.window_seconds) + 1,
-            )
-        except Exception as exc:  # fail open: see the module docstring
-            RATE_LIMIT_STORE_ERRORS.labels(self._service).inc()
-            log.warning("rate_limit_store_failed", key=key, error=repr(exc))
-            return None
+            while waiting:
+                window_end = (reservation.window + 1) * self.window_seconds
+                if self._clock() >= window_end:
+                    _answer_all(waiting, _AGAIN)  # they take again, in the new window
+                    return
+                try:
+                    granted = await self.store.take(
+                        key,
+                        reservation.window,
+                        self.batch(limit),
+                        limit,
+                        int(window_end + self.window_seconds) + 1,
+                    )
+                except Exception as exc:  # fail open: see the module docstring
+                    # For one call (the first in line): the next asks the store again.
+                    RATE_LIMIT_STORE_ERRORS.labels(self._service).inc()
+                    log.warning("rate_limit_store_failed", key=key, error=repr(exc))
+                    _admit_first(waiting)
+                    continue
+                if granted <= 0:
+                    reservation.full = True
+                    wait = window_end - self._clock()
+                    _answer_all(waiting, wait if wait > 0 else _AGAIN)
+                    return
+                # Granted for its window: if that ended meanwhile, the units lapse with it.
+                reservation.left += granted
+                _hand_out(reservation)
         finally:
             reservation.refill = None
-            if not refill.done():
-                refill.set_result(None)
-        if granted <= 0:
-            reservation.full = True
-            return window_end - now
-        # Granted for its window: if that ended meanwhile, the units lapse with it.
-        reservation.left += granted - 1
-        return None
+            for answer in waiting:  # left only when this task itself was cancelled
+                answer.cancel()
+            waiting.clear()
 
     async def close(self) -> None:
         """Close the store."""
@@ -153,8 +189,36 @@ class Limiter:
         reservation = self._reservations.get(key)
         if reservation is not None and reservation.window == self._window:
             reservation.left += 1
+            _hand_out(reservation)  # to the next call in line, if one waits
 
     def _start_window(self, window: int) -> None:
         # Reservations of ended windows are worth nothing: drop them all at once.
         self._window = window
         self._reservations = {}
+
+
+def _hand_out(reservation: _Reservation) -> None:
+    """Admit the calls waiting in `reservation`'s line, oldest first, while units are left."""
+    waiting = reservation.waiting
+    while waiting and reservation.left > 0:
+        answer = waiting.popleft()
+        if not answer.done():  # a cancelled call left the line
+            reservation.left -= 1
+            answer.set_result(None)
+
+
+def _admit_first(waiting: deque[asyncio.Future[Answer]]) -> None:
+    """Admit the oldest call still waiting, uncounted (the store failed: fail open)."""
+    while waiting:
+        answer = waiting.popleft()
+        if not answer.done():
+            answer.set_result(None)
+            return
+
+
+def _answer_all(waiting: deque[asyncio.Future[Answer]], result: Answer) -> None:
+    """Give every call still waiting `result`, and empty the line."""
+    for answer in waiting:
+        if not answer.done():
+            answer.set_result(result)
+    waiting.clear()
