@@ -38,7 +38,7 @@ def build_app(settings: NotifySettings, components: NotifyComponents | None = No
     parts = components or build_components(settings)
     background = [*parts.runtime.background(), parts.parked.run]
     if settings.notify_gc_freeze:
-        background.append(frozen_heap)
+        background.append(frozen_heap(settings.notify_gc_young_threshold))
     if parts.stream_listener is not None:
         background.append(parts.stream_listener.run)
     if parts.remote_deliveries is not None:

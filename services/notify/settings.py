@@ -62,7 +62,12 @@ class NotifySettings(CommonSettings):
     )
     default_page_size: int = Field(50, ge=1, description="ListNotifications page size default.")
     max_page_size: int = Field(500, ge=1, description="Largest ListNotifications page.")
-    max_audience: int = Field(10_000, ge=1, description="Most audience users one event may carry.")
+    max_audience: int = Field(
+        20_000,
+        ge=1,
+        description="Most audience users one event may carry: room for a folder shared with "
+        "10,000 users and its owners (an event past it is refused for good: dead-lettered).",
+    )
     read_retention_seconds: float = Field(
         30 * DAY_SECONDS, gt=0, description="Read notifications older than this are purged."
     )
@@ -113,6 +118,14 @@ class NotifySettings(CommonSettings):
         description="Freeze the objects alive after start-up out of the garbage collector's "
         "reach (gc.freeze): a full collection then stops the event loop ~3 ms instead of "
         "45-86 ms, the commit -> delivery p99 (services/notify/gc_tuning.py).",
+    )
+    notify_gc_young_threshold: int = Field(
+        50_000,
+        ge=0,
+        description="With notify_gc_freeze: allocations between young collections (CPython's "
+        "default is 700). A fan-out's short-lived objects then die before a collection "
+        "promotes them; at 10,000 open streams the default made full collections of up to "
+        "0.7 s (services/notify/gc_tuning.py). 0: CPython's thresholds.",
     )
     # Capacity (services/common/call_capacity.py): service calls have a pool of their own
     # and users' streams their own caps, so no number of user streams refuses the relay's

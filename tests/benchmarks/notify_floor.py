@@ -137,7 +137,13 @@ async def serve(
 ) -> tuple[grpc.aio.Server, BareNotify, int]:
     """A started bare server on a free loopback port; durable when given `connection`."""
     servicer = BareNotify() if connection is None else DurableNotify(connection)
-    server = grpc.aio.server()
+    # Room for thousands of streams opened at once, as notify leaves (`streams_max`).
+    server = grpc.aio.server(
+        options=[
+            ("grpc.server.max_pending_requests", 100_000),
+            ("grpc.server.max_pending_requests_hard_limit", 200_000),
+        ]
+    )
     notify_pb2_grpc.add_NotifyServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

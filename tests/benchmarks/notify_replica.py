@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -26,20 +27,28 @@ from services.notify.settings import NotifySettings  # noqa: E402
 
 
 def replica_settings(url: str, data_dir: Path, users: list[str]) -> NotifySettings:
-    """The bench's notify settings: `tok-<user>` tokens for the audience, dev auth."""
+    """The bench's notify settings: `tok-<user>` tokens for the audience, dev auth, stream
+    caps with room for one stream a user."""
     tokens = {f"tok-{u}": {"tenant_id": "acme", "user_id": u} for u in users}
+    room = max(10_000, len(users) + 100)
     return NotifySettings(
         notify_database_url=url,
         data_dir=data_dir,
         auth_tokens=tokens,
         migrate_on_start=True,
         auth_mode="dev",
+        streams_max=room,
+        streams_per_tenant_max=room,
     )
 
 
 @contextlib.asynccontextmanager
-async def replica_process(url: str, audience: int) -> AsyncIterator[int]:
-    """A second replica running in a child process; yields its port."""
+async def replica_process(
+    url: str, audience: int, commits: dict[int, float] | None = None
+) -> AsyncIterator[int]:
+    """A second replica running in a child process; yields its port. `commits`, when
+    given, gets the replica's own fan-out commits on exit (version -> perf_counter): a
+    fan-out job may run on either replica."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         __file__,
@@ -56,11 +65,18 @@ async def replica_process(url: str, audience: int) -> AsyncIterator[int]:
         yield int(line)
     finally:
         proc.stdin.close()
+        rest = await proc.stdout.read()
         await proc.wait()
+        if commits is not None and rest.strip():
+            stamped = json.loads(rest.decode().strip().splitlines()[-1])
+            for version, at in stamped.items():
+                commits[int(version)] = min(at, commits.get(int(version), at))
 
 
 async def _serve(url: str, audience: int) -> None:
-    from bench_notify import users
+    from bench_notify import COMMITTED, stamp_commits, users
+
+    stamp_commits()
 
     with tempfile.TemporaryDirectory() as tmp:
         settings = replica_settings(url, Path(tmp), users(audience))
@@ -68,6 +84,7 @@ async def _serve(url: str, audience: int) -> None:
             print(service.app.bound_port, flush=True)
             # Until the bench closes stdin.
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    print(json.dumps(COMMITTED), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The notify process freezes its start-up heap while it serves (`gc_tuning.py`): full
 collections skip it; garbage made while serving is still collected; the last app to
-stop gives the heap back to the collector; `SERENTAK_NOTIFY_GC_FREEZE=false` leaves the
-collector alone."""
+stop gives the heap back to the collector, and the collector's thresholds as they were;
+`SERENTAK_NOTIFY_GC_FREEZE=false` leaves the collector alone. While serving, the young
+generation is collected once per `notify_gc_young_threshold` allocations, so a fan-out's
+short-lived objects die before they are promoted into full collections."""
 
 from __future__ import annotations
 
@@ -33,12 +35,14 @@ async def test_a_running_notify_freezes_its_start_up_heap_and_gives_it_back_at_s
     notify_factory: Callable[..., Any],
 ) -> None:
     assert gc.get_freeze_count() == 0
+    thresholds = gc.get_threshold()
     async with notify_factory() as notify:
         # A call through the service: start-up is over.
         await notify.stub.GetUnreadCount(
             notify_pb2.GetUnreadCountRequest(), metadata=user_md("alice")
         )
         assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (50_000, 20, 10)
         broker = notify.parts.broker
         assert not _in_collector(broker)
         # Garbage made while serving is collected as before.
@@ -48,7 +52,20 @@ async def test_a_running_notify_freezes_its_start_up_heap_and_gives_it_back_at_s
         gc.collect()
         assert gone() is None
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == thresholds
     assert _in_collector(broker)
+
+
+async def test_a_young_threshold_of_0_keeps_the_collectors_thresholds(
+    notify_factory: Callable[..., Any],
+) -> None:
+    thresholds = gc.get_threshold()
+    async with notify_factory(notify_gc_young_threshold=0) as notify:
+        await notify.stub.GetUnreadCount(
+            notify_pb2.GetUnreadCountRequest(), metadata=user_md("alice")
+        )
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == thresholds
 
 
 async def test_the_heap_stays_frozen_until_the_last_app_in_the_process_stops(
@@ -74,6 +91,7 @@ async def test_notify_gc_freeze_false_leaves_the_collector_alone(
             notify_pb2.GetUnreadCountRequest(), metadata=user_md("alice")
         )
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold()[0] != 50_000
         assert _in_collector(notify.parts.broker)
 
 

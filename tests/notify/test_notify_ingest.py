@@ -105,6 +105,16 @@ async def test_ingest_is_for_services_only(notify):
     assert await notify.all_notifications("alice") == []
 
 
+async def test_a_folder_shared_with_10000_users_and_its_owner_is_one_accepted_event(notify):
+    """The upload service puts every collaborator and the owner in one event's audience:
+    10,001 users for a folder shared with 10,000 (the largest audience issue 37 names)
+    must be accepted, or the relay would dead-letter it and nobody would hear of it."""
+    ev = event("f-wide", 1, audience=["alice", *(f"u{i}" for i in range(10_000))])
+    assert await notify.ingest(ev)
+    await notify.settled()
+    assert [n.file_id for n in await notify.all_notifications("alice")] == ["f-wide"]
+
+
 @pytest.mark.parametrize(
     ("field", "mutate"),
     [
@@ -116,6 +126,11 @@ async def test_ingest_is_for_services_only(notify):
         # The same principal limit as the upload service's ShareFile (64).
         ("event.tenant_id", lambda e: setattr(e, "tenant_id", "t" * 65)),
         ("event.audience_user_ids", lambda e: e.audience_user_ids.append("u" * 65)),
+        # Past SERENTAK_MAX_AUDIENCE (20,000).
+        (
+            "event.audience_user_ids",
+            lambda e: e.audience_user_ids.extend(f"u{i}" for i in range(20_000)),
+        ),
         # A payload about another file than the event's aggregate: its version would be
         # ordered among the wrong file's versions.
         (

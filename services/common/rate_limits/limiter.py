@@ -104,9 +104,14 @@ class Limiter:
         self._reservations: dict[str, _Reservation] = {}
         self._refills: set[asyncio.Task[None]] = set()
 
-    def batch(self, limit: int) -> int:
-        """Units reserved from the store at once for a key of `limit` per window."""
-        return max(1, min(self._batch_max, limit // BATCH_FRACTION))
+    def batch(self, limit: int, waiting: int = 1) -> int:
+        """Units reserved from the store at once for a key of `limit` per window while
+        `waiting` calls are in its line: a batch (limit/50, at most batch_max), or one for
+        each waiting call, up to limit/50. Those are spent at once, so none lapse: a burst
+        on one key (10,000 stream messages on a tenant's) is a few requests, not one per
+        batch_max."""
+        share = limit // BATCH_FRACTION
+        return max(1, min(self._batch_max, share), min(waiting, share))
 
     async def take(self, key: str, limit: int) -> float | None:
         """Admit one unit of `key` (at most `limit` per window over all replicas): None, or
@@ -155,7 +160,7 @@ class Limiter:
                     granted = await self.store.take(
                         key,
                         reservation.window,
-                        self.batch(limit),
+                        self.batch(limit, len(waiting)),
                         limit,
                         int(window_end + self.window_seconds) + 1,
                     )

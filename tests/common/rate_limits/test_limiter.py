@@ -163,13 +163,20 @@ class CountingClock(Clock):
 
 
 async def test_a_burst_on_one_key_wakes_each_waiting_call_once() -> None:
-    """A burst on one key still reserves a batch per store request, and each waiting call
-    is woken once, with its answer: each call reads the clock once. (Every request used to
-    wake every waiter to try again: 10,000 notify streams told of one share, all on their
-    tenant's key, spent tens of seconds of the replica's loop waking them.)"""
+    """A burst on one key reserves a unit for each waiting call (up to limit/50) per store
+    request, and each waiting call is woken once, with its answer: each call reads the
+    clock once. (Every request used to wake every waiter to try again, and reserve 32
+    units: 10,000 notify streams told of one share, all on their tenant's key, spent tens
+    of seconds of the replica's loop waking them, then 313 round trips in a row.)"""
     store, clock = SlowStore(), CountingClock(0.0)
     lim = limiter(store, clock)  # batches of 32
     results = await asyncio.gather(*(lim.take("k", 10**6) for _ in range(2_000)))
     assert results == [None] * 2_000
-    assert store.calls == -(-2_000 // 32)
+    assert store.calls == 1
     assert clock.reads <= 2_000 + 2 * store.calls, clock.reads
+    # Up to limit/50 at once: a burst past it takes a request per 2% of the limit.
+    store = SlowStore()
+    lim = limiter(store, CountingClock(0.0))
+    results = await asyncio.gather(*(lim.take("k", 50_000) for _ in range(2_500)))
+    assert results == [None] * 2_500
+    assert store.calls == 3  # 1,000 + 1,000 + 500
