@@ -1,10 +1,10 @@
 """Counts in PostgreSQL, the database every replica of the service already shares.
 
-One statement for the reservations (limiter.py) queued at the time, on connections of the
-store's own in autocommit: no pool checkout, no ping, no transaction around it. The table is UNLOGGED
-(schema.py): a count is worth a window, so it is not written to the WAL, and a commit
-that wrote only unlogged rows waits for no WAL flush. A crash empties it, which lets each
-caller a fresh window once.
+One statement for the reservations (limiter.py) queued at the time, on connections of
+the store's own in autocommit: no pool checkout, no ping, no transaction around it. The
+table is UNLOGGED (schema.py): a count is worth a window, so it is not written to the
+WAL, and a commit that wrote only unlogged rows waits for no WAL flush. A crash empties
+it, which lets each caller a fresh window once.
 """
 
 from __future__ import annotations
