@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -79,43 +79,74 @@ class Delivery:
     committed_at: float
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Subscription:
-    """One open stream's queue of deliveries, and its pending wake-up."""
+    """One open stream's buffer of deliveries, and its pending wake-up.
+
+    Small while idle (thousands are open at once, issue 37): no buffer until a delivery
+    arrives (and none again once it is drained), and a future to wait on only while the
+    stream waits. An `asyncio.Queue` and `asyncio.Event` would hold five deques (~3.8 KiB)
+    per idle stream."""
 
     key: UserKey
     device_id: str
-    queue: asyncio.Queue[Delivery]
+    # The most deliveries buffered at once; one more overflows the stream.
+    capacity: int
     overflowed: bool = False
-    opened_at: float = field(default_factory=time.perf_counter)
     # The highest seq announced by wake-ups not yet taken (0: none pending). Outside the
-    # queue: wake-ups coalesce and never count against the buffer.
+    # buffer: wake-ups coalesce and never count against it.
     wake_seq: int = 0
-    # Set whenever there is something to look at: a delivery, a wake-up, an overflow.
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Deliveries not yet taken, oldest first; None while there are none.
+    _buffer: deque[Delivery] | None = None
+    # Resolved when there is something to look at (a delivery, a wake-up, an overflow);
+    # None unless `next` is waiting.
+    _waiter: asyncio.Future[None] | None = None
+
+    def _changed(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def queued(self) -> int:
+        """How many deliveries are buffered."""
+        return len(self._buffer) if self._buffer is not None else 0
 
     def offer(self, delivery: Delivery) -> bool:
         """Queue `delivery` without waiting; False (and overflowed) when the buffer is full."""
-        self.changed.set()
-        try:
-            self.queue.put_nowait(delivery)
-        except asyncio.QueueFull:
+        self._changed()
+        if self.queued() >= self.capacity:
             self.overflowed = True
             return False
+        self._append(delivery)
         return True
 
     def offer_if_room(self, delivery: Delivery) -> bool:
         """Queue `delivery` if the buffer has room (False, nothing changed, if not)."""
-        if self.queue.full():
+        if self.queued() >= self.capacity:
             return False
-        self.queue.put_nowait(delivery)
-        self.changed.set()
+        self._append(delivery)
+        self._changed()
         return True
+
+    def _append(self, delivery: Delivery) -> None:
+        if self._buffer is None:
+            self._buffer = deque()
+        self._buffer.append(delivery)
+
+    def pop(self) -> Delivery | None:
+        """The oldest buffered delivery, taken; None when none is buffered."""
+        buffer = self._buffer
+        if not buffer:
+            return None
+        delivery = buffer.popleft()
+        if not buffer:
+            self._buffer = None  # an idle stream holds no buffer
+        return delivery
 
     def wake(self, seq: int) -> None:
         """Announce that the user's stream reached `seq`; never waits, never overflows."""
         self.wake_seq = max(self.wake_seq, seq)
-        self.changed.set()
+        self._changed()
 
     def take_wake(self) -> int:
         """The seq announced by the wake-ups so far, clearing them."""
@@ -129,12 +160,16 @@ class Subscription:
         arrive just before their publish, and by the time the queue is empty they have
         moved the cursor past the wake-up (no database read needed)."""
         while True:
-            if not self.queue.empty():
-                return self.queue.get_nowait()
+            delivery = self.pop()
+            if delivery is not None:
+                return delivery
             if self.wake_seq:
                 return self.take_wake()
-            self.changed.clear()
-            await self.changed.wait()
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
 
 class Broker:
@@ -160,7 +195,7 @@ class Broker:
 
     def open(self, tenant_id: str, user_id: str, device_id: str) -> Subscription:
         """Register a stream; it receives everything published from now on."""
-        sub = Subscription((tenant_id, user_id), device_id, asyncio.Queue(self._buffer_size))
+        sub = Subscription((tenant_id, user_id), device_id, self._buffer_size)
         self._streams[sub.key].add(sub)
         metrics.OPEN_STREAMS.inc()
         return sub
@@ -364,11 +399,11 @@ class StreamReader:
             carried: Delivery | None = None
             while True:
                 if sub.overflowed:
-                    raise SubscriberTooSlow(sub.queue.qsize(), cursors.encode(last))
+                    raise SubscriberTooSlow(sub.queued(), cursors.encode(last))
                 item = carried if carried is not None else await sub.next()
                 carried = None
                 if sub.overflowed:
-                    raise SubscriberTooSlow(sub.queue.qsize(), cursors.encode(last))
+                    raise SubscriberTooSlow(sub.queued(), cursors.encode(last))
                 delivery = item if isinstance(item, Delivery) else None
                 seq = item.seq if isinstance(item, Delivery) else item
                 if seq <= last:
@@ -399,8 +434,10 @@ def take_queued(
     Only what is queued already: waiting for more would add latency."""
     batch = [first.response.notification]
     last = first.seq
-    while len(batch) < max_batch and not sub.queue.empty():
-        queued = sub.queue.get_nowait()
+    while len(batch) < max_batch:
+        queued = sub.pop()
+        if queued is None:
+            break
         if queued.seq <= last:
             continue
         if queued.seq != last + 1:

@@ -20,7 +20,7 @@ async def test_wakeups_coalesce_and_never_overflow_the_buffer():
     sub = broker.open("acme", "alice", "d")
     for seq in range(1, 100):
         broker.wake("acme", "alice", seq)
-    assert not sub.overflowed and sub.queue.empty()
+    assert not sub.overflowed and sub.queued() == 0
     assert await sub.next() == 99
     assert sub.wake_seq == 0
 
@@ -54,7 +54,7 @@ async def test_wakeup_held_for_a_rolled_back_commit_is_released():
     ended = broker.committing([written("alice", 5)])
     broker.wake("acme", "alice", 5)  # another replica committed seq 5 after our rollback
     ended(False)
-    assert sub.queue.empty() and sub.wake_seq == 5
+    assert sub.queued() == 0 and sub.wake_seq == 5
 
 
 async def test_wake_all_reads_every_stream():
@@ -94,7 +94,7 @@ async def test_wakeup_for_a_seq_published_here_is_dropped():
     delivered = await sub.next()
     assert isinstance(delivered, Delivery) and delivered.seq == 3
     broker.wake("acme", "alice", 3)
-    assert sub.wake_seq == 0 and sub.queue.empty()
+    assert sub.wake_seq == 0 and sub.queued() == 0
     broker.wake("acme", "alice", 4)
     assert sub.wake_seq == 4
     broker.close(sub)
