@@ -41,7 +41,15 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).parent)]
 
 import grpc
 import psycopg
-from bench_notify import COMMITTED, DEFAULT_DSN, content_update, fresh_pg, stamp_commits, users
+from bench_notify import (
+    COMMITTED,
+    DEFAULT_DSN,
+    content_update,
+    drop_databases,
+    fresh_pg,
+    stamp_commits,
+    users,
+)
 from notify_floor import serve
 from notify_replica import replica_process, replica_settings
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
@@ -49,6 +57,7 @@ from serentak.sdk import notifications_in
 from sqlalchemy.engine import make_url
 from support.services import running_app
 
+from services.common.jobs.listener import libpq_url
 from services.common.logging import configure_logging
 from services.notify.app import build_app
 from services.notify.database import prepare
@@ -149,8 +158,7 @@ async def run_client(ports: list[int], audience: int, events: int) -> dict:
 
 def inbox_check(url: str, audience: int, events: int) -> str:
     """'exactly once' when every user holds one notification per version, else what not."""
-    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(libpq_url(make_url(url))) as conn:
         total, distinct = conn.execute(
             "SELECT count(*), count(DISTINCT (user_id, version)) FROM notifications"
         ).fetchone()
@@ -181,8 +189,7 @@ async def notify_runs(url: str, audience: int, events: int, two: bool) -> dict:
 async def floor_runs(url: str, audience: int, events: int) -> dict:
     """The same client against the durable floor (notify's schema, one raw connection)."""
     prepare(url, migrate_on_start=True)
-    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    async with await psycopg.AsyncConnection.connect(dsn) as connection:
+    async with await psycopg.AsyncConnection.connect(libpq_url(make_url(url))) as connection:
         server, servicer, port = await serve(connection)
         try:
             r = await run_client([port], audience, events)
@@ -238,9 +245,7 @@ async def main() -> None:
                     f"{r['refused'] or 'none'}"
                 )
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as conn:
-            for name in names:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_databases(args.dsn, names)
 
 
 if __name__ == "__main__":

@@ -346,6 +346,13 @@ def fresh_pg(dsn: str) -> tuple[str, str]:
     return name, url.render_as_string(hide_password=False)
 
 
+def drop_databases(dsn: str, names: list[str]) -> None:
+    """Drop the databases `fresh_pg` made (their sessions ended by force)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -472,9 +479,7 @@ async def main() -> None:
                             f"{c99 / d99:.2f}x it"
                         )
     finally:
-        with psycopg.connect(args.dsn, autocommit=True) as conn:
-            for name in names:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_databases(args.dsn, names)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,8 @@ class PostgresCounterStore:
         try:
             while self._queue:
                 batch = self._next_batch()
+                if not batch:
+                    continue  # every caller queued meanwhile is gone
                 try:
                     granted = await self._take(slot, batch)
                 except Exception as exc:  # each caller fails open (limiter.py)
