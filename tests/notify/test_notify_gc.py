@@ -105,3 +105,13 @@ def test_notify_gc_freeze_defaults_on_and_a_bad_value_stops_the_start_naming_it(
     monkeypatch.setenv("SERENTAK_NOTIFY_GC_FREEZE", "sometimes")
     with pytest.raises(ValidationError, match="notify_gc_freeze"):
         load(NotifySettings)
+
+
+def test_a_negative_young_threshold_stops_the_start_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SERENTAK_AUTH_MODE", "dev")
+    assert load(NotifySettings).notify_gc_young_threshold == 50_000
+    monkeypatch.setenv("SERENTAK_NOTIFY_GC_YOUNG_THRESHOLD", "-1")
+    with pytest.raises(ValidationError, match="notify_gc_young_threshold"):
+        load(NotifySettings)
