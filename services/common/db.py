@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import (
 from services.common.logging import get_logger
 from services.common.private_files import private_sqlite
 from services.common.sqlite_cursor import OneHopCursor
+from services.common.sqlite_writers import BEGIN_WRITE, WriterTurn
 
 log = get_logger(__name__)
 
@@ -94,7 +95,8 @@ def _configure_sqlite(engine: Any, synchronous: str) -> None:
         if conn.get_execution_options().get(_READ_ONLY_OPTION):
             conn.exec_driver_sql("BEGIN")
         else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Preceded by the connection's writer turn (`sqlite_writers`, `OneHopCursor`).
+            conn.exec_driver_sql(BEGIN_WRITE)
 
 
 class _SqliteConnection(aiosqlite.Connection):
@@ -106,9 +108,33 @@ class _SqliteConnection(aiosqlite.Connection):
     await never returns, and the event loop's shutdown hangs on it forever.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._thread = threading.Thread(target=_worker, args=(self._tx,), daemon=True)
+        self.writer_turn = WriterTurn(path)
+
+    async def begin_write(self) -> None:
+        """BEGIN IMMEDIATE, in this process's turn (`sqlite_writers`)."""
+        await self.writer_turn.take(SQLITE_BUSY_TIMEOUT_MS / 1000)
+        try:
+            await self._execute(self._conn.execute, BEGIN_WRITE)
+        except BaseException:
+            self.writer_turn.give_back()
+            raise
+
+    async def commit(self) -> None:
+        """Commit the current transaction and end the writer turn."""
+        try:
+            await super().commit()
+        finally:
+            self.writer_turn.give_back()
+
+    async def rollback(self) -> None:
+        """Roll back the current transaction and end the writer turn."""
+        try:
+            await super().rollback()
+        finally:
+            self.writer_turn.give_back()
 
     def cursor(self) -> Any:  # SQLAlchemy's adapter: one hand-off a statement, not four
         """A cursor that executes, fetches and closes in one call on the thread."""
@@ -117,10 +143,12 @@ class _SqliteConnection(aiosqlite.Connection):
     async def close(self) -> None:
         """Close the SQLite connection and stop the thread, unless already stopped."""
         if self._connection is None or not self._running:
+            self.writer_turn.give_back()
             return
         try:
             await self._execute(_rollback_and_close, self._conn)
         finally:
+            self.writer_turn.give_back()
             self._connection = None
             if self._running:  # nobody stopped the thread meanwhile: it will answer
                 stopped: asyncio.Future[object] = asyncio.get_running_loop().create_future()
@@ -135,6 +163,7 @@ class _SqliteConnection(aiosqlite.Connection):
         closed meanwhile (shutdown, a leaked connection collected later) the thread died
         on RuntimeError."""
         self._queue_stop(None)
+        self.writer_turn.give_back()
 
     def _queue_stop(self, answer: asyncio.Future[object] | None) -> None:
         self._running = False
@@ -197,7 +226,7 @@ async def connect_sqlite(path: str) -> aiosqlite.Connection:
     """An aiosqlite connection to `path` (what SQLAlchemy's dialect would open), whose
     close is safe after a terminate (`_SqliteConnection`)."""
     connection = _SqliteConnection(
-        partial(sqlite3.connect, path, check_same_thread=False), iter_chunk_size=64
+        path, partial(sqlite3.connect, path, check_same_thread=False), iter_chunk_size=64
     )
     return await connection
 

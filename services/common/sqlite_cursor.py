@@ -16,6 +16,8 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from services.common.sqlite_writers import BEGIN_WRITE
+
 _Outcome = tuple[list[Any], Any, int, int | None]
 
 
@@ -26,6 +28,8 @@ class _OnThread(Protocol):
     def _conn(self) -> sqlite3.Connection: ...
 
     async def _execute(self, fn: Any, *args: Any, **kwargs: Any) -> Any: ...
+
+    async def begin_write(self) -> None: ...
 
 
 def _run(connection: _OnThread, sql: str, parameters: Any, many: bool) -> _Outcome:
@@ -63,6 +67,10 @@ class OneHopCursor:
 
     async def execute(self, sql: str, parameters: Any = None) -> OneHopCursor:
         """Run `sql`; its rows, if any, are read with it."""
+        if sql == BEGIN_WRITE:  # in the process's writer turn (`sqlite_writers`)
+            await self._connection.begin_write()
+            self._keep(([], None, -1, None))
+            return self
         self._keep(await self._connection._execute(_run, self._connection, sql, parameters, False))
         return self
 

@@ -9,14 +9,22 @@ INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import delete, update
+from sqlalchemy import ColumnElement, Table, delete, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.jobs.models import utcnow
 from services.common.outbox.models import relay_leases
+
+
+def _insert_for(session: AsyncSession) -> Callable[[Table], Any]:
+    """The dialect's INSERT (both have ON CONFLICT DO UPDATE)."""
+    dialect = session.get_bind().dialect.name
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
 def aggregate_key(aggregate_type: str, aggregate_id: str) -> str:
@@ -26,16 +34,31 @@ def aggregate_key(aggregate_type: str, aggregate_id: str) -> str:
 
 async def acquire(session: AsyncSession, key: str, holder: str, seconds: float) -> str | None:
     """Take the lease on `key` for `seconds`; its token, or None if someone else holds it."""
+    taken = await acquire_many(session, [key], holder, seconds)
+    return taken.get(key)
+
+
+async def acquire_many(
+    session: AsyncSession, keys: list[str], holder: str, seconds: float
+) -> dict[str, str]:
+    """`acquire` for several keys in one statement: {key: token} for those taken.
+
+    The rows are written in key order, so two relays taking overlapping sets on
+    PostgreSQL lock them in one order and never deadlock."""
+    if not keys:
+        return {}
     now = utcnow()
-    dialect = session.get_bind().dialect.name
-    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    token = uuid.uuid4().hex
-    stmt = dialect_insert(relay_leases).values(
-        aggregate_key=key,
-        holder=holder,
-        lease_token=token,
-        expires_at=now + timedelta(seconds=seconds),
-    )
+    expires = now + timedelta(seconds=seconds)
+    rows = [
+        {
+            "aggregate_key": key,
+            "holder": holder,
+            "lease_token": uuid.uuid4().hex,
+            "expires_at": expires,
+        }
+        for key in sorted(set(keys))
+    ]
+    stmt = _insert_for(session)(relay_leases).values(rows)
     # Under a conflict PostgreSQL locks the existing row and re-checks WHERE on its latest
     # version, so two relays racing for an expired lease cannot both take it.
     upsert = stmt.on_conflict_do_update(
@@ -46,9 +69,8 @@ async def acquire(session: AsyncSession, key: str, holder: str, seconds: float) 
             "expires_at": stmt.excluded.expires_at,
         },
         where=relay_leases.c.expires_at < now,
-    ).returning(relay_leases.c.lease_token)
-    row = (await session.execute(upsert)).first()
-    return row[0] if row is not None else None
+    ).returning(relay_leases.c.aggregate_key, relay_leases.c.lease_token)
+    return {key: token for key, token in await session.execute(upsert)}
 
 
 async def renew(session: AsyncSession, key: str, token: str, seconds: float) -> bool:
@@ -68,3 +90,27 @@ async def release(session: AsyncSession, key: str, token: str) -> None:
             relay_leases.c.aggregate_key == key, relay_leases.c.lease_token == token
         )
     )
+
+
+async def renew_many(session: AsyncSession, held: dict[str, str], seconds: float) -> set[str]:
+    """`renew` for several leases in one statement: the keys still ours."""
+    if not held:
+        return set()
+    result = await session.execute(
+        update(relay_leases)
+        .where(_held(held))
+        .values(expires_at=utcnow() + timedelta(seconds=seconds))
+        .returning(relay_leases.c.aggregate_key)
+    )
+    return {key for (key,) in result}
+
+
+async def release_many(session: AsyncSession, held: dict[str, str]) -> None:
+    """`release` for several leases in one statement."""
+    if held:
+        await session.execute(delete(relay_leases).where(_held(held)))
+
+
+def _held(held: dict[str, str]) -> ColumnElement[bool]:
+    pairs = tuple_(relay_leases.c.aggregate_key, relay_leases.c.lease_token)
+    return pairs.in_(sorted(held.items()))

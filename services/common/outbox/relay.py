@@ -8,12 +8,13 @@ aggregate (later events must not overtake it) and retries after a growing delay,
 the subscriber refused the event for good: then it goes to the dead letters and the
 aggregate goes on (`dead_letters.py`).
 
-Batches. When every subscriber takes batches (`publish_many`), an aggregate's pending
-events (up to `batch_size`) go in one call per subscriber and are marked in one
-transaction: a busy file's events cost one round trip and one commit per batch, not per
-event. Any failure of a batch falls back to publishing its events one by one, which
-retries, backs off or dead-letters exactly as before (republishing is safe: subscribers
-deduplicate by event_id).
+Batches. When every subscriber takes batches (`publish_many`), a round's pending events
+(up to `batch_size`, of every due aggregate, in the order they were recorded) go in one
+call per subscriber and are marked in one transaction: many files' events cost one round
+trip and a few statements a round, not five transactions a file. Any failure of a batch
+falls back to publishing its events one by one, each aggregate alone, which retries,
+backs off or dead-letters exactly as before (republishing is safe: subscribers deduplicate
+by event_id).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common import tracing
 from services.common.correlation import bound_correlation_id
+from services.common.db import read_only
 from services.common.jobs import metrics
 from services.common.logging import get_logger
 from services.common.outbox import leases
@@ -38,6 +40,7 @@ from services.common.outbox.store import (
     mark_published,
     pending_aggregates,
     unpublished_events,
+    unpublished_events_of,
 )
 from services.common.outbox.subscribers import Subscriber
 
@@ -95,20 +98,44 @@ class Relay:
                 self._wake.clear()
 
     async def publish_pending(self) -> int:
-        """One round over the aggregates with unpublished events; returns events published."""
-        async with self.sessions() as session, session.begin():
+        """One round over the aggregates with unpublished events; returns events published.
+
+        The round takes every due aggregate's lease and reads their events in one
+        transaction, sends the events in one batch per subscriber, and marks them, renewing
+        and releasing the leases, in one more: many small files committed together cost
+        a few statements a round, not five transactions each. A round that cannot go as
+        one batch (a single event, a subscriber without batches, a failed call) hands each
+        aggregate to `publish_aggregate`'s loop under the lease it holds (one by one first
+        after a failure, which retries, backs off or dead-letters as before)."""
+        async with self.sessions() as session:
+            # Reads take no write lock (SQLite): committing writers do not wait on them.
+            await read_only(session)
             aggregates = await pending_aggregates(session, self.batch_size)
         now = time.monotonic()
-        due = [
-            a for a in aggregates if self._backoff.get(leases.aggregate_key(*a), (0, 0.0))[1] <= now
-        ]
+        due = {
+            key: aggregate
+            for aggregate in aggregates
+            if self._backoff.get(key := leases.aggregate_key(*aggregate), (0, 0.0))[1] <= now
+        }
+        if not due:
+            return 0
+        async with self.sessions() as session, session.begin():
+            held = await leases.acquire_many(session, list(due), self.relay_id, self.lease_seconds)
+            rows = await unpublished_events_of(session, [due[key] for key in held], self.batch_size)
+        round_ = [(leases.aggregate_key(t, i), row) for t, i, row in rows]
+        if len(round_) > 1:
+            sent = await self._send_batch(round_)
+            if sent:
+                return await self._settle_round(held, round_)
+        else:
+            sent = None  # not tried: one event goes by `publish`
         slots = asyncio.Semaphore(self.concurrency)
 
-        async def one(aggregate: tuple[str, str]) -> int:
+        async def alone(key: str) -> int:
             async with slots:
-                return await self.publish_aggregate(*aggregate)
+                return await self._drain(key, *due[key], held[key], batches=sent is None)
 
-        return sum(await asyncio.gather(*(one(a) for a in due)))
+        return sum(await asyncio.gather(*(alone(key) for key in held)))
 
     async def publish_aggregate(self, aggregate_type: str, aggregate_id: str) -> int:
         """Publish one aggregate's pending events under its lease; returns how many."""
@@ -117,22 +144,37 @@ class Relay:
             token = await leases.acquire(session, key, self.relay_id, self.lease_seconds)
         if token is None:
             return 0  # another relay is on it
+        return await self._drain(key, aggregate_type, aggregate_id, token)
+
+    async def _drain(
+        self,
+        key: str,
+        aggregate_type: str,
+        aggregate_id: str,
+        token: str,
+        *,
+        batches: bool = True,
+    ) -> int:
+        """Publish the aggregate's events until none is left, then release its lease.
+        `batches=False`: the first read goes one by one (its batch just failed)."""
         published = 0
         try:
             while True:
-                async with self.sessions() as session, session.begin():
+                async with self.sessions() as session:
+                    await read_only(session)
                     batch = await unpublished_events(
                         session, aggregate_type, aggregate_id, self.batch_size
                     )
                 if not batch:
                     break
-                if len(batch) > 1:
+                if len(batch) > 1 and batches:
                     outcome = await self._publish_batch(key, token, batch)
                     if outcome is None:
                         return published  # the lease ended: another relay owns it now
                     if outcome:
                         published += len(batch)
                         continue
+                batches = True
                 for row in batch:
                     if not await self._publish_one(key, token, row):
                         return published
@@ -144,25 +186,26 @@ class Relay:
                 async with self.sessions() as session, session.begin():
                     await leases.release(session, key, token)
 
-    async def _publish_batch(self, key: str, token: str, batch: list[OutboxEvent]) -> bool | None:
-        """Publish `batch` with one call per subscriber, mark it in one transaction.
-        True: done; False: not sent as a batch, publish it one by one; None: lease lost."""
-        events = [row.event for row in batch]
+    async def _send_batch(self, batch: list[tuple[str, OutboxEvent]]) -> bool:
+        """Send `batch` ((aggregate key, row) in publish order) with one call per
+        subscriber; False when it was not sent as a batch (refused or failed)."""
+        events = [row.event for _, row in batch]
+        first_key, first = batch[0]
         try:
             # One call for events of several traces: it continues the first event's, and
             # each other event's trace gets an `outbox publish` span of it.
             with (
                 tracing.continued(
-                    batch[0].traceparent,
+                    first.traceparent,
                     "outbox publish_batch",
-                    aggregate=key,
+                    aggregate=first_key,
                     events=len(events),
                     correlation_id=events[0].correlation_id,
                 ),
                 tracing.in_own_traces(
-                    [row.traceparent for row in batch[1:]],
+                    [row.traceparent for _, row in batch[1:]],
                     "outbox publish",
-                    aggregate=key,
+                    aggregate=first_key,
                     batch=len(events),
                 ),
             ):
@@ -173,17 +216,48 @@ class Relay:
         except Exception as exc:
             log.info(
                 "outbox_batch_publish_failed",
-                aggregate=key,
+                aggregate=first_key,
                 events=len(events),
                 error=f"{type(exc).__name__}: {exc}",
             )
             return False
+        return True
+
+    async def _settle_round(
+        self, held: dict[str, str], batch: list[tuple[str, OutboxEvent]]
+    ) -> int:
+        """Mark a sent round's events whose lease is still ours and give the leases up, in
+        one transaction; returns how many were marked. Events left after the round's cut
+        go in the next round (`run` goes on at once after a round that published)."""
+        async with self.sessions() as session, session.begin():
+            ours = await leases.renew_many(session, held, self.lease_seconds)
+            marked = [(key, row) for key, row in batch if key in ours]
+            await mark_many_published(session, [row.id for _, row in marked])
+            await leases.release_many(session, {key: held[key] for key in ours})
+        for key in held.keys() - ours:
+            log.warning("relay_lease_lost", aggregate=key)
+        for key in ours:
+            self._backoff.pop(key, None)
+        self._published(marked)
+        return len(marked)
+
+    async def _publish_batch(self, key: str, token: str, batch: list[OutboxEvent]) -> bool | None:
+        """Publish one aggregate's `batch` with one call per subscriber, mark it in one
+        transaction. True: done; False: not sent as a batch, publish it one by one; None:
+        lease lost."""
+        if not await self._send_batch([(key, row) for row in batch]):
+            return False
         async with self.sessions() as session, session.begin():
             if not await leases.renew(session, key, token, self.lease_seconds):
-                log.warning("relay_lease_lost", aggregate=key, event_id=events[0].event_id)
+                log.warning("relay_lease_lost", aggregate=key, event_id=batch[0].event.event_id)
                 return None
             await mark_many_published(session, [row.id for row in batch])
-        for event in events:
+        self._published([(key, row) for row in batch])
+        return True
+
+    def _published(self, batch: list[tuple[str, OutboxEvent]]) -> None:
+        for key, row in batch:
+            event = row.event
             metrics.OUTBOX_PUBLISHED.labels(event.event_type).inc()
             # One line per event under its own correlation id, as one by one: an id is
             # followed from the chunk to the notification whichever way it was sent.
@@ -193,9 +267,8 @@ class Relay:
                     event_id=event.event_id,
                     aggregate=key,
                     version=event.version,
-                    batch=len(events),
+                    batch=len(batch),
                 )
-        return True
 
     async def _publish_one(self, key: str, token: str, row: OutboxEvent) -> bool:
         row_id, event = row.id, row.event

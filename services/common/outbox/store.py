@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from serentak.events.v1 import events_pb2
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.correlation import current_correlation_id
@@ -96,6 +96,41 @@ async def unpublished_events(
             row_id, _with_trace(events_pb2.Event.FromString(blob), traceparent), traceparent
         )
         for row_id, blob, traceparent in await session.execute(stmt)
+    ]
+
+
+async def unpublished_events_of(
+    session: AsyncSession, aggregates: list[tuple[str, str]], limit: int
+) -> list[tuple[str, str, OutboxEvent]]:
+    """The first `limit` unpublished events of any of `aggregates`, in the order they were
+    recorded, each with its (aggregate_type, aggregate_id): one relay round's read. A cut
+    at `limit` keeps each aggregate's events a prefix of its unpublished ones."""
+    if not aggregates:
+        return []
+    stmt = (
+        select(
+            outbox_events.c.aggregate_type,
+            outbox_events.c.aggregate_id,
+            outbox_events.c.id,
+            outbox_events.c.event,
+            outbox_events.c.traceparent,
+        )
+        .where(
+            tuple_(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id).in_(aggregates),
+            outbox_events.c.published_at.is_(None),
+        )
+        .order_by(outbox_events.c.id)
+        .limit(limit)
+    )
+    return [
+        (
+            aggregate_type,
+            aggregate_id,
+            OutboxEvent(
+                row_id, _with_trace(events_pb2.Event.FromString(blob), traceparent), traceparent
+            ),
+        )
+        for aggregate_type, aggregate_id, row_id, blob, traceparent in await session.execute(stmt)
     ]
 
 

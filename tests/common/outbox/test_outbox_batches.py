@@ -1,6 +1,6 @@
-"""The relay's batches: an aggregate's pending events in one call per subscriber, in
-order, each exactly once; any failure of a batch falls back to one by one."""
-
+"""The relay's batches: a round's pending events, of many aggregates, in one call per
+subscriber, in order per aggregate, each exactly once; any failure of a batch falls back
+to one by one."""
 from __future__ import annotations
 
 import asyncio
@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 import structlog
 from serentak.events.v1 import events_pb2
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
-from services.common.outbox import Relay, record_event
-from services.common.outbox.models import outbox_events
+from services.common.outbox import Relay, leases, record_event
+from services.common.outbox.models import outbox_events, relay_leases
 
 
 def _event(aggregate_id: str, version: int) -> events_pb2.Event:
@@ -43,13 +43,15 @@ class BatchingSubscriber:
         self.singles = 0
 
     async def _record(self, events: Sequence[events_pb2.Event]) -> None:
-        aggregate = events[0].aggregate_id
-        if aggregate in self.in_flight:
+        # A round's batch carries events of several aggregates.
+        aggregates = {e.aggregate_id for e in events}
+        if aggregates & self.in_flight:
             self.overlaps += 1
-        self.in_flight.add(aggregate)
+        self.in_flight |= aggregates
         await asyncio.sleep(0)  # let the other relays run in the middle of a publish
-        self.versions[aggregate].extend(e.version for e in events)
-        self.in_flight.discard(aggregate)
+        for event in events:
+            self.versions[event.aggregate_id].append(event.version)
+        self.in_flight -= aggregates
 
     async def publish(self, event: events_pb2.Event) -> None:
         self.singles += 1
@@ -139,3 +141,58 @@ async def test_each_event_of_a_batch_is_logged_under_its_own_correlation_id(runt
     assert [(e["correlation_id"], e["version"], e["batch"]) for e in published] == [
         (f"cid-f0-{v}", v, 4) for v in range(1, 5)
     ]
+
+
+async def test_a_round_sends_many_aggregates_events_in_one_batch(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _record_versions(runtime_db, 12, range(1, 3))
+    # One aggregate's lease is held by another relay: the round leaves it alone.
+    async with runtime_db.sessions() as session, session.begin():
+        other = await leases.acquire(session, "file:f3", "other-relay", 60)
+    subscriber = BatchingSubscriber()
+    relay = Relay(runtime_db.sessions, [subscriber], relay_id="r")
+    assert await relay.publish_pending() == 22
+    assert subscriber.batches == 1 and subscriber.singles == 0
+    assert "f3" not in subscriber.versions
+    assert all(subscriber.versions[f"f{a}"] == [1, 2] for a in range(12) if a != 3)
+    # The round gave its leases up; f3's is still the other relay's.
+    async with runtime_db.sessions() as session, session.begin():
+        keys = (await session.execute(select(relay_leases.c.aggregate_key))).scalars().all()
+        assert keys == ["file:f3"]
+        await leases.release(session, "file:f3", other)  # type: ignore[arg-type]
+    assert await relay.publish_pending() == 2
+    assert subscriber.versions["f3"] == [1, 2]
+    assert await _unpublished(runtime_db) == 0
+
+
+class StealingSubscriber(BatchingSubscriber):
+    """Takes one aggregate's lease over while the round's batch is in flight (as a relay
+    would after this one's lease had ended)."""
+
+    def __init__(self, db, key: str) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.db, self.key = db, key
+
+    async def publish_many(self, events: Sequence[events_pb2.Event]) -> bool:
+        async with self.db.sessions() as session, session.begin():
+            await session.execute(
+                update(relay_leases)
+                .where(relay_leases.c.aggregate_key == self.key)
+                .values(holder="thief", lease_token="stolen")
+            )
+        return await super().publish_many(events)
+
+
+async def test_a_round_marks_no_event_whose_lease_it_lost(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    await _record_versions(runtime_db, 3, range(1, 2))
+    relay = Relay(runtime_db.sessions, [StealingSubscriber(runtime_db, "file:f1")], relay_id="r")
+    assert await relay.publish_pending() == 2
+    # f1's event stays unpublished for the lease's new holder (subscribers deduplicate).
+    async with runtime_db.sessions() as session, session.begin():
+        unpublished = (
+            await session.execute(
+                select(outbox_events.c.aggregate_id).where(outbox_events.c.published_at.is_(None))
+            )
+        ).scalars()
+        assert list(unpublished) == ["f1"]
+        holders = (await session.execute(select(relay_leases.c.holder))).scalars().all()
+        assert holders == ["thief"]
