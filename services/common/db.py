@@ -113,6 +113,11 @@ class _SqliteConnection(aiosqlite.Connection):
         self._thread = threading.Thread(target=_worker, args=(self._tx,), daemon=True)
         self.writer_turn = WriterTurn(path)
 
+    @property
+    def writes_inline(self) -> bool:
+        """True while this connection holds its write transaction's turn (below)."""
+        return self.writer_turn.held
+
     async def begin_write(self) -> None:
         """BEGIN IMMEDIATE, in this process's turn (`sqlite_writers`)."""
         await self.writer_turn.take(SQLITE_BUSY_TIMEOUT_MS / 1000)

@@ -13,7 +13,8 @@ transaction ends (COMMIT, ROLLBACK, close, terminate); the next in line is woken
 first come first served. SQLite's own lock still guards the file against other processes
 (a second replica, `serentak-admin`), whose writers keep the busy handler. A turn not had
 within the busy timeout fails as SQLite would ("database is locked"), so a transaction
-waiting on one held by its own task fails instead of hanging.
+waiting on one held by its own task fails instead of hanging. While a connection holds
+the turn its statements run on the event loop's thread (`sqlite_cursor`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class WriterTurn:
         self._path = None if path in ("", ":memory:") or path.startswith("file::memory:") else path
         self._held: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def held(self) -> bool:
+        """True between `take` and `give_back`."""
+        return self._held is not None
 
     async def take(self, timeout_seconds: float) -> None:
         """Wait for the turn (before BEGIN IMMEDIATE); `sqlite3.OperationalError` if it is

@@ -82,9 +82,10 @@ class FanOutWriter:
         self._window = digest_window
 
     @staticmethod
-    def batchable(session: AsyncSession, chain: list[events_pb2.Event]) -> bool:
-        """Whether `chain` is written in one statement (PostgreSQL, nothing can fold)."""
-        return fanout_batch.batchable(session, [describe(ev) for ev in chain])
+    def inline(chain: list[events_pb2.Event]) -> bool:
+        """Whether Ingest may write `chain` itself: nothing of it can fold into a digest
+        (on PostgreSQL then one statement, `fanout_batch`)."""
+        return not any(describe(ev).digestible for ev in chain)
 
     async def write(
         self,

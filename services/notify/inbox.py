@@ -21,9 +21,10 @@ accepted events oldest first, so notifications follow version order. Either way 
 at any point leaves the accepted event with its notifications or its queued job, or
 nothing (a redelivery then does the work).
 
-Inline fan-out (PostgreSQL). A file's accepted events are written in the accepting
-transaction, in one statement (`fanout_batch.py`), and published to open streams right
-after its commit, when
+Inline fan-out. A file's accepted events are written in the accepting transaction (on
+PostgreSQL in one statement, `fanout_batch.py`; on SQLite by the per-event path a job
+would take, with no job to enqueue, claim and complete), and published to open streams
+right after its commit, when
 - none of them can fold into a digest (folds take the per-event path of the job),
 - the transaction writes at most `inline_fanout_max` notifications in all (a big
   audience goes to a job: the aggregate stays locked while Ingest writes; of a file's
@@ -68,6 +69,7 @@ from services.notify.inbox_rows import (
     insert_row,
     pending_rows,
     row_values,
+    waiting_for_job,
 )
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
 from services.notify.retirement import is_terminal, retire
@@ -230,7 +232,7 @@ class Inbox:
             if (
                 aggregate_id not in behind
                 and self._writer is not None
-                and self._writer.batchable(session, chain)
+                and self._writer.inline(chain)
             ):
                 # The longest prefix of the chain that fits the budget is written here;
                 # a relay batch that grew while Ingest was slow (a stall, a loaded
@@ -294,6 +296,10 @@ class Inbox:
             first = event.aggregate_id not in session.info.get(_ACCEPTED, {})
             stored, rows, behind = await insert_and_read(session, values, check_behind=first)
         else:
+            if status == InboxStatus.APPLIED and self._inline_max:
+                # SQLite: the same question, before the insert (one writer at a time).
+                first = event.aggregate_id not in session.info.get(_ACCEPTED, {})
+                behind = first and await waiting_for_job(session, event.aggregate_id)
             stored = await insert_row(session, values)
         if stored is None:
             return IngestResult(Outcome.INGEST_OUTCOME_DUPLICATE)

@@ -104,6 +104,21 @@ def pending_rows(aggregate_id: str, version: int) -> Any:
     )
 
 
+async def waiting_for_job(session: AsyncSession, aggregate_id: str) -> bool:
+    """Whether accepted events of the aggregate still wait for their fan-out job (rows
+    `applied` by other transactions): PostgreSQL asks this in `insert_and_read`, SQLite
+    here, before the new row is inserted."""
+    found = await session.scalar(
+        select(InboxEvent.event_id)
+        .where(
+            InboxEvent.aggregate_id == aggregate_id,
+            InboxEvent.status == InboxStatus.APPLIED,
+        )
+        .limit(1)
+    )
+    return found is not None
+
+
 async def insert_row(session: AsyncSession, values: dict[str, Any]) -> str | None:
     """Insert the inbox row `values` (`row_values`) unless its event_id is stored; the
     id when inserted, None for a duplicate."""

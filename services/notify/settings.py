@@ -102,9 +102,9 @@ class NotifySettings(CommonSettings):
     inline_fanout_max: int = Field(
         2_000,
         ge=0,
-        description="Most notifications an Ingest transaction writes itself on PostgreSQL "
-        "(then publishes right after its commit, no fan-out job); bigger audiences, digest "
-        "folds and SQLite go to a fan-out job. 0: always a job.",
+        description="Most notifications an Ingest transaction writes itself (then publishes "
+        "right after its commit, no fan-out job); bigger audiences and digest folds go to a "
+        "fan-out job. 0: always a job.",
     )
     worker_concurrency: int = Field(8, ge=1, description="Jobs one worker runs at a time.")
     worker_lease_seconds: float = Field(

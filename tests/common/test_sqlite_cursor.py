@@ -4,13 +4,14 @@ read back exactly what aiosqlite's cursor gave: rows, rowcount, lastrowid, error
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from services.common.db import create_engine
+from services.common.db import create_engine, read_only, session_factory
 
 metadata = MetaData()
 items = Table(
@@ -30,23 +31,52 @@ async def engine(tmp_path: Path):
     await engine.dispose()
 
 
-async def test_a_statement_is_one_hand_off_to_the_connections_thread(engine) -> None:
-    async with engine.connect() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
-        calls: list[object] = []
-        real = driver._execute
+def _counting_hand_offs(driver) -> list[object]:  # type: ignore[no-untyped-def]
+    """Record every call the driver hands to its connection's thread."""
+    calls: list[object] = []
+    real = driver._execute
 
-        async def counted(fn, *args, **kwargs):
-            calls.append(fn)
-            return await real(fn, *args, **kwargs)
+    async def counted(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(fn)
+        return await real(fn, *args, **kwargs)
 
-        driver._execute = counted
+    driver._execute = counted
+    return calls
+
+
+async def test_a_read_only_statement_is_one_hand_off_to_the_connections_thread(engine) -> None:
+    async with session_factory(engine)() as session:
+        await read_only(session)
+        driver = (await (await session.connection()).get_raw_connection()).driver_connection
+        driver._conn.create_function("thread_id", 0, threading.get_ident)
+        calls = _counting_hand_offs(driver)
         try:
-            rows = (await conn.execute(select(items.c.id))).all()
+            rows = (await session.execute(select(items.c.id))).all()
+            (thread,) = (await session.execute(text("SELECT thread_id()"))).one()
         finally:
             del driver._execute
     assert rows == []
-    # BEGIN and the SELECT: one call each (aiosqlite's cursor took four a statement).
+    # One call a statement (aiosqlite's cursor took four), on the connection's thread:
+    # a long read never holds up the event loop.
+    assert len(calls) == 2
+    assert thread != threading.get_ident()
+
+
+async def test_a_write_transactions_statements_run_on_the_event_loops_thread(engine) -> None:
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        driver._conn.create_function("thread_id", 0, threading.get_ident)
+        calls = _counting_hand_offs(driver)
+        try:
+            async with conn.begin():
+                await conn.execute(insert(items).values(name="a"))
+                await conn.execute(update(items).values(name="b"))
+                (thread,) = (await conn.execute(text("SELECT thread_id()"))).one()
+        finally:
+            del driver._execute
+    # Holding the process's writer turn, a statement runs where it is called: a hand-off
+    # cost more than the statement. BEGIN IMMEDIATE and the COMMIT (its fsync) hand off.
+    assert thread == threading.get_ident()
     assert len(calls) == 2
 
 

@@ -1,5 +1,5 @@
-"""Inline fan-out: on PostgreSQL, Ingest writes a small audience's notifications in its
-own transaction; big audiences go to a fan-out job. Both paths racing on the same files
+"""Inline fan-out: Ingest writes a small audience's notifications in its own transaction
+(PostgreSQL and SQLite); big audiences go to a fan-out job. Both paths racing on the same files
 keep per-file version order, gapless per-user streams and exactly one notification per
 (user, file, version); a transaction that fails after writing leaves and publishes nothing."""
 
@@ -15,6 +15,7 @@ from serentak.notify.v1 import notify_pb2
 from sqlalchemy import text
 
 from services.notify import metrics
+from services.notify.fanout_job import FanOutHandler
 
 DEADLINE_S = 30.0
 SMALL = ("alice", "bob", "carol")  # carol acts: 2 users, inline with inline_fanout_max=2
@@ -74,10 +75,7 @@ async def test_inline_and_job_fan_outs_race_in_order_and_exactly_once(notify_fac
         inline = _inline_events() - inline0
         total = _all_events() - all0
         assert total == len(events)  # every event written exactly once, by one path
-        if database_url.startswith("postgresql"):
-            assert 0 < inline < len(events), "both paths must have raced"
-        else:
-            assert inline == 0  # SQLite: always the job
+        assert 0 < inline < len(events), "both paths must have raced"
         for user, want in expected.items():
             got = sorted(await notify.all_notifications(user), key=lambda n: int(n.cursor))
             assert [int(n.cursor) for n in got] == list(range(1, len(got) + 1))
@@ -128,6 +126,33 @@ async def test_an_event_behind_a_pending_job_waits_for_it(notify_factory, databa
         assert sorted(n.version for n in got) == [1, 2, 3]
 
 
+async def test_an_event_behind_a_queued_job_waits_for_it(notify_factory, monkeypatch):
+    # Either backend: v1's fan-out job is held before it starts, so v1 waits `applied`;
+    # v2 fits the inline budget but must not overtake it.
+    gate = asyncio.Event()
+    original = FanOutHandler.__call__
+
+    async def held(self, ctx):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await original(self, ctx)
+
+    monkeypatch.setattr(FanOutHandler, "__call__", held)
+    async with notify_factory(extra_users=["abe"], inline_fanout_max=2) as notify:
+        await notify.ingest(event("f-queued", 1, audience=BIG))  # a job
+        inline0 = _inline_events()
+        resp = await notify.ingest(event("f-queued", 2, audience=SMALL))
+        assert resp.outcome == notify_pb2.INGEST_OUTCOME_APPLIED
+        assert _inline_events() == inline0, "v2 went inline ahead of v1's job"
+        assert await notify.all_notifications("alice") == []
+        gate.set()
+        await notify.settled()
+        got = sorted(await notify.all_notifications("alice"), key=lambda n: int(n.cursor))
+        assert [(n.version, int(n.cursor)) for n in got] == [(1, 1), (2, 2)]
+        # With the backlog written, the file's next small event goes inline again.
+        await notify.ingest(event("f-queued", 3, audience=SMALL))
+        assert _inline_events() == inline0 + 1
+
+
 async def test_a_failed_inline_transaction_writes_and_publishes_nothing(
     notify_factory, database_url, monkeypatch
 ):
@@ -146,17 +171,15 @@ async def test_a_failed_inline_transaction_writes_and_publishes_nothing(
         monkeypatch.setattr(writer, "write", write_then_fail)
         ev = event("f-crash", 1)
         stream = await _live(notify, "alice", 1)
-        if database_url.startswith("postgresql"):
-            # Inline: Ingest's transaction fails after writing; the relay redelivers.
-            with pytest.raises(grpc.aio.AioRpcError):
-                await notify.ingest(ev)
-            assert failures == [ev.event_id]
-            assert await notify.all_notifications("alice") == []
-            await notify.settled()
-            assert await notify.all_notifications("alice") == []
+        # Inline: Ingest's transaction fails after writing; the relay redelivers.
+        with pytest.raises(grpc.aio.AioRpcError):
+            await notify.ingest(ev)
+        assert failures == [ev.event_id]
+        assert await notify.all_notifications("alice") == []
+        await notify.settled()
+        assert await notify.all_notifications("alice") == []
         resp = await notify.ingest(ev)
         assert resp.outcome == notify_pb2.INGEST_OUTCOME_APPLIED
-        # SQLite: the fan-out job's first attempt fails the same way and runs again.
         await notify.settled()
         assert failures == [ev.event_id]
         (live,) = await stream
@@ -181,10 +204,7 @@ async def test_a_chain_over_the_budget_goes_inline_up_to_it_and_the_rest_by_one_
             notify_pb2.IngestBatchRequest(events=first), metadata=SERVICE
         )
         assert [r.outcome for r in resp.results] == [notify_pb2.INGEST_OUTCOME_APPLIED] * 6
-        if database_url.startswith("postgresql"):
-            assert _inline_events() - inline0 == 2
-        else:
-            assert _inline_events() == inline0  # SQLite: always the job
+        assert _inline_events() - inline0 == 2
         await asyncio.gather(
             notify.stub.IngestBatch(notify_pb2.IngestBatchRequest(events=second), metadata=SERVICE),
             notify.stub.IngestBatch(notify_pb2.IngestBatchRequest(events=first), metadata=SERVICE),

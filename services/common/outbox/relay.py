@@ -119,6 +119,8 @@ class Relay:
         }
         if not due:
             return 0
+        if len(due) == 1:  # one aggregate: its own loop batches its events
+            return await self.publish_aggregate(*next(iter(due.values())))
         async with self.sessions() as session, session.begin():
             held = await leases.acquire_many(session, list(due), self.relay_id, self.lease_seconds)
             rows = await unpublished_events_of(session, [due[key] for key in held], self.batch_size)
