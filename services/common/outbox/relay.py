@@ -101,12 +101,14 @@ class Relay:
         """One round over the aggregates with unpublished events; returns events published.
 
         The round takes every due aggregate's lease and reads their events in one
-        transaction, sends the events in one batch per subscriber, and marks them, renewing
-        and releasing the leases, in one more: many small files committed together cost
-        a few statements a round, not five transactions each. A round that cannot go as
-        one batch (a single event, a subscriber without batches, a failed call) hands each
-        aggregate to `publish_aggregate`'s loop under the lease it holds (one by one first
-        after a failure, which retries, backs off or dead-letters as before)."""
+        transaction, sends the events (one: `publish`; more: one batch per subscriber), and
+        marks them, renewing and releasing the leases, in one more: a small file's event
+        costs two transactions, and many files committed together share them. A batch
+        that does not go (a subscriber without batches, a failed call) hands each
+        aggregate to `publish_aggregate`'s loop under the lease it holds, one by one
+        first, which retries, backs off or dead-letters as before (a lone event does that
+        itself). Events past the round's cut go in the next round (`run` goes on at once
+        after a round that published)."""
         async with self.sessions() as session:
             # Reads take no write lock (SQLite): committing writers do not wait on them.
             await read_only(session)
@@ -119,23 +121,28 @@ class Relay:
         }
         if not due:
             return 0
-        if len(due) == 1:  # one aggregate: its own loop batches its events
-            return await self.publish_aggregate(*next(iter(due.values())))
         async with self.sessions() as session, session.begin():
             held = await leases.acquire_many(session, list(due), self.relay_id, self.lease_seconds)
             rows = await unpublished_events_of(session, [due[key] for key in held], self.batch_size)
         round_ = [(leases.aggregate_key(t, i), row) for t, i, row in rows]
-        if len(round_) > 1:
-            sent = await self._send_batch(round_)
-            if sent:
-                return await self._settle_round(held, round_)
-        else:
-            sent = None  # not tried: one event goes by `publish`
+        if len(round_) == 1:
+            key, row = round_[0]
+            if await self._publish_one(key, held[key], row, release=held):
+                self._backoff.pop(key, None)
+                return 1
+            # Not sent (it backs off) or the lease lost: give up what is still ours.
+            with contextlib.suppress(Exception):
+                async with self.sessions() as session, session.begin():
+                    await leases.release_many(session, held)
+            return 0
+        if len(round_) > 1 and await self._send_batch(round_):
+            return await self._settle_round(held, round_)
+        batches = not round_  # nothing read (a race): each aggregate looks again
         slots = asyncio.Semaphore(self.concurrency)
 
         async def alone(key: str) -> int:
             async with slots:
-                return await self._drain(key, *due[key], held[key], batches=sent is None)
+                return await self._drain(key, *due[key], held[key], batches=batches)
 
         return sum(await asyncio.gather(*(alone(key) for key in held)))
 
@@ -272,7 +279,11 @@ class Relay:
                     batch=len(batch),
                 )
 
-    async def _publish_one(self, key: str, token: str, row: OutboxEvent) -> bool:
+    async def _publish_one(
+        self, key: str, token: str, row: OutboxEvent, *, release: dict[str, str] | None = None
+    ) -> bool:
+        """Publish `row` and mark it (or dead-letter it), under the lease. `release`:
+        leases (key: token) to give up in the marking transaction, when it commits."""
         row_id, event = row.id, row.event
         with bound_correlation_id(event.correlation_id):
             try:
@@ -289,7 +300,7 @@ class Relay:
                         await subscriber.publish(event)
             except Exception as exc:
                 if is_permanent(exc):
-                    return await self._dead_letter(key, token, row_id, event, exc)
+                    return await self._dead_letter(key, token, row_id, event, exc, release)
                 failures = self._backoff.get(key, (0, 0.0))[0] + 1
                 delay = min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 2 ** min(failures - 1, 20))
                 self._backoff[key] = (failures, time.monotonic() + delay)
@@ -309,6 +320,7 @@ class Relay:
                     log.warning("relay_lease_lost", aggregate=key, event_id=event.event_id)
                     return False
                 await mark_published(session, row_id)
+                await leases.release_many(session, release or {})
             metrics.OUTBOX_PUBLISHED.labels(event.event_type).inc()
             log.info(
                 "outbox_event_published",
@@ -319,7 +331,13 @@ class Relay:
             return True
 
     async def _dead_letter(
-        self, key: str, token: str, row_id: int, event: events_pb2.Event, exc: BaseException
+        self,
+        key: str,
+        token: str,
+        row_id: int,
+        event: events_pb2.Event,
+        exc: BaseException,
+        release: dict[str, str] | None = None,
     ) -> bool:
         """Refused for good: move the event to dead_letters and go on with the aggregate."""
         metrics.OUTBOX_PUBLISH_FAILURES.labels(event.event_type).inc()
@@ -328,6 +346,7 @@ class Relay:
                 log.warning("relay_lease_lost", aggregate=key, event_id=event.event_id)
                 return False
             await dead_letter_event(session, row_id, event, exc, self.relay_id)
+            await leases.release_many(session, release or {})
         metrics.OUTBOX_DEAD_LETTERS.labels(event.event_type).inc()
         log.error(
             "outbox_event_dead_lettered",
