@@ -10,7 +10,7 @@ import uuid
 import weakref
 from typing import Any
 
-from sqlalchemy import func, literal, select, text
+from sqlalchemy import Select, bindparam, func, literal, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -18,7 +18,7 @@ from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from services.upload.files.permissions import role_of
-from services.upload.files.visibility import visible
+from services.upload.files.visibility import rule_count, visible
 from services.upload.models import FOLDER, FileRow, utcnow
 
 # pg_advisory_xact_lock(namespace, hashtext(tenant)): the namespace keeps the tree lock
@@ -210,20 +210,33 @@ async def name_holder(
     session: AsyncSession, tenant_id: str, parent_id: str, name: str, except_id: str = ""
 ) -> str | None:
     """The id of the live item named `name` in folder `parent_id`, if any."""
-    return (
-        await session.execute(
+    values = {"tenant_id": tenant_id, "parent_id": parent_id, "name": name, "except_id": except_id}
+    return (await session.execute(_name_holder(), values)).scalar_one_or_none()
+
+
+# The name check, built once per set of hiding rules (rules register at import).
+_NAME_HOLDER: tuple[int, Select[str]] | None = None
+
+
+def _name_holder() -> Select[str]:
+    global _NAME_HOLDER
+    rules = rule_count()
+    built = _NAME_HOLDER
+    if built is None or built[0] != rules:
+        statement = (
             select(FileRow.id)
             .where(
-                FileRow.tenant_id == tenant_id,
-                FileRow.parent_id == parent_id,
-                FileRow.name == name,
+                FileRow.tenant_id == bindparam("tenant_id"),
+                FileRow.parent_id == bindparam("parent_id"),
+                FileRow.name == bindparam("name"),
                 FileRow.deleted_at.is_(None),
-                FileRow.id != except_id,
+                FileRow.id != bindparam("except_id"),
                 visible(FileRow.__table__.c.id, FileRow.__table__.c.tenant_id),
             )
             .limit(1)
         )
-    ).scalar_one_or_none()
+        built = _NAME_HOLDER = (rules, statement)
+    return built[1]
 
 
 async def require_free_name(

@@ -42,6 +42,12 @@ def register(rule: HidingRule) -> None:
         _rules.append(rule)
 
 
+def rule_count() -> int:
+    """How many rules are registered (a statement built with `visible` is current while
+    this stays the same: rules are only ever added)."""
+    return len(_rules)
+
+
 async def raise_if_hidden(session: AsyncSession, tenant_id: str, file_id: str) -> None:
     """Raise the error of the first rule that hides `file_id`."""
     for rule in _rules:
