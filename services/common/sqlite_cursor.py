@@ -13,9 +13,10 @@ Inside a write transaction (the connection holds its process's writer turn,
 `sqlite_writers`) a statement runs right where it is called, on the event loop's thread:
 such statements are short (they hold the one write lock, so every writer waits on them
 anyway), and the hand-off cost more than they do (a bare hop ~140 us on this machine's
-2 cores; a primary-key insert ~5 us). BEGIN IMMEDIATE, the COMMIT (its fsync) and every
-statement of a read-only transaction still go to the thread, so a long read never holds
-up the loop.
+2 cores; a primary-key insert ~5 us). BEGIN IMMEDIATE, the COMMIT (its fsync), every
+statement of a read-only transaction and a big write (more than 64 parameters, or more
+than 8 rows to executemany: a large fan-out's multi-row inserts) still go to the thread,
+so a long statement never holds up the loop.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ class _OnThread(Protocol):
 
     @property
     def writes_inline(self) -> bool: ...
+
+
+# A write statement bigger than this (a multi-row insert of a large fan-out) still goes to
+# the connection's thread: it could hold the event loop for tens of milliseconds.
+_INLINE_PARAMETERS = 64
+_INLINE_ROWS = 8
+
+
+def _small(parameters: Any) -> bool:
+    return parameters is None or len(parameters) <= _INLINE_PARAMETERS
 
 
 def _run(connection: _OnThread, sql: str, parameters: Any, many: bool) -> _Outcome:
@@ -82,7 +93,7 @@ class OneHopCursor:
             await self._connection.begin_write()
             self._keep(([], None, -1, None))
             return self
-        if self._connection.writes_inline:
+        if self._connection.writes_inline and _small(parameters):
             self._keep(_run(self._connection, sql, parameters, False))
         else:
             self._keep(
@@ -92,7 +103,8 @@ class OneHopCursor:
 
     async def executemany(self, sql: str, parameters: Iterable[Any]) -> OneHopCursor:
         """Run `sql` once per parameter set."""
-        if self._connection.writes_inline:
+        parameters = list(parameters)
+        if self._connection.writes_inline and len(parameters) <= _INLINE_ROWS:
             self._keep(_run(self._connection, sql, parameters, True))
         else:
             self._keep(

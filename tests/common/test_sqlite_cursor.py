@@ -80,6 +80,22 @@ async def test_a_write_transactions_statements_run_on_the_event_loops_thread(eng
     assert len(calls) == 2
 
 
+async def test_a_big_write_still_goes_to_the_connections_thread(engine) -> None:
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        calls = _counting_hand_offs(driver)
+        try:
+            async with conn.begin():
+                # A fan-out's multi-row insert, and a bulk executemany: not on the loop.
+                await conn.execute(insert(items).values([{"name": f"a{i}"} for i in range(100)]))
+                await conn.execute(insert(items), [{"name": f"b{i}"} for i in range(20)])
+                await conn.execute(update(items).where(items.c.id == 1).values(name="x"))
+        finally:
+            del driver._execute
+    # BEGIN, the two big writes, the COMMIT; the small update ran where it was called.
+    assert len(calls) == 4
+
+
 async def test_rows_counts_and_ids_read_as_through_aiosqlite(engine) -> None:
     async with engine.begin() as conn:
         first = await conn.execute(insert(items).values(name="a"))
