@@ -3,10 +3,10 @@ exporting over OTLP/gRPC to a receiver this test runs (the official
 `opentelemetry.proto` TraceService): the client's traceparent on CreateUpload and the
 PutChunks of a new version of a shared file; in upload, the merge job, the file lock's
 hold, the commit and the outbox relay's publish; in locks, the Hold stream the merge kept
-the lock with; in notify, the Ingest the relay made and the fan-out job that wrote the
-collaborator's notification (or, when the relay batched this event behind another's,
-notify's spans of this event's part of the batch, in this trace). Upload on SQLite and
-PostgreSQL, notify on SQLite (where fan-out is always a job)."""
+the lock with; in notify, the Ingest the relay made and the fan-out that wrote the
+collaborator's notification, by Ingest itself or a job (or, when the relay batched this
+event behind another's, notify's spans of this event's part of the batch, in this trace).
+Upload on SQLite and PostgreSQL, notify on SQLite."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import grpc
+from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
 from support.services import ServiceProcess, service_process
 from support.tracing import ExportedSpan, OtlpReceiver
@@ -45,7 +46,9 @@ async def _completed(stub, upload_id: str, md) -> upload_pb2.Upload:  # type: ig
 # Notify's spans for an event: the call's (the relay sent it alone, or first of a batch)
 # or, when a batch ran in another event's trace, the spans of this event's part of it.
 NOTIFY_INGEST = {*INGESTS, "notify ingest_event"}
-NOTIFY_FANOUT = {"job notify_fanout", "notify fanout_event"}
+# The write of its notifications: a fan-out job's, this event's part of another trace's
+# write, or the call's own span when Ingest wrote them itself in this event's trace.
+NOTIFY_FANOUT = {"job notify_fanout", "notify fanout_event", *INGESTS}
 RELAY = {"outbox publish", "outbox publish_batch"}
 
 
@@ -140,12 +143,20 @@ async def test_one_trace_from_the_put_chunks_to_the_fan_out_in_three_processes(
                 )
                 for i, piece in enumerate(split(data, CHUNK)):
                     await uploads.PutChunk(chunk_request(up.upload_id, i, piece), metadata=traced)
-                await _completed(uploads, up.upload_id, alice)
+                done = await _completed(uploads, up.upload_id, alice)
 
             def ours() -> list[ExportedSpan]:
                 return [s for s in receiver.spans if s.trace_id == trace_id]
 
             await receiver.wait_for(lambda _: _whole(ours()), DEADLINE_S)
+            # The fan-out ran: bob, who shares the file, has the new version's notification.
+            async with grpc.aio.insecure_channel(notify.address) as channel:
+                listed = await notify_pb2_grpc.NotifyServiceStub(channel).ListNotifications(
+                    notify_pb2.ListNotificationsRequest(),
+                    metadata=(("authorization", "Bearer dev-bob"),),
+                )
+            versions = [n.version for n in listed.notifications if n.file_id == up.file_id]
+            assert versions.count(done.file_version) == 1
             spans = ours()
             by_service: dict[str, set[str]] = {}
             for s in spans:
