@@ -93,24 +93,23 @@ class OneHopCursor:
             await self._connection.begin_write()
             self._keep(([], None, -1, None))
             return self
-        if self._connection.writes_inline and _small(parameters):
-            self._keep(_run(self._connection, sql, parameters, False))
-        else:
-            self._keep(
-                await self._connection._execute(_run, self._connection, sql, parameters, False)
-            )
+        await self._dispatch(sql, parameters, False, _small(parameters))
         return self
 
     async def executemany(self, sql: str, parameters: Iterable[Any]) -> OneHopCursor:
         """Run `sql` once per parameter set."""
         parameters = list(parameters)
-        if self._connection.writes_inline and len(parameters) <= _INLINE_ROWS:
-            self._keep(_run(self._connection, sql, parameters, True))
+        await self._dispatch(sql, parameters, True, len(parameters) <= _INLINE_ROWS)
+        return self
+
+    async def _dispatch(self, sql: str, parameters: Any, many: bool, small: bool) -> None:
+        """Where the write turn is held and the statement small, here; else on the thread."""
+        if small and self._connection.writes_inline:
+            self._keep(_run(self._connection, sql, parameters, many))
         else:
             self._keep(
-                await self._connection._execute(_run, self._connection, sql, parameters, True)
+                await self._connection._execute(_run, self._connection, sql, parameters, many)
             )
-        return self
 
     def _keep(self, outcome: _Outcome) -> None:
         self._rows, self.description, self.rowcount, self.lastrowid = outcome

@@ -286,20 +286,21 @@ class Inbox:
         values = row_values(event, status, utcnow())
         rows: list[Any] | None = None
         behind = False
+        # The first event the transaction accepts for the aggregate asks whether other
+        # transactions' accepted events still wait for their job (later ones would see
+        # this transaction's own).
+        first = status == InboxStatus.APPLIED and event.aggregate_id not in session.info.get(
+            _ACCEPTED, {}
+        )
         if status == InboxStatus.APPLIED and session.get_bind().dialect.name == "postgresql":
-            # One round trip: the insert, and the aggregate's parked rows that accepting
-            # it needs (read in the same snapshot, which cannot hold the new row; the
-            # aggregate is locked, so nothing else changes them meanwhile). The first
-            # event the transaction accepts for the aggregate also asks whether other
-            # transactions' accepted events still wait for their job (later ones would
-            # see this transaction's own).
-            first = event.aggregate_id not in session.info.get(_ACCEPTED, {})
+            # One round trip: the insert, the aggregate's parked rows that accepting it
+            # needs (read in the same snapshot, which cannot hold the new row; the
+            # aggregate is locked, so nothing else changes them meanwhile) and that question.
             stored, rows, behind = await insert_and_read(session, values, check_behind=first)
         else:
-            if status == InboxStatus.APPLIED and self._inline_max:
+            if first and self._inline_max:
                 # SQLite: the same question, before the insert (one writer at a time).
-                first = event.aggregate_id not in session.info.get(_ACCEPTED, {})
-                behind = first and await waiting_for_job(session, event.aggregate_id)
+                behind = await waiting_for_job(session, event.aggregate_id)
             stored = await insert_row(session, values)
         if stored is None:
             return IngestResult(Outcome.INGEST_OUTCOME_DUPLICATE)

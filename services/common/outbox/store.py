@@ -92,9 +92,7 @@ async def unpublished_events(
         .limit(limit)
     )
     return [
-        OutboxEvent(
-            row_id, _with_trace(events_pb2.Event.FromString(blob), traceparent), traceparent
-        )
+        _outbox_event(row_id, blob, traceparent)
         for row_id, blob, traceparent in await session.execute(stmt)
     ]
 
@@ -123,22 +121,18 @@ async def unpublished_events_of(
         .limit(limit)
     )
     return [
-        (
-            aggregate_type,
-            aggregate_id,
-            OutboxEvent(
-                row_id, _with_trace(events_pb2.Event.FromString(blob), traceparent), traceparent
-            ),
-        )
+        (aggregate_type, aggregate_id, _outbox_event(row_id, blob, traceparent))
         for aggregate_type, aggregate_id, row_id, blob, traceparent in await session.execute(stmt)
     ]
 
 
-def _with_trace(event: events_pb2.Event, traceparent: str | None) -> events_pb2.Event:
-    """`event` as it is published: with the traceparent it was recorded under, if any."""
+def _outbox_event(row_id: int, blob: bytes, traceparent: str | None) -> OutboxEvent:
+    """A stored row as it is published: the event with the traceparent it was recorded
+    under, if any (`Event.traceparent`)."""
+    event = events_pb2.Event.FromString(blob)
     if traceparent:
         event.traceparent = traceparent
-    return event
+    return OutboxEvent(row_id, event, traceparent)
 
 
 async def mark_published(session: AsyncSession, row_id: int) -> None:
