@@ -106,7 +106,7 @@ class DriverStatement:
                 await cursor.execute(self.sql, self.params(parameters))
                 return await cursor.fetchall()
         except psycopg.Error as exc:
-            raise await _as_sqlalchemy_error(connection, driver, exc, self.sql, parameters) from exc
+            raise await as_sqlalchemy_error(connection, driver, exc, self.sql, parameters) from exc
 
     async def one(self, session: AsyncSession, parameters: Mapping[str, Any]) -> Any:
         """The statement's one row (named tuple)."""
@@ -115,6 +115,15 @@ class DriverStatement:
 
 
 async def _driver(session: AsyncSession) -> tuple[AsyncConnection, psycopg.AsyncConnection]:
+    connection, driver = await session_driver(session)
+    if not isinstance(driver, psycopg.AsyncConnection):
+        raise TypeError(f"not a psycopg connection: {type(driver).__name__}")
+    return connection, driver
+
+
+async def session_driver(session: AsyncSession) -> tuple[AsyncConnection, Any]:
+    """The session's connection (its transaction begun) and the driver connection under it
+    (psycopg's, or aiosqlite's)."""
     # Looked up once per transaction: each lookup is a greenlet hop in SQLAlchemy.
     transaction = session.get_transaction()
     cached = session.info.get(_DRIVER)
@@ -123,20 +132,20 @@ async def _driver(session: AsyncSession) -> tuple[AsyncConnection, psycopg.Async
     connection = await session.connection()
     raw = await connection.get_raw_connection()
     driver = raw.driver_connection
-    if not isinstance(driver, psycopg.AsyncConnection):
-        raise TypeError(f"not a psycopg connection: {type(driver).__name__}")
     # Read again: `connection()` begins the transaction when there was none.
     session.info[_DRIVER] = (session.get_transaction(), connection, driver)
     return connection, driver
 
 
-async def _as_sqlalchemy_error(
+async def as_sqlalchemy_error(
     connection: AsyncConnection,
     driver: psycopg.AsyncConnection,
     exc: psycopg.Error,
     sql: str,
     parameters: Mapping[str, Any],
 ) -> BaseException:
+    """The error SQLAlchemy would raise for `exc` from `sql` on `connection`; a lost
+    connection is first shown to SQLAlchemy, which invalidates it (module docstring)."""
     if driver.closed or driver.broken:  # lost: SQLAlchemy's psycopg dialect's own test
         # SQLAlchemy is shown the lost connection on a statement of its own: it then
         # invalidates it and the pool's other connections, as if it had run this one.

@@ -2,7 +2,8 @@
 """Small files: the SDK's `upload(path)` end to end vs a PUT of the same files into s3s-fs.
 
     .venv/bin/python tests/benchmarks/bench_small_files.py [--quick] [--path auto|chunks]
-        [--postgres DSN] [--sizes 4k,64k,1m] [--concurrency 1,16,64] [--stages]
+        [--postgres DSN] [--sqlite-only | --postgres-only] [--sizes 4k,64k,1m]
+        [--concurrency 1,16,64] [--stages]
         [--py-spy DIR]
 
 The stack as `make run` starts it, each service its own process: a private etcd, then
@@ -667,7 +668,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
         size: make_sources(tmp / "src", size, SIZES[size], most + WARMUP_FILES)
         for size in args.sizes
     }
-    databases: list[str | None] = [None]
+    databases: list[str | None] = [] if args.postgres_only else [None]
     if args.postgres:
         databases.append(args.postgres)
     else:
@@ -720,6 +721,7 @@ def main() -> None:
         help="also run on this PostgreSQL server (admin DSN; default SERENTAK_TEST_PG_DSN)",
     )
     parser.add_argument("--sqlite-only", action="store_true", help="skip PostgreSQL")
+    parser.add_argument("--postgres-only", action="store_true", help="skip SQLite")
     parser.add_argument("--sizes", help="comma list of 4k, 64k, 1m")
     parser.add_argument("--concurrency", help="comma list of files in flight")
     parser.add_argument("--files", type=int, help="files per case (the most)")
@@ -736,6 +738,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.sqlite_only:
         args.postgres = None
+    if args.postgres_only and not args.postgres:
+        parser.error("--postgres-only needs --postgres DSN or SERENTAK_TEST_PG_DSN")
     default_sizes = "64k" if args.quick else "4k,64k,1m"
     args.sizes = (args.sizes or default_sizes).split(",")
     if unknown := set(args.sizes) - set(SIZES):

@@ -20,6 +20,7 @@ from services.common.audit.models import audit_events
 from services.common.auth import Identity
 from services.common.correlation import current_correlation_id
 from services.common.jobs.models import utcnow
+from services.common.session_sql import SessionStatement
 
 # Who acts when no caller does: a periodic purge.
 SYSTEM = "system"
@@ -33,7 +34,7 @@ def principal_of(identity: Identity) -> str:
 
 
 # Built once (its values passed at execution).
-_INSERT = insert(audit_events)
+_INSERT = SessionStatement(insert(audit_events))
 
 
 async def record(
@@ -47,8 +48,8 @@ async def record(
     detail: Mapping[str, Any] | None = None,
 ) -> None:
     """Add one audit row in `session`'s transaction (the bound correlation id, now)."""
-    await session.execute(
-        _INSERT,
+    await _INSERT.execute(
+        session,
         {
             "at": utcnow(),
             "tenant_id": tenant_id,

@@ -12,11 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.common.correlation import current_correlation_id
 from services.common.jobs.models import utcnow
 from services.common.outbox.models import outbox_events
+from services.common.session_sql import SessionStatement
 from services.common.tracing import current_traceparent
 
 # Built once (its values passed at execution): a statement made per call costs more than
 # running it.
-_INSERT = insert(outbox_events)
+_INSERT = SessionStatement(insert(outbox_events))
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +48,8 @@ async def record_event(session: AsyncSession, event: events_pb2.Event) -> None:
     now = utcnow()
     if not stored.HasField("occurred_at"):
         stored.occurred_at.FromDatetime(now)
-    await session.execute(
-        _INSERT,
+    await _INSERT.execute(
+        session,
         {
             "event_id": stored.event_id,
             "aggregate_type": stored.aggregate_type,

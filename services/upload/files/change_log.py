@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 
 from services.common.jobs import Handler, JobContext, PeriodicSchedule
+from services.common.session_sql import SessionStatement
 from services.upload.files.permissions import MAX_DEPTH
 from services.upload.models import FOLDER, ChangeHeadRow, ChangeRow, FileRow, utcnow
 
@@ -64,17 +65,20 @@ def _next_seq_statement(dialect_insert: Any) -> Any:
 
 
 # Built once per dialect: a statement made per call costs more than running it.
-_NEXT_SEQ = {
-    "postgresql": _next_seq_statement(postgresql.insert),
-    "sqlite": _next_seq_statement(sqlite.insert),
-}
+_NEXT_SEQ = SessionStatement(
+    {
+        "postgresql": _next_seq_statement(postgresql.insert),
+        "sqlite": _next_seq_statement(sqlite.insert),
+    }
+)
+_INSERT_CHANGE = SessionStatement(insert(ChangeRow.__table__))  # type: ignore[arg-type]
 
 
 async def next_seqs(session: AsyncSession, tenant_id: str, count: int) -> int:
     """Reserve `count` sequence numbers for the tenant; returns the last (row-locked)."""
     # Insert-or-increment in one statement: the row lock is held until this commit.
-    stmt = _NEXT_SEQ[session.get_bind().dialect.name]
-    return int((await session.execute(stmt, {"tenant_id": tenant_id, "count": count})).scalar_one())
+    (last,) = await _NEXT_SEQ.one(session, {"tenant_id": tenant_id, "count": count})
+    return int(last)
 
 
 async def _below(session: AsyncSession, folder: FileRow) -> list[FileRow]:
@@ -118,8 +122,8 @@ async def append(
     last = await next_seqs(session, file.tenant_id, len(items))
     first = last - len(items) + 1
     now = utcnow()
-    await session.execute(
-        insert(ChangeRow),
+    await _INSERT_CHANGE.execute_many(
+        session,
         [
             {
                 "tenant_id": file.tenant_id,

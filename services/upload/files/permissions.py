@@ -26,6 +26,8 @@ from sqlalchemy import String, and_, bindparam, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
+from services.common.session_rows import loaded
+from services.common.session_sql import SessionStatement
 from services.upload.errors import FileNotFound, NotAllowed
 from services.upload.models import EDITOR, OWNER, VIEWER, FileRow, ShareRow
 
@@ -87,8 +89,8 @@ def _chain_statement(with_shares: bool) -> Any:
     return query.order_by(walk.c.depth)
 
 
-_CHAIN = _chain_statement(with_shares=False)
-_CHAIN_WITH_SHARES = _chain_statement(with_shares=True)
+_CHAIN = SessionStatement(_chain_statement(with_shares=False))
+_CHAIN_WITH_SHARES = SessionStatement(_chain_statement(with_shares=True))
 
 
 async def chain(
@@ -101,9 +103,9 @@ async def chain(
     """
     values = {"tenant_id": tenant_id, "file_id": file_id}
     if user_id is None:
-        rows = (await session.execute(_CHAIN, values)).all()
+        rows = await _CHAIN.rows(session, values)
     else:
-        rows = (await session.execute(_CHAIN_WITH_SHARES, {**values, "user_id": user_id})).all()
+        rows = await _CHAIN_WITH_SHARES.rows(session, {**values, "user_id": user_id})
     return [Link(r[0], r[1], r[2], r[3]) for r in rows]
 
 
@@ -163,8 +165,12 @@ async def shares_of(session: AsyncSession, user_id: str, file_ids: list[str]) ->
 
 # Built once (values bound at execution): composing and cache-keying a statement per call
 # cost more than running it.
-_FILE_OF_TENANT = select(FileRow).where(
-    FileRow.id == bindparam("file_id"), FileRow.tenant_id == bindparam("tenant_id")
+_FILES = FileRow.__table__.c
+_FILE_OF_TENANT = SessionStatement(
+    select(*_FILES).where(
+        _FILES.id == bindparam("file_id", type_=String),
+        _FILES.tenant_id == bindparam("tenant_id", type_=String),
+    )
 )
 
 
@@ -172,14 +178,12 @@ async def load_file(session: AsyncSession, identity: Identity, file_id: str) -> 
     """The file `file_id` in the caller's tenant (no role check), or FILE_NOT_FOUND."""
     if not file_id:
         raise FileNotFound("file not found", file_id=file_id)
-    row = (
-        await session.execute(
-            _FILE_OF_TENANT, {"file_id": file_id, "tenant_id": identity.tenant_id}
-        )
-    ).scalar_one_or_none()
+    row = await _FILE_OF_TENANT.first(
+        session, {"file_id": file_id, "tenant_id": identity.tenant_id}
+    )
     if row is None:
         raise FileNotFound("file not found", file_id=file_id)
-    return row
+    return loaded(session, FileRow, row)
 
 
 async def role_of(session: AsyncSession, identity: Identity, file: FileRow) -> str | None:
@@ -249,6 +253,22 @@ async def audience(session: AsyncSession, file: FileRow) -> list[str]:
             break
         ids.append(link.id)
     users = {file.owner_user_id}
-    rows = await session.execute(select(ShareRow.user_id).where(ShareRow.file_id.in_(ids)))
-    users.update(rows.scalars())
+    if ids:
+        values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
+        users.update(user for (user,) in await _shares_of(len(ids)).rows(session, values))
     return sorted(users)
+
+
+# The users with a share on any of n files, one statement per n (at most MAX_DEPTH + 1).
+_SHARES_OF: dict[int, SessionStatement] = {}
+
+
+def _shares_of(n: int) -> SessionStatement:
+    found = _SHARES_OF.get(n)
+    if found is None:
+        shares = ShareRow.__table__.c
+        ids = [bindparam(f"id_{i}", type_=String) for i in range(n)]
+        found = _SHARES_OF[n] = SessionStatement(
+            select(shares.user_id).where(shares.file_id.in_(ids))
+        )
+    return found

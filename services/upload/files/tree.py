@@ -10,13 +10,14 @@ import uuid
 import weakref
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, literal, select, text
+from sqlalchemy import bindparam, func, literal, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.common.session_sql import SessionStatement
 from services.upload.files.permissions import role_of
 from services.upload.files.visibility import rule_count, visible
 from services.upload.models import FOLDER, FileRow, utcnow
@@ -161,7 +162,7 @@ async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
         return
     strict = not session.in_nested_transaction()
     params = {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id, "strict": strict}
-    held, wrote, _ = (await session.execute(_TAKE_TREE_LOCK, params)).one()
+    held, wrote, _ = await _TAKE_TREE_LOCK.one(session, params)
     if strict and wrote and not held:
         raise TreeLockOrder(
             f"tree lock of tenant {tenant_id!r} taken after this transaction wrote rows"
@@ -191,7 +192,7 @@ def _taken_in_line(session: AsyncSession, tenant_id: str, current: Any) -> bool:
 # has written or locked a row); the lock is taken unless that would break the order (held
 # already, taking it again is a no-op until the transaction ends; `strict`: not in a
 # savepoint, see `lock_tree`).
-_TAKE_TREE_LOCK = text(
+_TAKE_TREE_LOCK_SQL = text(
     "WITH state AS (SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
     " AND pid = pg_backend_pid() AND granted AND objsubid = 2"
     " AND classid = CAST(:ns AS oid) AND objid = CAST(hashtext(:tenant) AS oid)) AS held,"
@@ -199,6 +200,7 @@ _TAKE_TREE_LOCK = text(
     " SELECT held, wrote, CASE WHEN held OR NOT wrote OR NOT :strict"
     " THEN pg_advisory_xact_lock(:ns, hashtext(:tenant)) IS NULL END FROM state"
 )
+_TAKE_TREE_LOCK = SessionStatement(_TAKE_TREE_LOCK_SQL)
 
 
 class TreeLockOrder(RuntimeError):
@@ -211,14 +213,15 @@ async def name_holder(
 ) -> str | None:
     """The id of the live item named `name` in folder `parent_id`, if any."""
     values = {"tenant_id": tenant_id, "parent_id": parent_id, "name": name, "except_id": except_id}
-    return (await session.execute(_name_holder(), values)).scalar_one_or_none()
+    row = await _name_holder().first(session, values)
+    return None if row is None else str(row[0])
 
 
 # The name check, built once per set of hiding rules (rules register at import).
-_NAME_HOLDER: tuple[int, Select[str]] | None = None
+_NAME_HOLDER: tuple[int, SessionStatement] | None = None
 
 
-def _name_holder() -> Select[str]:
+def _name_holder() -> SessionStatement:
     global _NAME_HOLDER
     rules = rule_count()
     built = _NAME_HOLDER
@@ -235,7 +238,7 @@ def _name_holder() -> Select[str]:
             )
             .limit(1)
         )
-        built = _NAME_HOLDER = (rules, statement)
+        built = _NAME_HOLDER = (rules, SessionStatement(statement))
     return built[1]
 
 

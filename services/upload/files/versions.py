@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import String, bindparam, update
+from sqlalchemy import String, Table, bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common.session_rows import insert_values, inserted, refreshed, updated
+from services.common.session_sql import SessionStatement
 from services.upload.errors import FileNotFound, StaleFencingToken, VersionMismatch
 from services.upload.models import FileRow, utcnow
 
@@ -58,33 +60,55 @@ async def commit_fenced(session: AsyncSession, file_id: str, token: int, **value
     UPDATE files SET ..., version = version + 1, last_lock_token = :token
      WHERE id = :id AND last_lock_token <= :token   -- equal: the same holder again
     """
-    result = await session.execute(
-        update(FileRow)
-        .where(FileRow.id == file_id, FileRow.last_lock_token <= token)
-        .values(version=FileRow.version + 1, last_lock_token=token, updated_at=utcnow(), **values)
+    row = await _FENCED.first(
+        session, {"fenced_id": file_id, "token": token, "updated_at": utcnow(), **values}
     )
+    if row is not None:
+        return refreshed(session, FileRow, row)
     fresh = await _reload(session, file_id)
     if fresh is None:
         raise FileNotFound("file not found", file_id=file_id)
-    if not result.rowcount:  # type: ignore[attr-defined]
-        raise StaleFencingToken(
-            f"lock token {token} is older than the file's {fresh.last_lock_token}",
-            file_id=file_id,
-            token=token,
-            last_lock_token=fresh.last_lock_token,
-        )
-    return fresh
+    raise StaleFencingToken(
+        f"lock token {token} is older than the file's {fresh.last_lock_token}",
+        file_id=file_id,
+        token=token,
+        last_lock_token=fresh.last_lock_token,
+    )
+
+
+async def add_file(session: AsyncSession, file: FileRow) -> None:
+    """Insert the new `file` (its first version) in `session`'s transaction; it is then
+    the session's row for its id. IntegrityError if its id or live name is taken."""
+    values = insert_values(file)
+    await _INSERT_FILE.execute(session, values)
+    inserted(session, file)
 
 
 async def touch_folder(session: AsyncSession, folder_id: str | None) -> None:
     """Bump a folder's children_version: its cached listings are now outdated."""
     if folder_id:
-        await session.execute(_TOUCH, {"folder_id": folder_id})
+        row = await _TOUCH.first(session, {"folder_id": folder_id})
+        if row is not None:  # the session's copy of the folder, if any, shows it
+            updated(session, FileRow, folder_id, {"children_version": row[0]})
 
 
-# Built once (its value passed at execution).
-_TOUCH = (
-    update(FileRow)
-    .where(FileRow.id == bindparam("folder_id", type_=String))
-    .values(children_version=FileRow.children_version + 1)
+_FILES: Table = FileRow.__table__  # type: ignore[assignment]
+# Built once (values passed at execution).
+_INSERT_FILE = SessionStatement(insert(_FILES))
+_TOUCH = SessionStatement(
+    update(_FILES)
+    .where(_FILES.c.id == bindparam("folder_id", type_=String))
+    .values(children_version=_FILES.c.children_version + 1)
+    .returning(_FILES.c.children_version)
+)
+# The one fencing check (module docstring); its SET: the token, the version bump and the
+# columns given at execution.
+_FENCED = SessionStatement(
+    update(_FILES)
+    .where(
+        _FILES.c.id == bindparam("fenced_id", type_=String),
+        _FILES.c.last_lock_token <= bindparam("token"),
+    )
+    .values(version=_FILES.c.version + 1, last_lock_token=bindparam("token"))
+    .returning(*_FILES.c)
 )

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import String, bindparam, func, select, text
+from sqlalchemy import String, bindparam, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
+from services.common.session_sql import SessionStatement
 from services.upload.errors import QuotaExceeded, TooManyUploads, UploadTooLarge
 from services.upload.models import MERGING, UPLOADING, TenantUsageRow, UploadRow
 from services.upload.settings import UploadSettings
@@ -24,13 +25,15 @@ def _figures() -> Any:
     """The caller's open uploads, the tenant's open bytes and its stored bytes: three
     figures in one statement, built once."""
     tenant_id = bindparam("tenant_id", type_=String)
+    # The statuses spelled out: a driver statement has no expanding IN (session_sql).
+    is_open = or_(*(UploadRow.status == status for status in _OPEN))
     mine_q = select(func.count()).where(
         UploadRow.tenant_id == tenant_id,
         UploadRow.owner_user_id == bindparam("user_id", type_=String),
-        UploadRow.status.in_(_OPEN),
+        is_open,
     )
     open_q = select(func.coalesce(func.sum(UploadRow.total_size), 0)).where(
-        UploadRow.tenant_id == tenant_id, UploadRow.status.in_(_OPEN)
+        UploadRow.tenant_id == tenant_id, is_open
     )
     # One row kept by triggers on files (TenantUsageRow), not a sum over every file.
     stored_q = select(func.coalesce(func.sum(TenantUsageRow.stored_bytes), 0)).where(
@@ -39,7 +42,8 @@ def _figures() -> Any:
     return select(mine_q.scalar_subquery(), open_q.scalar_subquery(), stored_q.scalar_subquery())
 
 
-_FIGURES = _figures()
+_FIGURES = SessionStatement(_figures())
+_ALLOWANCE_LOCK = SessionStatement(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"))
 
 
 def check_size(settings: UploadSettings, total_size: int) -> None:
@@ -63,15 +67,10 @@ async def check_allowance(
     serialises writers; on PostgreSQL a transaction-scoped advisory lock per tenant does.
     """
     if session.get_bind().dialect.name == "postgresql":
-        await session.execute(
-            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-            {"key": f"upload-allowance:{identity.tenant_id}"},
-        )
-    mine, open_bytes, stored = (
-        await session.execute(
-            _FIGURES, {"tenant_id": identity.tenant_id, "user_id": identity.user_id}
-        )
-    ).one()
+        await _ALLOWANCE_LOCK.rows(session, {"key": f"upload-allowance:{identity.tenant_id}"})
+    mine, open_bytes, stored = await _FIGURES.one(
+        session, {"tenant_id": identity.tenant_id, "user_id": identity.user_id}
+    )
     cap = settings.max_open_uploads_per_user
     if (mine or 0) >= cap:
         raise TooManyUploads(

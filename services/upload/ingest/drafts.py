@@ -144,16 +144,18 @@ def _check_version_target(file: FileRow) -> None:
         raise FileDeleted("the file is deleted", file_id=file.id)
 
 
-async def check_target(session: AsyncSession, identity: Identity, row: UploadRow) -> str:
+async def check_target(
+    session: AsyncSession, identity: Identity, row: UploadRow
+) -> tuple[FileRow, str]:
     """In the caller's transaction: the caller may write `row`'s target (a live folder for a
     new file, whose name is free there; else a live file, whose folder and name go into
-    `row`), with CreateUpload's errors. Returns the caller's role on it."""
+    `row`), with CreateUpload's errors. Returns the target's row and the caller's role on it."""
     if row.is_new_file:
         folder, role = await writable(session, identity, row.folder_id)
         _check_new_file_folder(folder)
         await require_free_name(session, identity, row.folder_id, row.name, "new_file.name")
-        return role
+        return folder, role
     file, role = await writable(session, identity, row.file_id)
     _check_version_target(file)
     row.folder_id, row.name = file.parent_id or "", file.name
-    return role
+    return file, role

@@ -13,7 +13,17 @@ from datetime import datetime
 from typing import Any
 
 from serentak.upload.v1 import upload_pb2
-from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    String,
+    Table,
+    and_,
+    bindparam,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -24,6 +34,8 @@ from services.common.errors import Aborted, AlreadyExists, InvalidArgument
 from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
 from services.common.page_tokens import PageTokens
+from services.common.session_rows import insert_values, inserted, updated
+from services.common.session_sql import SessionStatement
 from services.upload import pagination
 from services.upload.convert import STATUS_NAME
 from services.upload.errors import (
@@ -58,6 +70,16 @@ from services.upload.ranges import missing_ranges
 from services.upload.settings import UploadSettings
 
 # Legal moves (invariant 5); anything else is a bug in the caller.
+_TABLE: Table = UploadRow.__table__  # type: ignore[assignment]
+# The move's SET is the columns given at execution (`transition`).
+_MOVE = SessionStatement(
+    update(_TABLE).where(
+        _TABLE.c.id == bindparam("moving_id", type_=String),
+        _TABLE.c.status == bindparam("moving_from", type_=String),
+    )
+)
+_INSERT = SessionStatement(insert(_TABLE))
+
 _FORWARD = {
     "uploading": {"merging", "aborted", "expired"},
     "merging": {"completed", "failed"},
@@ -88,13 +110,12 @@ async def transition(
     """
     if to_status not in _FORWARD.get(from_status, set()):
         raise ValueError(f"illegal upload transition {from_status} -> {to_status}")
-    result = await session.execute(
-        update(UploadRow)
-        .where(UploadRow.id == upload_id, UploadRow.status == from_status)
-        .values(status=to_status, updated_at=utcnow(), **values)
-    )
-    moved = bool(result.rowcount)  # type: ignore[attr-defined]
+    new = {"status": to_status, "updated_at": utcnow(), **values}
+    where = {"moving_id": upload_id, "moving_from": from_status}
+    moved = bool(await _MOVE.execute(session, {**where, **new}))
     if moved:
+        # The session's copy of the row, if it holds one, shows the move (as the ORM would).
+        updated(session, UploadRow, upload_id, new)
         log_transition(upload_id, from_status, to_status)
     return moved
 
@@ -237,8 +258,9 @@ class Uploads:
         cap and the tenant's quota; IntegrityError when its client_request_id was stored
         meanwhile (then `earlier` finds that one)."""
         await check_allowance(session, self._settings, identity, row.total_size)
-        session.add(row)
-        await session.flush()
+        values = insert_values(row)
+        await _INSERT.execute(session, values)
+        inserted(session, row)
 
     async def earlier(
         self, identity: Identity, request: upload_pb2.CreateUploadRequest, row: UploadRow

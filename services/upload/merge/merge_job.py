@@ -59,7 +59,7 @@ from services.upload.errors import (
 )
 from services.upload.files.events import record_file_event
 from services.upload.files.tree import free_name, lock_tree
-from services.upload.files.versions import commit_fenced, touch_folder
+from services.upload.files.versions import add_file, commit_fenced, touch_folder
 from services.upload.ingest.finish_waits import FinishSignals
 from services.upload.ingest.uploads import check_uploader, transition
 from services.upload.merge.file_locks import FileLocks
@@ -350,21 +350,21 @@ async def commit_content(
     token: int,
     *,
     chunks: bool = True,
-    checked_new_file: bool = False,
+    checked_folder: FileRow | None = None,
 ) -> FileRow:
     """Commit the merged content as the file's next version under lock `token`.
 
     One transaction (the caller's): the fenced file update (or the new file row), the
     parent folder's listing version, the outbox event and `merging -> completed`. Traced
     as `upload commit_version` (the statements; the COMMIT is the caller's).
-    `checked_new_file`: the caller checked in this transaction that the file is new and
-    its name free in its folder (UploadFile), so neither is read again.
+    `checked_folder`: the caller checked in this transaction that the file is new and its
+    name free in this folder, its parent (UploadFile), so none of them is read again.
     """
     with tracing.span(
         "upload commit_version", upload_id=upload.id, file_id=upload.file_id, fencing_token=token
     ) as span:
         file = await _commit_content(
-            session, upload, result, token, chunks=chunks, checked_new_file=checked_new_file
+            session, upload, result, token, chunks=chunks, checked_folder=checked_folder
         )
         tracing.annotate(span, version=file.version)
         return file
@@ -377,7 +377,7 @@ async def _commit_content(
     token: int,
     *,
     chunks: bool,
-    checked_new_file: bool,
+    checked_folder: FileRow | None,
 ) -> FileRow:
     now = utcnow()
     values: dict[str, Any] = {
@@ -390,12 +390,12 @@ async def _commit_content(
     # row bumped, and a new file's name must be free in its folder.
     await lock_tree(session, upload.tenant_id)
     existing = None
-    if not checked_new_file:
+    if checked_folder is None:
         existing = await session.get(FileRow, upload.file_id, populate_existing=True)
     if existing is None:
         # If the name was taken since CreateUpload, the new file is kept as "name (2)"
         # (README "Access rules").
-        folder = await session.get(FileRow, upload.folder_id)
+        folder = checked_folder or await session.get(FileRow, upload.folder_id)
         # A new file belongs to the folder's owner; the uploader is the event's actor.
         owner = folder.owner_user_id if folder is not None else upload.owner_user_id
         file = FileRow(
@@ -403,7 +403,7 @@ async def _commit_content(
             tenant_id=upload.tenant_id,
             parent_id=upload.folder_id,
             name=upload.name
-            if checked_new_file
+            if checked_folder is not None
             else await free_name(session, upload.tenant_id, upload.folder_id, upload.name),
             kind=FILE,
             owner_user_id=owner,
@@ -414,8 +414,7 @@ async def _commit_content(
             updated_at=now,
             **values,
         )
-        session.add(file)
-        await session.flush()
+        await add_file(session, file)
     else:
         file = await commit_fenced(session, upload.file_id, token, **values)
     await touch_folder(session, file.parent_id)

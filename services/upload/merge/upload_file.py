@@ -10,9 +10,11 @@ invariants by the same code the chunked path commits with:
 2. `Uploads.draft` runs CreateUpload's checks that need no read (the name, the size
    limit, the ids); the target's are made in the committing transaction (4).
 3. The bytes go to the new version's content key (`files/{file_id}/{upload_id}`): temp +
-   fsync + rename, durable before anything refers to them (invariant 4's "no partial
-   object"; a crash before the commit leaves an object no row names, which the reclaim
-   sweep deletes after its grace period; a refused commit deletes them at once).
+   fsync + rename (`BlobStore.put`), durable before anything refers to them (invariant 4's
+   "no partial object"). The write runs while the commit (4) takes its lock, checks and
+   writes its rows; the commit's unit waits for it before the COMMIT, and a failed write
+   fails the unit. A crash before the commit leaves an object no row names, which the
+   reclaim sweep deletes after its grace period; a refused commit deletes it at once.
 4. A new version commits under the file lock `file:{file_id}` (the merge's key, through
    the same `FileLocks`, held `briefly`: no Hold stream, the release not waited for; the
    body is one short transaction and its write is fenced). A new file takes no lock: its
@@ -221,15 +223,13 @@ class UploadFiles:
     async def _store(
         self, identity: Identity, upload: UploadRow, data: bytes, checksum: str
     ) -> UploadedFile:
-        """Write the bytes to the version's key, then commit (module docstring, 3-4)."""
+        """Write the bytes to the version's key and commit (module docstring, 3-4): the
+        commit's checks and rows are made while the bytes are written, and it waits for
+        them to be durable before its COMMIT."""
         key = content_key(upload.file_id, upload.id)
-        staged = await self._blobs.stage(key, data)
+        written = asyncio.ensure_future(self._blobs.put(key, data))
         try:
-            await self._blobs.publish(staged, key)
-        finally:
-            await self._blobs.discard(staged)
-        try:
-            done = await self._commit(identity, upload, key, checksum)
+            done = await self._commit(identity, upload, key, checksum, written)
         except (SerentakError, IntegrityError) as refused:
             # Refused before the commit (rights, quota, the lock, fencing, the request id
             # stored by another): nothing refers to the bytes. Any other failure may have
@@ -238,8 +238,14 @@ class UploadFiles:
             if isinstance(refused, StaleFencingToken | serentak.errors.LockHeld):
                 metrics.MERGE_FAILURES.labels("lock").inc()
             with contextlib.suppress(Exception):
+                await written  # not deleted while still being written
+            with contextlib.suppress(Exception):
                 await self._blobs.delete(key)
             raise
+        finally:
+            if not written.done():  # a failure before the unit waited for it
+                with contextlib.suppress(Exception):
+                    await written
         metrics.INLINE_MERGES.labels("upload_file").inc()
         metrics.MERGES.labels("completed").inc()
         log.info(
@@ -257,7 +263,12 @@ class UploadFiles:
         await self._running.wait(self._lock.wait_seconds + 5)
 
     async def _commit(
-        self, identity: Identity, upload: UploadRow, key: str, checksum: str
+        self,
+        identity: Identity,
+        upload: UploadRow,
+        key: str,
+        checksum: str,
+        written: Awaitable[None],
     ) -> UploadedFile:
         """Store the upload and commit its version in one transaction, under the file lock."""
         stored = Merged(
@@ -273,7 +284,9 @@ class UploadFiles:
             # A new file's id was made for this request and is named nowhere until this
             # commit: no other writer to exclude or fence, so no lock. Its token is 0, as a
             # root's or a synced file's; any lock taken on it later has a greater one.
-            return await self._groups.run(self._committer(identity, upload, stored, 0), order)
+            return await self._groups.run(
+                self._committer(identity, upload, stored, 0, written), order
+            )
         async with self._locks.briefly(
             f"file:{upload.file_id}",
             tenant_id=upload.tenant_id,
@@ -281,10 +294,17 @@ class UploadFiles:
             wait_timeout=self._lock.wait_seconds,
         ) as token:
             # Shared with the other small files committing now (group commit).
-            return await self._groups.run(self._committer(identity, upload, stored, token), order)
+            return await self._groups.run(
+                self._committer(identity, upload, stored, token, written), order
+            )
 
     def _committer(
-        self, identity: Identity, upload: UploadRow, stored: Merged, token: int
+        self,
+        identity: Identity,
+        upload: UploadRow,
+        stored: Merged,
+        token: int,
+        written: Awaitable[None],
     ) -> Callable[[AsyncSession], Awaitable[UploadedFile]]:
         """The unit of work that stores `upload` and commits its version (module docstring)."""
 
@@ -293,17 +313,25 @@ class UploadFiles:
             await lock_tree(session, upload.tenant_id)
             # CreateUpload's checks of the target, here in the committing transaction (and
             # for a new version under the file lock, as the merge checks its uploader).
-            role = await check_target(session, identity, upload)
+            target, role = await check_target(session, identity, upload)
             upload.status = MERGING
             upload.received_chunk_count = 1
             upload.merge_started_at = utcnow()
             await self._uploads.insert(session, identity, upload)
             file = await commit_content(
-                session, upload, stored, token, chunks=False, checked_new_file=upload.is_new_file
+                session,
+                upload,
+                stored,
+                token,
+                chunks=False,
+                checked_folder=target if upload.is_new_file else None,
             )
             # The status move's UPDATE has set the row's new values on `upload` too
-            # (the ORM's synchronize_session), so the answer needs no re-read.
+            # (`transition`), so the answer needs no re-read.
             self._signals.after_commit(session, upload.id)
+            # Nothing commits before the bytes it names are durable (invariant 4); a write
+            # that failed fails this unit, its rows rolled back.
+            await written
             return UploadedFile(upload, file, role)
 
         return commit

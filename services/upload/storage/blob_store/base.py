@@ -72,6 +72,11 @@ class StoredObject:
 class BlobStore(Protocol):
     """Byte storage addressed by key (the local folder or an S3-compatible bucket)."""
 
+    async def put(self, key: str, data: bytes) -> None:
+        """Store `data` as the object under `key`, replacing any: durable when this returns,
+        and a reader sees all of it or none (`stage` + `publish` in one step)."""
+        ...
+
     async def stage(self, key: str, data: bytes) -> object:
         """Prepare `data` for `key` without making it visible; returns a staging handle."""
         ...

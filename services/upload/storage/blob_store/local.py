@@ -48,6 +48,18 @@ class LocalBlobStore:
             raise ValueError(f"blob key escapes the store: {key!r}")
         return p
 
+    async def put(self, key: str, data: bytes) -> None:
+        """Temp + fsync + rename + folder fsync, in one call on a thread."""
+        await asyncio.to_thread(self._put_sync, key, data)
+
+    def _put_sync(self, key: str, data: bytes) -> None:
+        staged = self.stage_sync(key, data)
+        try:
+            self._publish_many_sync([(staged, key)])
+        except BaseException:
+            self._discard_sync(staged)
+            raise
+
     async def stage(self, key: str, data: bytes) -> object:
         """Write `data` beside `key` under a temporary name, fsynced (on a thread)."""
         return await asyncio.to_thread(self.stage_sync, key, data)

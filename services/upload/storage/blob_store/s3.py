@@ -204,6 +204,10 @@ class S3BlobStore:
             journal=MultipartJournal(sessions) if sessions is not None else None,
         )
 
+    async def put(self, key: str, data: bytes) -> None:
+        """One PUT: all of the bytes become visible at once, or none."""
+        await self.publish(_Staged(key, data), key)
+
     async def stage(self, key: str, data: bytes) -> object:
         """Nothing to write yet: the PUT in `publish` is the atomic step."""
         return _Staged(key, data)

@@ -1,6 +1,6 @@
 """A blob store whose byte-moving calls are spans, when tracing is on.
 
-`traced(store)` wraps any backend: writes (`blob write`: `stage`, `stage_checked`),
+`traced(store)` wraps any backend: writes (`blob write`: `put`, `stage`, `stage_checked`),
 publishes (`blob publish`), merges (`blob merge`), copies (`blob copy`) and reads
 (`blob read`) each get a span with the key (and the byte count); the rest (existence,
 listing, deletes, sweeps) passes straight through. With tracing off the store is
@@ -27,6 +27,11 @@ class TracedBlobStore:
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
         self._backend = type(inner).__name__
+
+    async def put(self, key: str, data: bytes) -> None:
+        """See `BlobStore.put`."""
+        with tracing.span("blob write", backend=self._backend, key=key, bytes=len(data)):
+            await self.inner.put(key, data)
 
     async def stage(self, key: str, data: bytes) -> object:
         """See `BlobStore.stage`."""
