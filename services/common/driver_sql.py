@@ -122,10 +122,14 @@ async def _driver(session: AsyncSession) -> tuple[AsyncConnection, psycopg.Async
 
 
 async def session_driver(session: AsyncSession) -> tuple[AsyncConnection, Any]:
-    """The session's connection (its transaction begun) and the driver connection under it
-    (psycopg's, or aiosqlite's)."""
-    # Looked up once per transaction: each lookup is a greenlet hop in SQLAlchemy.
-    transaction = session.get_transaction()
+    """The session's connection (its transaction begun, and its savepoint, inside
+    `begin_nested`) and the driver connection under it (psycopg's, or aiosqlite's)."""
+    # Looked up once per transaction and per savepoint: each lookup is a greenlet hop in
+    # SQLAlchemy. The savepoint counts: SQLAlchemy emits SAVEPOINT only when the nested
+    # transaction first asks for its connection, so a statement run on the driver before
+    # that would not be rolled back with it.
+    sync = session.sync_session
+    transaction = sync.get_nested_transaction() or sync.get_transaction()
     cached = session.info.get(_DRIVER)
     if cached is not None and cached[0] is transaction:
         return cached[1], cached[2]
@@ -133,7 +137,8 @@ async def session_driver(session: AsyncSession) -> tuple[AsyncConnection, Any]:
     raw = await connection.get_raw_connection()
     driver = raw.driver_connection
     # Read again: `connection()` begins the transaction when there was none.
-    session.info[_DRIVER] = (session.get_transaction(), connection, driver)
+    transaction = sync.get_nested_transaction() or sync.get_transaction()
+    session.info[_DRIVER] = (transaction, connection, driver)
     return connection, driver
 
 

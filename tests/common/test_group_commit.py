@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from services.common.db import create_engine, session_factory
 from services.common.errors import Unavailable
 from services.common.group_commit import GroupCommits
+from services.common.session_sql import SessionStatement
 
 metadata = MetaData()
 things = Table(
@@ -61,6 +62,42 @@ async def test_racing_units_share_transactions_and_a_failing_one_fails_alone(ses
     # All 70 units ran in fewer transactions than units (at most 16 a group).
     assert sum(sizes) == 70 and max(sizes) <= 16
     assert len(sizes) < 70 and len(commits) >= len(sizes)
+    await groups.close()
+
+
+INSERT_THING = SessionStatement(insert(things))
+
+
+async def test_a_failing_unit_undoes_its_driver_statements_alone(sessions) -> None:
+    """Statements run on the driver (`session_sql`) are inside the unit's savepoint too:
+    every unit of a group, not only the first, gets its SAVEPOINT before them."""
+    groups = GroupCommits(sessions, max_group=16)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def blocker(session):
+        started.set()
+        await release.wait()
+
+    def unit(n: int):
+        async def work(session):
+            await INSERT_THING.execute(session, {"name": f"unit-{n}"})
+            if n % 3 == 0:
+                raise Unavailable(f"unit {n} refused after its write")
+            return n
+
+        return groups.run(work)
+
+    first = asyncio.create_task(groups.run(blocker))
+    await started.wait()  # the next group gathers every unit below
+    units = [asyncio.create_task(unit(n)) for n in range(12)]
+    await asyncio.sleep(0)
+    release.set()
+    await first
+    answers = await asyncio.gather(*units, return_exceptions=True)
+    assert [isinstance(a, Unavailable) for a in answers] == [n % 3 == 0 for n in range(12)]
+    async with sessions() as session:
+        stored = set((await session.execute(select(things.c.name))).scalars())
+    assert stored == {f"unit-{n}" for n in range(12) if n % 3}
     await groups.close()
 
 

@@ -1,0 +1,130 @@
+"""A statement run on the session's driver connection (`session_sql`) behaves as if
+SQLAlchemy had run it, on SQLite and PostgreSQL: it is part of the session's transaction
+and savepoints, stores and reads values as SQLAlchemy does, raises SQLAlchemy's errors,
+and refuses what it cannot do as SQLAlchemy would (not doing it wrong). The ORM side is
+`test_session_rows.py`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from services.common.db import create_engine, session_factory
+from services.common.jobs.models import UtcDateTime
+from services.common.session_sql import SessionStatement
+
+metadata = MetaData()
+notes = Table(
+    "session_sql_notes",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("at", UtcDateTime, nullable=False),  # a TypeDecorator: both of its processors
+    Column("detail", JSON, nullable=False),
+    Column("done", Boolean, nullable=False),
+    Column("count", Integer, nullable=False, default=7),
+    Column("stamp", String(32), nullable=False, default=lambda: "computed"),
+)
+
+INSERT = SessionStatement(insert(notes))
+BY_ID = SessionStatement(select(*notes.c).where(notes.c.id == bindparam("id", type_=String)))
+COUNT = SessionStatement(select(func.count()).select_from(notes))
+BUMP = SessionStatement(
+    update(notes)
+    .where(notes.c.id == bindparam("note", type_=String))
+    .values(count=notes.c.count + 1)
+    .returning(notes.c.count)
+)
+AT = datetime(2026, 12, 6, 23, 30, 15, 250_000, tzinfo=UTC)
+
+
+def note(id_: str, **extra: object) -> dict[str, object]:
+    return {"id": id_, "at": AT, "detail": {"a": [1, "b"]}, "done": True, "stamp": "s", **extra}
+
+
+@pytest.fixture
+async def sessions(database_url):
+    engine = create_engine(database_url)
+    async with engine.begin() as connection:
+        await connection.run_sync(metadata.drop_all)
+        await connection.run_sync(metadata.create_all)
+    yield session_factory(engine)
+    await engine.dispose()
+
+
+async def test_values_are_stored_and_read_as_sqlalchemy_does(sessions) -> None:
+    async with sessions.begin() as session:
+        await INSERT.execute(session, note("n1"))
+    async with sessions() as session:
+        orm = (await session.execute(select(notes).where(notes.c.id == "n1"))).one()
+        driver = await BY_ID.one(session, {"id": "n1"})
+    assert tuple(orm) == tuple(driver)
+    assert driver[1] == AT and driver[2] == {"a": [1, "b"]} and driver[3] is True
+    assert driver[4] == 7  # the column's constant default, filled in as SQLAlchemy would
+
+
+async def test_it_commits_and_rolls_back_with_the_session_and_its_savepoints(sessions) -> None:
+    async with sessions.begin() as session:
+        await INSERT.execute(session, note("kept"))
+        with pytest.raises(IntegrityError):
+            async with session.begin_nested():
+                await INSERT.execute(session, note("undone"))
+                await INSERT.execute(session, note("kept"))  # the primary key again
+        assert (await BUMP.one(session, {"note": "kept"}))[0] == 8
+    with pytest.raises(RuntimeError):
+        async with sessions.begin() as session:
+            await INSERT.execute(session, note("rolled back"))
+            raise RuntimeError("the transaction fails after the statement")
+    async with sessions() as session:
+        assert (await COUNT.one(session))[0] == 1
+        assert (await BY_ID.one(session, {"id": "kept"}))[4] == 8
+
+
+async def test_a_constraint_error_is_sqlalchemys_and_the_transaction_goes_on(sessions) -> None:
+    async with sessions.begin() as session:
+        await INSERT.execute(session, note("n1"))
+    async with sessions.begin() as session:
+        with pytest.raises(IntegrityError):
+            async with session.begin_nested():
+                await INSERT.execute(session, note("n1"))
+        await INSERT.execute(session, note("n2"))
+    async with sessions() as session:
+        assert (await COUNT.one(session))[0] == 2
+
+
+async def test_many_rows_go_in_one_call_and_more_through_sqlalchemy(sessions) -> None:
+    few = [note(f"few-{i}") for i in range(3)]
+    many = [note(f"many-{i}") for i in range(40)]
+    async with sessions.begin() as session:
+        await INSERT.execute_many(session, few)
+        await INSERT.execute_many(session, many)
+        await INSERT.execute_many(session, [])
+    async with sessions() as session:
+        assert (await COUNT.one(session))[0] == 43
+        assert (await BY_ID.one(session, {"id": "many-39"}))[4] == 7
+
+
+async def test_what_it_cannot_do_is_refused_not_done_wrong(sessions) -> None:
+    async with sessions.begin() as session:
+        # A computed default SQLAlchemy would call per row: refused, not stored as NULL.
+        with pytest.raises(TypeError, match="stamp"):
+            await INSERT.execute(session, {k: v for k, v in note("n").items() if k != "stamp"})
+        # An expanding IN, which SQLAlchemy renders per execution.
+        expanding = SessionStatement(select(notes.c.id).where(notes.c.id.in_(["a", "b"])))
+        with pytest.raises(TypeError, match="IN list"):
+            await expanding.rows(session)
