@@ -190,7 +190,7 @@ class SessionStatement:
         self, session: AsyncSession, values: Mapping[str, Any]
     ) -> tuple[_Compiled, AsyncConnection, Any]:
         sync = session.sync_session
-        if not sync._is_clean():  # autoflush, as session.execute would
+        if sync.autoflush and not sync._is_clean():  # as session.execute would
             await session.flush()
         connection, driver = await session_driver(session)
         return self._for(connection.dialect, tuple(sorted(values))), connection, driver
@@ -202,3 +202,19 @@ def _sqlite_error(
     return DBAPIError.instance(
         sql, dict(values), exc, sqlite3.Error, hide_parameters=True, dialect=connection.dialect
     )
+
+
+class SessionStatements:
+    """One `SessionStatement` per count of items (rows of a multi-row INSERT, pairs of an
+    IN list), built by `build(count)` when first asked for and kept."""
+
+    def __init__(self, build: Callable[[int], Any]) -> None:
+        self._build = build
+        self._made: dict[int, SessionStatement] = {}
+
+    def of(self, count: int) -> SessionStatement:
+        """The statement for `count` items."""
+        found = self._made.get(count)
+        if found is None:
+            found = self._made[count] = SessionStatement(self._build(count))
+        return found

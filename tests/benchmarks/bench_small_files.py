@@ -70,6 +70,7 @@ sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests")]
 
 import obstore
 import psycopg
+from benchmarks.small_files_floor import Floor
 from obstore.store import S3Store
 from serentak.sdk import SerentakClient
 from serentak.upload.v1 import upload_pb2
@@ -92,7 +93,7 @@ CASE_DEADLINE_S = 300.0  # a case still running then has failed (a stuck merge)
 GOAL_CASE_THROUGHPUT = ("64k", 16)  # files/s >= 0.5x the peer's, p50 <= 3x the peer's
 GOAL_CASE_ALONE = ("64k", 1)  # p50 <= 10 ms
 GOAL_RATIO, GOAL_P50_RATIO, GOAL_ALONE_MS = 0.5, 3.0, 10.0
-SERENTAK, PUT, PUT_FSYNC = "Serentak", "PUT", "PUT+fsync"
+SERENTAK, PUT, PUT_FSYNC, FLOOR = "Serentak", "PUT", "PUT+fsync", "floor"
 # The fsync family: what makes a write durable (sync_file_range alone does not).
 SYNC_CALLS = "fsync,fdatasync,sync_file_range,syncfs,sync"
 
@@ -409,6 +410,7 @@ class Stack:
     client: SerentakClient
     peer: object
     names: dict[int, str]
+    floor: Floor
 
     def serentak_pids(self) -> dict[str, int]:
         """The processes that serve a Serentak upload, by name."""
@@ -463,10 +465,16 @@ async def start_stack(stack: ExitStack, tmp: Path, postgres: str | None, log_lev
         "SERENTAK_RATE_LIMIT_WRITES_PER_TENANT": "0",
     }
     database = "SQLite"
+    floor_database = None
     if postgres:
         env["SERENTAK_UPLOAD_DATABASE_URL"] = postgres_database(stack, postgres, "upload")
         env["SERENTAK_NOTIFY_DATABASE_URL"] = postgres_database(stack, postgres, "notify")
+        floor_url = make_url(postgres_database(stack, postgres, "floor"))
+        floor_database = floor_url.set(drivername="postgresql").render_as_string(False)
         database = "PostgreSQL"
+    (tmp / "floor").mkdir()
+    floor = Floor(tmp / "floor", floor_database)
+    stack.callback(floor.stop)
     for name in ("locks", "notify", "upload"):
         (tmp / name).mkdir()
     locks = stack.enter_context(service_process("locks", tmp / "locks", env))
@@ -503,6 +511,7 @@ async def start_stack(stack: ExitStack, tmp: Path, postgres: str | None, log_lev
         client,
         peer,
         names,
+        floor,
     )
 
 
@@ -581,6 +590,10 @@ async def measure(
                         serentak_upload(stack.client, args.path, tag),
                     ),
                 )
+            runs[FLOOR] = await timed_cpu(
+                {"floor": stack.floor.process.pid},
+                run_case(files, concurrency, args.budget, stack.floor.upload(tag)),
+            )
             case = Case(stack.database, size, concurrency, runs)
             if args.stages:
                 case.stages = stage_summary(upload_log.new_lines(), locks_log.new_lines())
@@ -658,6 +671,32 @@ def print_table(cases: list[Case], path_mode: str) -> None:
         "every PUT's stored size checked. CPU ms/file: Serentak's processes (upload, locks, "
         "notify, etcd) / s3s-fs's, per file done (the client's not counted on either side)."
     )
+    print_floor(cases)
+
+
+def print_floor(cases: list[Case]) -> None:
+    """The floor's row per case: what a bare durable Python gRPC server reaches in the same
+    run, against the PUT (the most any Python service could show) and Serentak."""
+    print(
+        "\nthe floor (small_files_floor.py): a bare grpc.aio server that checks, writes and "
+        "fsyncs each file and commits four rows for it (group commit); same files, same "
+        "concurrency, same run"
+    )
+    head = (
+        f"{'db':<10} {'size':>4} {'at once':>7} | {'floor/s':>8} {'p50':>6} {'p99':>6} | "
+        f"{'floor/PUT f/s':>13} {'floor/PUT p50':>13} | {'Serentak/floor f/s':>18} | "
+        f"{'CPU ms/file':>11}"
+    )
+    print(head)
+    print("-" * len(head))
+    for case in cases:
+        s, p, f = case.runs[SERENTAK], case.runs[PUT], case.runs[FLOOR]
+        print(
+            f"{case.database:<10} {case.size:>4} {case.concurrency:>7} | "
+            f"{f.rate:>8.1f} {f.pct(50):>6.1f} {f.pct(99):>6.1f} | "
+            f"{f.rate / p.rate:>13.3f} {f.pct(50) / p.pct(50):>13.1f} | "
+            f"{s.rate / f.rate:>18.3f} | {cpu_per_file(f):>11.1f}"
+        )
 
 
 async def bench(args: argparse.Namespace, tmp: Path) -> None:
@@ -693,6 +732,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
                 raise
             finally:
                 await running.client.close()
+                await running.floor.channel.close()
     print_table(cases, args.path)
     if probe:
         print(

@@ -13,18 +13,72 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, delete, tuple_, update
+from sqlalchemy import ColumnElement, String, Table, bindparam, delete, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.jobs.models import utcnow
 from services.common.outbox.models import relay_leases
+from services.common.session_sql import SessionStatements
 
 
-def _insert_for(session: AsyncSession) -> Callable[[Table], Any]:
-    """The dialect's INSERT (both have ON CONFLICT DO UPDATE)."""
-    dialect = session.get_bind().dialect.name
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+def _acquire(insert: Callable[[Table], Any], count: int) -> Any:
+    """The upsert taking `count` leases (rows `key_i`, `holder`, `token_i`, `expires_at`)."""
+    stmt = insert(relay_leases).values(
+        [
+            {
+                "aggregate_key": bindparam(f"key_{i}", type_=String),
+                "holder": bindparam("holder", type_=String),
+                "lease_token": bindparam(f"token_{i}", type_=String),
+                "expires_at": bindparam("expires_at", type_=relay_leases.c.expires_at.type),
+            }
+            for i in range(count)
+        ]
+    )
+    # Under a conflict PostgreSQL locks the existing row and re-checks WHERE on its latest
+    # version, so two relays racing for an expired lease cannot both take it.
+    return stmt.on_conflict_do_update(
+        index_elements=[relay_leases.c.aggregate_key],
+        set_={
+            "holder": stmt.excluded.holder,
+            "lease_token": stmt.excluded.lease_token,
+            "expires_at": stmt.excluded.expires_at,
+        },
+        where=relay_leases.c.expires_at < bindparam("now", type_=relay_leases.c.expires_at.type),
+    ).returning(relay_leases.c.aggregate_key, relay_leases.c.lease_token)
+
+
+def _pairs(count: int) -> ColumnElement[bool]:
+    """(aggregate_key, lease_token) is one of `count` pairs `key_i`, `token_i`."""
+    return tuple_(relay_leases.c.aggregate_key, relay_leases.c.lease_token).in_(
+        [
+            tuple_(bindparam(f"key_{i}", type_=String), bindparam(f"token_{i}", type_=String))
+            for i in range(count)
+        ]
+    )
+
+
+# Built once per count of leases (values passed at execution).
+_ACQUIRE = SessionStatements(
+    lambda n: {"postgresql": _acquire(postgresql.insert, n), "sqlite": _acquire(sqlite.insert, n)}
+)
+_RENEW = SessionStatements(
+    lambda n: (
+        update(relay_leases)
+        .where(_pairs(n))
+        .values(expires_at=bindparam("until", type_=relay_leases.c.expires_at.type))
+        .returning(relay_leases.c.aggregate_key)
+    )
+)
+_RELEASE = SessionStatements(lambda n: delete(relay_leases).where(_pairs(n)))
+
+
+def _held_values(held: dict[str, str]) -> dict[str, str]:
+    """The `key_i`, `token_i` values of `held`, in key order."""
+    values: dict[str, str] = {}
+    for i, (key, token) in enumerate(sorted(held.items())):
+        values[f"key_{i}"], values[f"token_{i}"] = key, token
+    return values
 
 
 def aggregate_key(aggregate_type: str, aggregate_id: str) -> str:
@@ -48,69 +102,36 @@ async def acquire_many(
     if not keys:
         return {}
     now = utcnow()
-    expires = now + timedelta(seconds=seconds)
-    rows = [
-        {
-            "aggregate_key": key,
-            "holder": holder,
-            "lease_token": uuid.uuid4().hex,
-            "expires_at": expires,
-        }
-        for key in sorted(set(keys))
-    ]
-    stmt = _insert_for(session)(relay_leases).values(rows)
-    # Under a conflict PostgreSQL locks the existing row and re-checks WHERE on its latest
-    # version, so two relays racing for an expired lease cannot both take it.
-    upsert = stmt.on_conflict_do_update(
-        index_elements=[relay_leases.c.aggregate_key],
-        set_={
-            "holder": stmt.excluded.holder,
-            "lease_token": stmt.excluded.lease_token,
-            "expires_at": stmt.excluded.expires_at,
-        },
-        where=relay_leases.c.expires_at < now,
-    ).returning(relay_leases.c.aggregate_key, relay_leases.c.lease_token)
-    return {key: token for key, token in await session.execute(upsert)}
+    ordered = sorted(set(keys))
+    values: dict[str, Any] = {
+        "holder": holder,
+        "expires_at": now + timedelta(seconds=seconds),
+        "now": now,
+    }
+    for i, key in enumerate(ordered):
+        values[f"key_{i}"], values[f"token_{i}"] = key, uuid.uuid4().hex
+    return dict(await _ACQUIRE.of(len(ordered)).rows(session, values))
 
 
 async def renew(session: AsyncSession, key: str, token: str, seconds: float) -> bool:
     """Extend our lease; False when it is no longer ours."""
-    result = await session.execute(
-        update(relay_leases)
-        .where(relay_leases.c.aggregate_key == key, relay_leases.c.lease_token == token)
-        .values(expires_at=utcnow() + timedelta(seconds=seconds))
-    )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return key in await renew_many(session, {key: token}, seconds)
 
 
 async def release(session: AsyncSession, key: str, token: str) -> None:
     """Give the lease up (only if still ours)."""
-    await session.execute(
-        delete(relay_leases).where(
-            relay_leases.c.aggregate_key == key, relay_leases.c.lease_token == token
-        )
-    )
+    await release_many(session, {key: token})
 
 
 async def renew_many(session: AsyncSession, held: dict[str, str], seconds: float) -> set[str]:
     """`renew` for several leases in one statement: the keys still ours."""
     if not held:
         return set()
-    result = await session.execute(
-        update(relay_leases)
-        .where(_held(held))
-        .values(expires_at=utcnow() + timedelta(seconds=seconds))
-        .returning(relay_leases.c.aggregate_key)
-    )
-    return {key for (key,) in result}
+    values = {**_held_values(held), "until": utcnow() + timedelta(seconds=seconds)}
+    return {key for (key,) in await _RENEW.of(len(held)).rows(session, values)}
 
 
 async def release_many(session: AsyncSession, held: dict[str, str]) -> None:
     """`release` for several leases in one statement."""
     if held:
-        await session.execute(delete(relay_leases).where(_held(held)))
-
-
-def _held(held: dict[str, str]) -> ColumnElement[bool]:
-    pairs = tuple_(relay_leases.c.aggregate_key, relay_leases.c.lease_token)
-    return pairs.in_(sorted(held.items()))
+        await _RELEASE.of(len(held)).execute(session, _held_values(held))

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from serentak.events.v1 import events_pb2
-from sqlalchemy import func, insert, select, tuple_, update
+from sqlalchemy import Integer, String, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.correlation import current_correlation_id
 from services.common.jobs.models import utcnow
 from services.common.outbox.models import outbox_events
-from services.common.session_sql import SessionStatement
+from services.common.session_sql import SessionStatement, SessionStatements
 from services.common.tracing import current_traceparent
 
 # Built once (its values passed at execution): a statement made per call costs more than
@@ -64,17 +65,18 @@ async def record_event(session: AsyncSession, event: events_pb2.Event) -> None:
     )
 
 
+_PENDING = SessionStatement(
+    select(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id)
+    .where(outbox_events.c.published_at.is_(None))
+    .group_by(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id)
+    .order_by(func.min(outbox_events.c.id))
+    .limit(bindparam("limit", type_=Integer))
+)
+
+
 async def pending_aggregates(session: AsyncSession, limit: int) -> list[tuple[str, str]]:
     """Aggregates with unpublished events, the one waiting longest first."""
-    oldest = func.min(outbox_events.c.id)
-    stmt = (
-        select(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id)
-        .where(outbox_events.c.published_at.is_(None))
-        .group_by(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id)
-        .order_by(oldest)
-        .limit(limit)
-    )
-    return [(t, i) for t, i in await session.execute(stmt)]
+    return [(t, i) for t, i in await _PENDING.rows(session, {"limit": limit})]
 
 
 async def unpublished_events(
@@ -106,25 +108,33 @@ async def unpublished_events_of(
     at `limit` keeps each aggregate's events a prefix of its unpublished ones."""
     if not aggregates:
         return []
-    stmt = (
-        select(
-            outbox_events.c.aggregate_type,
-            outbox_events.c.aggregate_id,
-            outbox_events.c.id,
-            outbox_events.c.event,
-            outbox_events.c.traceparent,
-        )
-        .where(
-            tuple_(outbox_events.c.aggregate_type, outbox_events.c.aggregate_id).in_(aggregates),
-            outbox_events.c.published_at.is_(None),
-        )
-        .order_by(outbox_events.c.id)
-        .limit(limit)
-    )
+    values: dict[str, Any] = {"limit": limit}
+    for i, (aggregate_type, aggregate_id) in enumerate(aggregates):
+        values[f"type_{i}"], values[f"id_{i}"] = aggregate_type, aggregate_id
     return [
         (aggregate_type, aggregate_id, _outbox_event(row_id, blob, traceparent))
-        for aggregate_type, aggregate_id, row_id, blob, traceparent in await session.execute(stmt)
+        for aggregate_type, aggregate_id, row_id, blob, traceparent in await _EVENTS_OF.of(
+            len(aggregates)
+        ).rows(session, values)
     ]
+
+
+def _events_of(count: int) -> Any:
+    """The first `:limit` unpublished events of `count` aggregates (`type_i`, `id_i`)."""
+    c = outbox_events.c
+    aggregates = [
+        tuple_(bindparam(f"type_{i}", type_=String), bindparam(f"id_{i}", type_=String))
+        for i in range(count)
+    ]
+    return (
+        select(c.aggregate_type, c.aggregate_id, c.id, c.event, c.traceparent)
+        .where(tuple_(c.aggregate_type, c.aggregate_id).in_(aggregates), c.published_at.is_(None))
+        .order_by(c.id)
+        .limit(bindparam("limit", type_=Integer))
+    )
+
+
+_EVENTS_OF = SessionStatements(_events_of)
 
 
 def _outbox_event(row_id: int, blob: bytes, traceparent: str | None) -> OutboxEvent:
@@ -138,11 +148,7 @@ def _outbox_event(row_id: int, blob: bytes, traceparent: str | None) -> OutboxEv
 
 async def mark_published(session: AsyncSession, row_id: int) -> None:
     """Set published_at (only once: a republish after a crash keeps the first mark)."""
-    await session.execute(
-        update(outbox_events)
-        .where(outbox_events.c.id == row_id, outbox_events.c.published_at.is_(None))
-        .values(published_at=utcnow())
-    )
+    await mark_many_published(session, [row_id])
 
 
 async def oldest_unpublished(session: AsyncSession) -> tuple[int, datetime | None]:
@@ -160,8 +166,18 @@ async def oldest_unpublished(session: AsyncSession) -> tuple[int, datetime | Non
 
 async def mark_many_published(session: AsyncSession, row_ids: list[int]) -> None:
     """`mark_published` for several rows in one statement."""
-    await session.execute(
+    if row_ids:
+        values: dict[str, Any] = {f"id_{i}": row_id for i, row_id in enumerate(row_ids)}
+        await _MARK.of(len(row_ids)).execute(session, {**values, "at": utcnow()})
+
+
+_MARK = SessionStatements(
+    lambda n: (
         update(outbox_events)
-        .where(outbox_events.c.id.in_(row_ids), outbox_events.c.published_at.is_(None))
-        .values(published_at=utcnow())
+        .where(
+            outbox_events.c.id.in_([bindparam(f"id_{i}", type_=Integer) for i in range(n)]),
+            outbox_events.c.published_at.is_(None),
+        )
+        .values(published_at=bindparam("at", type_=outbox_events.c.published_at.type))
     )
+)

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
 from services.common.session_rows import loaded
-from services.common.session_sql import SessionStatement
+from services.common.session_sql import SessionStatement, SessionStatements
 from services.upload.errors import FileNotFound, NotAllowed
 from services.upload.models import EDITOR, OWNER, VIEWER, FileRow, ShareRow
 
@@ -255,20 +255,16 @@ async def audience(session: AsyncSession, file: FileRow) -> list[str]:
     users = {file.owner_user_id}
     if ids:
         values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
-        users.update(user for (user,) in await _shares_of(len(ids)).rows(session, values))
+        users.update(user for (user,) in await _SHARES_OF.of(len(ids)).rows(session, values))
     return sorted(users)
 
 
-# The users with a share on any of n files, one statement per n (at most MAX_DEPTH + 1).
-_SHARES_OF: dict[int, SessionStatement] = {}
+def _shares_of(n: int) -> Any:
+    """The users with a share on any of n files (n is at most MAX_DEPTH + 1)."""
+    shares = ShareRow.__table__.c
+    return select(shares.user_id).where(
+        shares.file_id.in_([bindparam(f"id_{i}", type_=String) for i in range(n)])
+    )
 
 
-def _shares_of(n: int) -> SessionStatement:
-    found = _SHARES_OF.get(n)
-    if found is None:
-        shares = ShareRow.__table__.c
-        ids = [bindparam(f"id_{i}", type_=String) for i in range(n)]
-        found = _SHARES_OF[n] = SessionStatement(
-            select(shares.user_id).where(shares.file_id.in_(ids))
-        )
-    return found
+_SHARES_OF = SessionStatements(_shares_of)
