@@ -33,8 +33,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from services.common.driver_sql import as_sqlalchemy_error, session_driver
 
 _Processor = Callable[[Any], Any] | None
-# `execute_many` of more rows than this goes through SQLAlchemy (one multi-row INSERT).
-_FEW_ROWS = 8
+# `execute_many` of more rows than this goes through SQLAlchemy (one multi-row INSERT); a
+# statement built per count of rows is worth it up to this many.
+FEW_ROWS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ class SessionStatement:
         if not rows:
             return
         compiled, connection, driver = await self._prepare(session, rows[0])
-        if len(rows) > _FEW_ROWS:
+        if len(rows) > FEW_ROWS:
             await session.execute(self._statement_for(connection.dialect), list(rows))
             return
         params = [compiled.params(row) for row in rows]

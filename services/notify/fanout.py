@@ -25,10 +25,12 @@ from typing import Any
 
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import String, Table, bindparam, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common.session_sql import FEW_ROWS, SessionStatement, SessionStatements
 from services.notify import cursors, digest
 from services.notify.messages import row_message
 from services.notify.models import Notification, UserStream
@@ -204,6 +206,11 @@ async def next_seqs(
     upsert per batch, rows visited (and, on PostgreSQL, locked) in sorted order."""
     seqs: dict[str, int] = {}
     s = STREAMS.c
+    ordered = sorted(user_ids)
+    if len(ordered) <= FEW_ROWS:
+        # A few users (a small file's audience): one statement built once per count.
+        values = {"tenant_id": tenant_id, **{f"user_{i}": u for i, u in enumerate(ordered)}}
+        return dict(await _NEXT_SEQS.of(len(ordered)).rows(session, values))
     # Parameters as a list, not .values([...]): SQLAlchemy compiles the statement once and
     # renders the rows into one multi-row INSERT itself ("insertmanyvalues"), in order.
     stmt = (
@@ -213,12 +220,82 @@ async def next_seqs(
         )
         .returning(s.user_id, s.last_seq)
     )
-    for chunk in batches(sorted(user_ids)):
+    for chunk in batches(ordered):
         rows = await session.execute(
             stmt, [{"tenant_id": tenant_id, "user_id": u, "last_seq": 1} for u in chunk]
         )
         seqs.update({user_id: seq for user_id, seq in rows})
     return seqs
+
+
+def _next_seqs(dialect_insert: Any, count: int) -> Any:
+    """The upsert taking the next position of `count` users (`user_i`, sorted) of
+    `tenant_id`, in one statement."""
+    s = STREAMS.c
+    stmt = dialect_insert(STREAMS).values(
+        [
+            {
+                "tenant_id": bindparam("tenant_id", type_=String),
+                "user_id": bindparam(f"user_{i}", type_=String),
+                "last_seq": 1,
+            }
+            for i in range(count)
+        ]
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[s.tenant_id, s.user_id], set_={"last_seq": s.last_seq + 1}
+    ).returning(s.user_id, s.last_seq)
+
+
+_NEXT_SEQS = SessionStatements(
+    lambda n: {
+        "postgresql": _next_seqs(postgresql.insert, n),
+        "sqlite": _next_seqs(sqlite.insert, n),
+    }
+)
+
+
+def _insert_rows(dialect_insert: Any, columns: tuple[str, ...], count: int) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING of `count` notification rows of `columns`
+    (`{column}_{i}`), returning the ids stored."""
+    rows = [
+        {k: bindparam(f"{k}_{i}", type_=NOTIFICATIONS.c[k].type) for k in columns}
+        for i in range(count)
+    ]
+    return (
+        dialect_insert(NOTIFICATIONS)
+        .values(rows)
+        .on_conflict_do_nothing()
+        .returning(NOTIFICATIONS.c.notification_id)
+    )
+
+
+# By (row count, columns): built once each.
+_INSERT_ROWS: dict[tuple[int, tuple[str, ...]], SessionStatement] = {}
+
+
+async def _insert_notifications(
+    session: AsyncSession, rows: Sequence[dict[str, object]]
+) -> set[str]:
+    """Insert `rows` (notifications, all with the same columns), skipping ones stored
+    before; the ids stored. A few rows go in one statement built once per count."""
+    if len(rows) <= FEW_ROWS:
+        columns = tuple(sorted(rows[0]))
+        statement = _INSERT_ROWS.get((len(rows), columns))
+        if statement is None:
+            statement = _INSERT_ROWS[(len(rows), columns)] = SessionStatement(
+                {
+                    "postgresql": _insert_rows(postgresql.insert, columns, len(rows)),
+                    "sqlite": _insert_rows(sqlite.insert, columns, len(rows)),
+                }
+            )
+        values = {f"{k}_{i}": row[k] for i, row in enumerate(rows) for k in columns}
+        return {nid for (nid,) in await statement.rows(session, values)}
+    stored = await session.execute(
+        insert_ignore(session, NOTIFICATIONS).returning(NOTIFICATIONS.c.notification_id),
+        list(rows),
+    )
+    return {nid for (nid,) in stored}
 
 
 async def fan_out(
@@ -284,11 +361,7 @@ async def fan_out(
             )
         result.written.extend(Written(m, merged=True) for m in merges)
     for chunk in batches(inserts):
-        stored = await session.execute(
-            insert_ignore(session, NOTIFICATIONS).returning(NOTIFICATIONS.c.notification_id),
-            list(chunk),
-        )
-        kept = {nid for (nid,) in stored}
+        kept = await _insert_notifications(session, chunk)
         result.duplicates += len(chunk) - len(kept)
         result.written.extend(
             Written(dict(i), merged=False) for i in chunk if i["notification_id"] in kept

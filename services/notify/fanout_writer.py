@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from serentak.events.v1 import events_pb2
+from sqlalchemy import String, bindparam, text, update
 from sqlalchemy import event as sa_event
-from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import SessionTransaction
 
 from services.common.correlation import bound_correlation_id, current_correlation_id
 from services.common.logging import get_logger
+from services.common.session_sql import FEW_ROWS, SessionStatements
 from services.notify import fanout_batch, metrics
 from services.notify.clock import to_naive_utc, utcnow
 from services.notify.fanout import Written, audience, fan_out, lock_streams
@@ -44,6 +45,16 @@ def occurred_at(ev: events_pb2.Event) -> datetime:
 _PG_BUMP = text(
     "UPDATE notify_aggregate_versions SET applied_version = CAST(:version AS BIGINT) "
     "WHERE notify_aggregate_versions.aggregate_id = CAST(:aggregate_id AS VARCHAR)"
+)
+
+
+# A short chain's inbox rows marked notified, one statement per chain length.
+_NOTIFIED = SessionStatements(
+    lambda n: (
+        update(InboxEvent)
+        .where(InboxEvent.event_id.in_([bindparam(f"id_{i}", type_=String) for i in range(n)]))
+        .values(status=InboxStatus.NOTIFIED)
+    )
 )
 
 
@@ -126,11 +137,15 @@ class FanOutWriter:
             )
             written.extend(fanned.written)
             duplicates += fanned.duplicates
-        await session.execute(
-            update(InboxEvent)
-            .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
-            .values(status=InboxStatus.NOTIFIED)
-        )
+        if len(chain) <= FEW_ROWS:
+            ids = {f"id_{i}": ev.event_id for i, ev in enumerate(chain)}
+            await _NOTIFIED.of(len(chain)).execute(session, ids)
+        else:
+            await session.execute(
+                update(InboxEvent)
+                .where(InboxEvent.event_id.in_([ev.event_id for ev in chain]))
+                .values(status=InboxStatus.NOTIFIED)
+            )
         await bump_applied(session, applied or {})
         return Fanned(written, len(written), duplicates)
 

@@ -71,7 +71,7 @@ from services.notify.inbox_rows import (
     row_values,
     waiting_for_job,
 )
-from services.notify.models import ID_LEN, InboxEvent, InboxStatus
+from services.notify.models import ID_LEN, InboxStatus
 from services.notify.retirement import is_terminal, retire
 from services.notify.sql import retrying
 from services.notify.summaries import named_subject
@@ -375,13 +375,7 @@ class Inbox:
         at `version` is terminal); from `rows` (`inbox_rows.pending_rows`, in this
         order) when read."""
         if rows is None:
-            rows = list(
-                await session.execute(
-                    pending_rows(aggregate_id, version).order_by(
-                        InboxEvent.version, InboxEvent.received_at, InboxEvent.event_id
-                    )
-                )
-            )
+            rows = await pending_rows(session, aggregate_id, version)
         chain: list[events_pb2.Event] = []
         stale: list[str] = []
         expected = version + 1

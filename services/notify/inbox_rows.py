@@ -2,9 +2,10 @@
 accepts the event the aggregate's parked rows, read (PostgreSQL) in the insert's round
 trip, and the final status of the parked rows the acceptance moves on.
 
-PostgreSQL runs constant `text()` statements, built once: composing the Core construct
-and computing its cache key on every call was most of an Ingest's SQLAlchemy CPU. They
-are the SQL the construct compiled to. SQLite keeps the construct (no fused read there).
+Every statement is built once and run on the session's driver connection (`session_sql`,
+`driver_sql`): composing the Core construct and computing its cache key on every call was
+most of an Ingest's SQLAlchemy CPU. PostgreSQL's are constant `text()` statements (the SQL
+the construct compiled to); SQLite's are the constructs (no fused read there).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from datetime import datetime
 from typing import Any
 
 from serentak.events.v1 import events_pb2
-from sqlalchemy import select, text, update
+from sqlalchemy import BigInteger, String, bindparam, select, text, update
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.driver_sql import DriverStatement
+from services.common.session_sql import SessionStatement
 from services.notify.models import ID_LEN, InboxEvent, InboxStatus
-from services.notify.sql import insert_ignore
 
 # The event's row, nothing on a redelivery (ON CONFLICT on the primary key event_id).
 _INSERT = """
@@ -93,41 +95,52 @@ def row_values(event: events_pb2.Event, status: str, now: datetime) -> dict[str,
     }
 
 
-def pending_rows(aggregate_id: str, version: int) -> Any:
-    """The aggregate's parked inbox rows from `version` on: what accepting `version`
-    looks at (its parked successors, and other events claiming its version)."""
-    i = InboxEvent
-    return select(i.event_id, i.version, i.event, i.received_at).where(
-        i.aggregate_id == aggregate_id,
-        i.status == InboxStatus.PARKED,
-        i.version >= version,
+_I = InboxEvent.__table__.c
+# The aggregate's parked inbox rows from `version` on, in acceptance order: what accepting
+# `version` looks at (its parked successors, and other events claiming its version).
+_PENDING = SessionStatement(
+    select(_I.event_id, _I.version, _I.event, _I.received_at)
+    .where(
+        _I.aggregate_id == bindparam("aggregate_id", type_=String),
+        _I.status == InboxStatus.PARKED,
+        _I.version >= bindparam("version", type_=BigInteger),
     )
+    .order_by(_I.version, _I.received_at, _I.event_id)
+)
+_WAITING = SessionStatement(
+    select(_I.event_id)
+    .where(
+        _I.aggregate_id == bindparam("aggregate_id", type_=String),
+        _I.status == InboxStatus.APPLIED,
+    )
+    .limit(1)
+)
+_INSERT_ROW = SessionStatement(
+    {
+        "postgresql": PG_INSERT,
+        "sqlite": sqlite.insert(InboxEvent).on_conflict_do_nothing().returning(_I.event_id),
+    }
+)
+
+
+async def pending_rows(session: AsyncSession, aggregate_id: str, version: int) -> list[Any]:
+    """The aggregate's parked inbox rows from `version` on (event_id, version, event,
+    received_at), in the order accepting `version` takes them."""
+    return await _PENDING.rows(session, {"aggregate_id": aggregate_id, "version": version})
 
 
 async def waiting_for_job(session: AsyncSession, aggregate_id: str) -> bool:
     """Whether accepted events of the aggregate still wait for their fan-out job (rows
     `applied` by other transactions): PostgreSQL asks this in `insert_and_read`, SQLite
     here, before the new row is inserted."""
-    found = await session.scalar(
-        select(InboxEvent.event_id)
-        .where(
-            InboxEvent.aggregate_id == aggregate_id,
-            InboxEvent.status == InboxStatus.APPLIED,
-        )
-        .limit(1)
-    )
-    return found is not None
+    return await _WAITING.first(session, {"aggregate_id": aggregate_id}) is not None
 
 
 async def insert_row(session: AsyncSession, values: dict[str, Any]) -> str | None:
     """Insert the inbox row `values` (`row_values`) unless its event_id is stored; the
     id when inserted, None for a duplicate."""
-    if session.get_bind().dialect.name == "postgresql":
-        stored: str | None = await session.scalar(PG_INSERT, values)
-        return stored
-    return await session.scalar(
-        insert_ignore(session, InboxEvent).values(**values).returning(InboxEvent.event_id)
-    )
+    row = await _INSERT_ROW.first(session, values)
+    return None if row is None else str(row[0])
 
 
 async def insert_and_read(
