@@ -152,6 +152,8 @@ class UploadRow(Base):
     __table_args__ = (
         Index("ix_uploads_owner", "tenant_id", "owner_user_id", "created_at"),
         Index("ix_uploads_status_expires", "status", "expires_at"),
+        # The quota check's open uploads of a tenant (and of one user of it).
+        Index("ix_uploads_tenant_status", "tenant_id", "status", "owner_user_id"),
     )
 
 
