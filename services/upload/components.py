@@ -292,6 +292,7 @@ def build_components(
             max_chunk_size=settings.max_chunk_size,
             groups=small_writes,
             lock_policy=lock_policy,
+            write_during_commit=settings.blob_backend == "local",
         ),
         restores=VersionRestores(sessions, blobs, locks, uploads, lock_policy),
         files=Files(

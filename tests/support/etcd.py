@@ -306,7 +306,6 @@ class EtcdCluster:
         return wait_for_leader(self.statuses, within)
 
 
-
 def member_statuses(
     members: list[int],
     channel: Callable[[int], grpc.Channel],

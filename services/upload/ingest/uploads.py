@@ -69,7 +69,6 @@ from services.upload.models import (
 from services.upload.ranges import missing_ranges
 from services.upload.settings import UploadSettings
 
-# Legal moves (invariant 5); anything else is a bug in the caller.
 _TABLE: Table = UploadRow.__table__  # type: ignore[assignment]
 # The move's SET is the columns given at execution (`transition`).
 _MOVE = SessionStatement(
@@ -80,6 +79,7 @@ _MOVE = SessionStatement(
 )
 _INSERT = SessionStatement(insert(_TABLE))
 
+# Legal moves (invariant 5); anything else is a bug in the caller.
 _FORWARD = {
     "uploading": {"merging", "aborted", "expired"},
     "merging": {"completed", "failed"},

@@ -11,9 +11,10 @@ invariants by the same code the chunked path commits with:
    limit, the ids); the target's are made in the committing transaction (4).
 3. The bytes go to the new version's content key (`files/{file_id}/{upload_id}`): temp +
    fsync + rename (`BlobStore.put`), durable before anything refers to them (invariant 4's
-   "no partial object"). The write runs while the commit (4) takes its lock, checks and
-   writes its rows; the commit's unit waits for it before the COMMIT, and a failed write
-   fails the unit. A crash before the commit leaves an object no row names, which the
+   "no partial object"). With the local store the write runs while the commit (4) takes
+   its lock, checks and writes its rows; the commit's unit waits for it before the COMMIT,
+   and a failed write fails the unit. With S3 the PUT comes first: no transaction waits on
+   a network write. A crash before the commit leaves an object no row names, which the
    reclaim sweep deletes after its grace period; a refused commit deletes it at once.
 4. A new version commits under the file lock `file:{file_id}` (the merge's key, through
    the same `FileLocks`, held `briefly`: no Hold stream, the release not waited for; the
@@ -130,6 +131,7 @@ class UploadFiles:
         max_chunk_size: int,
         groups: GroupCommits,
         lock_policy: FileLockPolicy | None = None,
+        write_during_commit: bool = False,
     ) -> None:
         self._sessions = sessions
         self._uploads = uploads
@@ -142,6 +144,10 @@ class UploadFiles:
         self._lock = lock_policy or FileLockPolicy()
         # The process's group committer (owned by the caller, who closes it).
         self._groups = groups
+        # Write the bytes while the commit's transaction runs: for a local store, whose
+        # write is an fsync. A store across the network writes first, so no transaction
+        # (nor the tenant's tree lock it holds) waits on a PUT.
+        self._write_during_commit = write_during_commit
         # In-flight requests per (tenant, user, client_request_id): a concurrent duplicate
         # waits for the first one instead of racing it to the same outcome.
         self._flights: dict[str, asyncio.Future[None]] = {}
@@ -223,11 +229,13 @@ class UploadFiles:
     async def _store(
         self, identity: Identity, upload: UploadRow, data: bytes, checksum: str
     ) -> UploadedFile:
-        """Write the bytes to the version's key and commit (module docstring, 3-4): the
-        commit's checks and rows are made while the bytes are written, and it waits for
-        them to be durable before its COMMIT."""
+        """Write the bytes to the version's key and commit (module docstring, 3-4); with
+        `write_during_commit` the commit's checks and rows are made while the bytes are
+        written, and it waits for them to be durable before its COMMIT."""
         key = content_key(upload.file_id, upload.id)
         written = asyncio.ensure_future(self._blobs.put(key, data))
+        if not self._write_during_commit:
+            await written  # a failed write raises here, nothing stored
         try:
             done = await self._commit(identity, upload, key, checksum, written)
         except (SerentakError, IntegrityError) as refused:

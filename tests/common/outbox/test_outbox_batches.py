@@ -1,6 +1,7 @@
 """The relay's batches: a round's pending events, of many aggregates, in one call per
 subscriber, in order per aggregate, each exactly once; any failure of a batch falls back
 to one by one."""
+
 from __future__ import annotations
 
 import asyncio

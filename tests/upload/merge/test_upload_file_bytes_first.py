@@ -1,6 +1,7 @@
-"""UploadFile writes the bytes while its transaction checks and writes its rows, and the
-COMMIT comes only after the bytes are stored (invariant 4: nothing names bytes that are not
-durable). Not timing-based: the write waits on a gate only the test opens, and a failed
+"""UploadFile writes the bytes while its transaction checks and writes its rows (a local
+store), and the COMMIT comes only after the bytes are stored (invariant 4: nothing names
+bytes that are not durable); with a store across the network the write comes before the
+transaction. Not timing-based: the write waits on a gate only the test opens, and a failed
 write must fail the upload with nothing stored."""
 
 from __future__ import annotations
@@ -45,7 +46,21 @@ class GatedPut(LocalBlobStore):
         super()._put_sync(key, data)
 
 
-def upload_files(parts, blobs: LocalBlobStore, groups: GroupCommits) -> UploadFiles:
+class Recorded(GroupCommits):
+    """The group committer, telling when a unit was handed to it."""
+
+    def __init__(self, sessions) -> None:
+        super().__init__(sessions)
+        self.handed = asyncio.Event()
+
+    async def run(self, work, order=()):
+        self.handed.set()
+        return await super().run(work, order)
+
+
+def upload_files(
+    parts, blobs: LocalBlobStore, groups: GroupCommits, *, during: bool = True
+) -> UploadFiles:
     return UploadFiles(
         parts.sessions,
         parts.uploads,
@@ -56,6 +71,7 @@ def upload_files(parts, blobs: LocalBlobStore, groups: GroupCommits) -> UploadFi
         signals=parts.signals,
         max_chunk_size=parts.settings.max_chunk_size,
         groups=groups,
+        write_during_commit=during,
     )
 
 
@@ -84,7 +100,7 @@ async def stored(parts, crid: str) -> tuple[list[UploadRow], list[FileRow]]:
 
 
 async def test_the_commit_waits_for_the_bytes(parts) -> None:
-    groups = GroupCommits(parts.sessions)
+    groups = Recorded(parts.sessions)
     blobs = GatedPut(parts.blobs)
     data = os.urandom(4096)
     upload = asyncio.create_task(
@@ -92,8 +108,9 @@ async def test_the_commit_waits_for_the_bytes(parts) -> None:
     )
     try:
         await asyncio.wait_for(blobs.entered.wait(), GATE_TIMEOUT_S)
-        # The bytes are still being written: whatever the transaction did, nothing of the
+        # The bytes are still being written: the commit runs meanwhile, but nothing of the
         # upload is committed, and the caller has no answer.
+        await asyncio.wait_for(groups.handed.wait(), GATE_TIMEOUT_S)
         assert await stored(parts, "first") == ([], [])
         assert not upload.done()
     finally:
@@ -122,4 +139,21 @@ async def test_a_failed_write_fails_the_upload_and_stores_nothing(parts) -> None
     assert (done.upload.status, done.file.version) == ("completed", 1)
     uploads, files = await stored(parts, "again")
     assert len(uploads) == 1 and len(files) == 1
+    await groups.close()
+
+
+async def test_with_a_remote_store_the_bytes_come_before_the_transaction(parts) -> None:
+    groups = Recorded(parts.sessions)
+    blobs = GatedPut(parts.blobs)
+    data = os.urandom(4096)
+    files = upload_files(parts, blobs, groups, during=False)
+    upload = asyncio.create_task(files.upload(ALICE, request(data, "c.bin", "remote")))
+    try:
+        await asyncio.wait_for(blobs.entered.wait(), GATE_TIMEOUT_S)
+        # No transaction waits on the write (nor holds the tenant's tree lock meanwhile).
+        assert not groups.handed.is_set()
+    finally:
+        blobs.gate.set()
+    done = await upload
+    assert groups.handed.is_set() and done.file.version == 1
     await groups.close()
