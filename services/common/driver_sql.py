@@ -23,7 +23,8 @@ Two ways to run one:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -38,39 +39,19 @@ _DIALECT: Dialect = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 _DRIVER = "serentak.driver_connection"  # session.info: (transaction, its connection, psycopg)
 
 
-class DriverStatement:
-    """One statement compiled for a dialect: its SQL, how to order its parameters, and
-    the processors of its bound values (`binds`, by name) and returned columns (`returns`).
-    A `text()` clause's `:names` pass through as given."""
+_Processor = Callable[[Any], Any] | None
 
-    def __init__(
-        self,
-        statement: Any,
-        dialect: Dialect = _DIALECT,
-        binds: dict[str, Column[Any]] | None = None,
-        returns: Sequence[Any] = (),
-    ) -> None:
-        binds = binds or {}
-        compiled = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self._sqlite = dialect.name == "sqlite"
-        # The statement's own literals (e.g. the statuses), bound under generated names;
-        # the caller's binds (given, or a text() clause's :names) are required.
-        self.literals = {
-            k: v
-            for k, v in compiled.params.items()
-            if k not in binds and not compiled.binds[k].required
-        }
-        self.names: list[str] | None = (
-            list(compiled.positiontup or []) if compiled.positional else None
-        )
-        self.binds: dict[str, Callable[[Any], Any] | None] = {
-            name: column.type.dialect_impl(dialect).bind_processor(dialect)
-            for name, column in binds.items()
-        }
-        self.results = [
-            c.type.dialect_impl(dialect).result_processor(dialect, None) for c in returns
-        ]
+
+@dataclass(frozen=True, slots=True)
+class CompiledStatement:
+    """A statement compiled for one dialect (and one set of value names): its SQL, the
+    order of its parameters and the processors of its bound values and its columns."""
+
+    sql: str
+    names: list[str] | None  # positional order (SQLite's qmark), or None (named)
+    binds: dict[str, _Processor]
+    literals: dict[str, Any]
+    results: list[_Processor]
 
     def params(self, values: Mapping[str, Any]) -> Any:
         """`values` (by bind name) processed and in the driver's parameter form."""
@@ -81,12 +62,90 @@ class DriverStatement:
         processed.update(self.literals)
         return processed if self.names is None else [processed[n] for n in self.names]
 
-    def _processed(self, raw: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    def rows(self, raw: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
         """Driver rows with each column's result processor applied."""
+        if not any(self.results):
+            return [tuple(row) for row in raw]
         return [
-            [v if p is None else p(v) for v, p in zip(row, self.results, strict=True)]
+            tuple(v if p is None else p(v) for v, p in zip(row, self.results, strict=True))
             for row in raw
         ]
+
+
+def compile_statement(
+    statement: Any,
+    dialect: Dialect,
+    keys: Sequence[str] = (),
+    binds: Mapping[str, Column[Any]] | None = None,
+    returns: Sequence[Any] | None = None,
+) -> CompiledStatement:
+    """`statement` compiled for `dialect`, with `keys` the names of the values given at
+    execution (an INSERT's or UPDATE's columns among them). Bound values are processed as
+    their types say (or, given `binds`, only those, as those columns' types say), returned
+    columns as theirs (or `returns`'); constant defaults of columns not given are filled in.
+    Refused: a column default computed per row, an expanding IN (rendered per execution)."""
+    compiled = statement.compile(dialect=dialect, column_keys=list(keys))
+    if compiled.post_compile_params:
+        raise TypeError(f"{statement}: an IN list is expanded per execution; spell it out")
+    if binds is None:
+        processors = {
+            name: bind.type.dialect_impl(dialect).bind_processor(dialect)
+            for name, bind in compiled.binds.items()
+        }
+    else:
+        processors = {
+            name: column.type.dialect_impl(dialect).bind_processor(dialect)
+            for name, column in binds.items()
+        }
+    given = set(keys) | set(binds or ())
+    # The statement's own literals (e.g. a status), bound under generated names.
+    literals = {
+        k: v
+        for k, v in compiled.params.items()
+        if k not in given and not compiled.binds[k].required
+    }
+    # Columns not given whose default SQLAlchemy would fill in: a constant is filled in
+    # here; a computed one (a function) must be given, or it would be stored as NULL.
+    for column in [*compiled.insert_prefetch, *compiled.update_prefetch]:
+        default = column.default if column in compiled.insert_prefetch else column.onupdate
+        if default is None or not default.is_scalar:
+            raise TypeError(f"{statement}: give {column.key!r}, its default is computed")
+        literals[column.key] = default.arg
+    literals = {k: (v if (p := processors.get(k)) is None else p(v)) for k, v in literals.items()}
+    types = (
+        [c.type for c in returns]
+        if returns is not None
+        else [entry[3] for entry in compiled._result_columns]
+    )
+    results = [t.dialect_impl(dialect).result_processor(dialect, None) for t in types]
+    names = list(compiled.positiontup or []) if compiled.positional else None
+    return CompiledStatement(str(compiled), names, processors, literals, results)
+
+
+class DriverStatement:
+    """One statement compiled for a dialect (`compile_statement`), run on a driver
+    connection the caller holds, or on a session's psycopg connection. Its bound values
+    are processed by the `binds` given (by name), its rows by the `returns` columns. A
+    `text()` clause's `:names` pass through as given."""
+
+    def __init__(
+        self,
+        statement: Any,
+        dialect: Dialect = _DIALECT,
+        binds: dict[str, Column[Any]] | None = None,
+        returns: Sequence[Any] = (),
+    ) -> None:
+        self._compiled = compile_statement(statement, dialect, (), binds or {}, returns)
+        self.sql = self._compiled.sql
+        self._sqlite = dialect.name == "sqlite"
+
+    def params(self, values: Mapping[str, Any]) -> Any:
+        """`values` (by bind name) processed and in the driver's parameter form."""
+        return self._compiled.params(values)
+
+    def _processed(self, raw: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        """Driver rows with each column's result processor applied."""
+        return [list(row) for row in self._compiled.rows(raw)]
 
     async def run(self, driver: Any, values: Mapping[str, Any]) -> list[list[Any]]:
         """Execute on `driver` (aiosqlite or psycopg connection); the processed rows."""

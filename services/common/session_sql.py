@@ -6,8 +6,9 @@ SQLite and PostgreSQL alike.
 switch, result wrapping) where the statement itself takes 5-50 us on SQLite and one round
 trip on PostgreSQL; a small file's commit runs about fifteen. A `SessionStatement` does
 SQLAlchemy's part once: the statement is compiled for the session's dialect (once per
-dialect and set of given values), and values pass through the columns' own bind and
-result processors, so they are stored and read exactly as through SQLAlchemy.
+dialect and set of given values, `driver_sql.compile_statement`), and values pass through
+the columns' own bind and result processors, so they are stored and read exactly as
+through SQLAlchemy.
 
 It runs in the session's transaction, on the connection SQLAlchemy began (and will commit
 or roll back); inside a savepoint it is part of the savepoint. ORM changes still pending
@@ -21,8 +22,7 @@ what they caught before.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -30,68 +30,16 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from services.common.driver_sql import as_sqlalchemy_error, session_driver
+from services.common.driver_sql import (
+    CompiledStatement,
+    as_sqlalchemy_error,
+    compile_statement,
+    session_driver,
+)
 
-_Processor = Callable[[Any], Any] | None
 # `execute_many` of more rows than this goes through SQLAlchemy (one multi-row INSERT); a
 # statement built per count of rows is worth it up to this many.
 FEW_ROWS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class _Compiled:
-    """The statement for one dialect and one set of value names."""
-
-    sql: str
-    names: list[str] | None  # positional order (SQLite's qmark), or None (named)
-    binds: dict[str, _Processor]
-    literals: dict[str, Any]
-    results: list[_Processor]
-
-    def params(self, values: Mapping[str, Any]) -> Any:
-        processed = {
-            name: value if (p := self.binds.get(name)) is None else p(value)
-            for name, value in values.items()
-        }
-        processed.update(self.literals)
-        return processed if self.names is None else [processed[n] for n in self.names]
-
-    def rows(self, raw: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
-        if not any(self.results):
-            return [tuple(row) for row in raw]
-        return [
-            tuple(v if p is None else p(v) for v, p in zip(row, self.results, strict=True))
-            for row in raw
-        ]
-
-
-def _compile(statement: Any, dialect: Dialect, keys: tuple[str, ...]) -> _Compiled:
-    compiled = statement.compile(dialect=dialect, column_keys=list(keys))
-    if compiled.post_compile_params:
-        # An expanding IN is rendered per execution by SQLAlchemy; here it would not be.
-        raise TypeError(f"{statement}: an IN list is expanded per execution; spell it out")
-    binds = {
-        name: bind.type.dialect_impl(dialect).bind_processor(dialect)
-        for name, bind in compiled.binds.items()
-    }
-    # The statement's own literals (e.g. a status), bound under generated names.
-    literals = {
-        k: v for k, v in compiled.params.items() if k not in keys and not compiled.binds[k].required
-    }
-    # Columns not given whose default SQLAlchemy would fill in: a constant is filled in
-    # here; a computed one (a function) must be given, or it would be stored as NULL.
-    for column in [*compiled.insert_prefetch, *compiled.update_prefetch]:
-        default = column.default if column in compiled.insert_prefetch else column.onupdate
-        if default is None or not default.is_scalar:
-            raise TypeError(f"{statement}: give {column.key!r}, its default is computed")
-        literals[column.key] = default.arg
-    literals = {k: (v if (p := binds.get(k)) is None else p(v)) for k, v in literals.items()}
-    results = [
-        entry[3].dialect_impl(dialect).result_processor(dialect, None)
-        for entry in compiled._result_columns
-    ]
-    names = list(compiled.positiontup or []) if compiled.positional else None
-    return _Compiled(str(compiled), names, binds, literals, results)
 
 
 class SessionStatement:
@@ -102,17 +50,17 @@ class SessionStatement:
 
     def __init__(self, statement: Any) -> None:
         self._statement = statement
-        self._compiled: dict[tuple[str, tuple[str, ...]], _Compiled] = {}
+        self._compiled: dict[tuple[str, tuple[str, ...]], CompiledStatement] = {}
 
     def _statement_for(self, dialect: Dialect) -> Any:
         if isinstance(self._statement, Mapping):
             return self._statement[dialect.name]
         return self._statement
 
-    def _for(self, dialect: Dialect, keys: tuple[str, ...]) -> _Compiled:
+    def _for(self, dialect: Dialect, keys: tuple[str, ...]) -> CompiledStatement:
         found = self._compiled.get((dialect.name, keys))
         if found is None:
-            found = _compile(self._statement_for(dialect), dialect, keys)
+            found = compile_statement(self._statement_for(dialect), dialect, keys)
             self._compiled[(dialect.name, keys)] = found
         return found
 
@@ -189,7 +137,7 @@ class SessionStatement:
 
     async def _prepare(
         self, session: AsyncSession, values: Mapping[str, Any]
-    ) -> tuple[_Compiled, AsyncConnection, Any]:
+    ) -> tuple[CompiledStatement, AsyncConnection, Any]:
         sync = session.sync_session
         if sync.autoflush and not sync._is_clean():  # as session.execute would
             await session.flush()
