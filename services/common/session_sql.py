@@ -68,21 +68,8 @@ class SessionStatement:
         self, session: AsyncSession, values: Mapping[str, Any] | None = None
     ) -> list[tuple[Any, ...]]:
         """Every row the statement returns (tuples, in its columns' order)."""
-        values = values or {}
-        compiled, connection, driver = await self._prepare(session, values)
-        params = compiled.params(values)
-        if connection.dialect.name == "sqlite":
-            cursor = driver.cursor()
-            try:
-                await cursor.execute(compiled.sql, params)
-            except sqlite3.Error as exc:
-                raise _sqlite_error(connection, exc, compiled.sql, values) from exc
-            return compiled.rows(await cursor.fetchall())
-        try:
-            cursor = await driver.execute(compiled.sql, params)
-            return compiled.rows(await cursor.fetchall() if cursor.description else [])
-        except psycopg.Error as exc:
-            raise await as_sqlalchemy_error(connection, driver, exc, compiled.sql, values) from exc
+        rows, _ = await self._run(session, values or {})
+        return rows
 
     async def one(self, session: AsyncSession, values: Mapping[str, Any] | None = None) -> Any:
         """The statement's one row."""
@@ -96,7 +83,13 @@ class SessionStatement:
 
     async def execute(self, session: AsyncSession, values: Mapping[str, Any] | None = None) -> int:
         """Run a statement that returns no rows; the rows it matched (its rowcount)."""
-        values = values or {}
+        _, rowcount = await self._run(session, values or {})
+        return rowcount
+
+    async def _run(
+        self, session: AsyncSession, values: Mapping[str, Any]
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Execute once with `values`: the rows returned (processed) and the rowcount."""
         compiled, connection, driver = await self._prepare(session, values)
         params = compiled.params(values)
         if connection.dialect.name == "sqlite":
@@ -105,10 +98,11 @@ class SessionStatement:
                 await cursor.execute(compiled.sql, params)
             except sqlite3.Error as exc:
                 raise _sqlite_error(connection, exc, compiled.sql, values) from exc
-            return int(cursor.rowcount)
+            return compiled.rows(await cursor.fetchall()), int(cursor.rowcount)
         try:
             cursor = await driver.execute(compiled.sql, params)
-            return int(cursor.rowcount)
+            raw = await cursor.fetchall() if cursor.description else []
+            return compiled.rows(raw), int(cursor.rowcount)
         except psycopg.Error as exc:
             raise await as_sqlalchemy_error(connection, driver, exc, compiled.sql, values) from exc
 

@@ -9,8 +9,9 @@ import asyncio
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, func, insert, select
 from sqlalchemy.exc import IntegrityError
+from support.tables import engine_with
 
-from services.common.db import create_engine, session_factory
+from services.common.db import session_factory
 from services.common.errors import Unavailable
 from services.common.group_commit import GroupCommits
 from services.common.session_sql import SessionStatement
@@ -26,12 +27,8 @@ things = Table(
 
 @pytest.fixture
 async def sessions(database_url):
-    engine = create_engine(database_url)
-    async with engine.begin() as connection:
-        await connection.run_sync(metadata.drop_all)
-        await connection.run_sync(metadata.create_all)
-    yield session_factory(engine)
-    await engine.dispose()
+    async with engine_with(database_url, metadata) as engine:
+        yield session_factory(engine)
 
 
 def storing(groups: GroupCommits, name: str):

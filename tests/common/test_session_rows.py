@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Integer, String, bindparam, event, insert, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from support.tables import engine_with
 
-from services.common.db import create_engine, session_factory
+from services.common.db import session_factory
 from services.common.session_rows import insert_values, inserted, loaded, refreshed, updated
 from services.common.session_sql import SessionStatement
 
@@ -35,16 +36,14 @@ GROW = SessionStatement(
 
 @pytest.fixture
 async def sessions(database_url):
-    engine = create_engine(database_url)
-    async with engine.begin() as connection:
-        await connection.run_sync(Base.metadata.drop_all)
-        await connection.run_sync(Base.metadata.create_all)
-    statements: list[str] = []
-    event.listen(
-        engine.sync_engine, "before_cursor_execute", lambda *a: statements.append(a[2].split()[0])
-    )
-    yield session_factory(engine), statements
-    await engine.dispose()
+    async with engine_with(database_url, Base.metadata) as engine:
+        statements: list[str] = []
+        event.listen(
+            engine.sync_engine,
+            "before_cursor_execute",
+            lambda *a: statements.append(a[2].split()[0]),
+        )
+        yield session_factory(engine), statements
 
 
 async def add(sessions, item_id: str, size: int = 1) -> None:

@@ -24,8 +24,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from support.tables import engine_with
 
-from services.common.db import create_engine, session_factory
+from services.common.db import session_factory
 from services.common.jobs.models import UtcDateTime
 from services.common.session_sql import SessionStatement
 
@@ -59,12 +60,8 @@ def note(id_: str, **extra: object) -> dict[str, object]:
 
 @pytest.fixture
 async def sessions(database_url):
-    engine = create_engine(database_url)
-    async with engine.begin() as connection:
-        await connection.run_sync(metadata.drop_all)
-        await connection.run_sync(metadata.create_all)
-    yield session_factory(engine)
-    await engine.dispose()
+    async with engine_with(database_url, metadata) as engine:
+        yield session_factory(engine)
 
 
 async def test_values_are_stored_and_read_as_sqlalchemy_does(sessions) -> None:
