@@ -1,10 +1,21 @@
 """Group commit: units of work that arrive together share one transaction.
 
-Each unit runs in a SAVEPOINT of the group's transaction, so a unit that fails (a
-refusal, a constraint) is rolled back alone and gets its own error while the others
-commit. A unit's answer comes only after the group's COMMIT: its effect is durable when its
-caller hears of it. One flusher task per committer runs the units of a group one after
-another; while a group commits, the next gathers (at most `max_group` units).
+A group's units run one after another in one transaction, and its COMMIT answers them all:
+a unit's answer comes only after that COMMIT, so its effect is durable when its caller
+hears of it. One flusher task per committer runs the groups; while a group commits, the
+next gathers (at most `max_group` units).
+
+A unit that fails (a refusal, a constraint) gets its own error while the others commit:
+- First try: no savepoints. The units run straight in the transaction; the first one that
+  fails rolls the whole transaction back, gets its error, and the rest of the group runs
+  again, this time each unit in a SAVEPOINT of its own (and so do the next
+  `CAREFUL_GROUPS` groups: refusals come in runs). Failures are rare and a savepoint costs
+  two statements a unit (round trips, on PostgreSQL), so the common case pays none.
+- So a unit may run more than once, each time in a transaction that then rolls back
+  but the last: a unit's work must be the same when run again (its effects outside the
+  transaction kept idempotent).
+- The error a unit gets is the one it met after the units before it in the group, as in
+  its own transaction after theirs.
 
 Why: on SQLite every transaction takes the one write lock, and connections waiting for it
 sleep in SQLite's busy handler (1..100 ms steps) instead of being woken; with many small
@@ -14,7 +25,8 @@ trip) per group.
 
 Locks: the units of a group run in the order their callers name (`order`: what a unit
 locks, coarsest first), so groups on two replicas take row and advisory locks in one global
-order and cannot deadlock on each other.
+order and cannot deadlock on each other. A unit of a shared transaction may take a lock
+after others' writes (`shares_transaction`): the order is the group's.
 
 A COMMIT that fails fails every unit of the group that had succeeded, with that error:
 nothing of the group is known to be stored. The flusher is nobody's task: a caller
@@ -40,6 +52,22 @@ from services.common.logging import get_logger
 log = get_logger(__name__)
 
 T = TypeVar("T")
+
+# After a group whose unit failed, the next this many groups (of more than one unit) run
+# their units in savepoints at once.
+CAREFUL_GROUPS = 8
+# session.info: set while the session's transaction is shared by a group's units.
+_SHARED = "serentak.group_commit.shared"
+
+
+def shares_transaction(session: AsyncSession) -> bool:
+    """Whether `session`'s transaction is shared by several units of a group commit (a unit
+    may then take a lock after the other units' writes: the group orders them)."""
+    return bool(session.info.get(_SHARED))
+
+
+class _Undo(Exception):
+    """Rolls back a group's transaction whose unit failed (first try, no savepoints)."""
 
 
 @dataclass(eq=False)
@@ -70,11 +98,13 @@ class GroupCommits:
     ) -> None:
         self._sessions = sessions
         self._max = max_group
-        self._on_group = on_group  # told each committed group's size (a metric)
+        self._on_group = on_group  # told how many units each COMMIT stored (a metric)
         self._queue: deque[_Unit[Any]] = deque()
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
+        # Groups still to run in savepoints after a failed unit (CAREFUL_GROUPS).
+        self._careful = 0
 
     async def run(
         self, work: Callable[[AsyncSession], Awaitable[T]], order: tuple[str, ...] = ()
@@ -122,9 +152,56 @@ class GroupCommits:
         if len(group) == 1:
             await self._commit_alone(group[0])
             return
+        if self._careful:
+            self._careful -= 1
+            await self._commit_in_savepoints(group)
+            return
+        failed = await self._commit_straight(group)
+        if failed is None:
+            return
+        unit, error = failed
+        unit.settle(error=error)
+        self._careful = CAREFUL_GROUPS
+        rest = [other for other in group if other is not unit and not other.future.done()]
+        if len(rest) == 1:
+            await self._commit_alone(rest[0])
+        elif rest:
+            await self._commit_in_savepoints(rest)
+
+    async def _commit_straight(
+        self, group: list[_Unit[Any]]
+    ) -> tuple[_Unit[Any], Exception] | None:
+        """The group's units with no savepoints: None once they are committed (or the
+        COMMIT failed them all), else the first unit that failed and its error, with
+        nothing of the group stored."""
+        done: list[tuple[_Unit[Any], Any]] = []
+        failed: tuple[_Unit[Any], Exception] | None = None
+        try:
+            async with self._sessions.begin() as session:
+                session.info[_SHARED] = True
+                for unit in group:
+                    try:
+                        result = await _run_in_context(unit, session)
+                    except Exception as exc:
+                        failed = (unit, exc)
+                        raise _Undo from exc
+                    done.append((unit, result))
+        except _Undo:
+            return failed
+        except BaseException as exc:
+            self._fail(group, exc)
+            return None
+        self._on_group(len(group))
+        for unit, result in done:
+            unit.settle(result)
+        return None
+
+    async def _commit_in_savepoints(self, group: list[_Unit[Any]]) -> None:
+        """The group's units, each in a savepoint: a failing one is rolled back alone."""
         done: list[tuple[_Unit[Any], Any]] = []
         try:
             async with self._sessions.begin() as session:
+                session.info[_SHARED] = True
                 for unit in group:
                     try:
                         async with session.begin_nested():
@@ -135,16 +212,21 @@ class GroupCommits:
                         continue
                     done.append((unit, result))
         except BaseException as exc:
-            failure = exc if isinstance(exc, Exception) else Unavailable(f"commit cut: {exc!r}")
-            for unit in group:
-                unit.settle(error=failure)
-            if not isinstance(exc, Exception):
-                raise
-            log.warning("group_commit_failed", units=len(group), error=repr(exc)[:500])
+            self._fail(group, exc)
             return
-        self._on_group(len(group))
+        if done:
+            self._on_group(len(done))
         for unit, result in done:
             unit.settle(result)
+
+    def _fail(self, group: list[_Unit[Any]], exc: BaseException) -> None:
+        """The transaction (its COMMIT, or the flusher cut short) failed every unit."""
+        failure = exc if isinstance(exc, Exception) else Unavailable(f"commit cut: {exc!r}")
+        for unit in group:
+            unit.settle(error=failure)
+        if not isinstance(exc, Exception):
+            raise exc
+        log.warning("group_commit_failed", units=len(group), error=repr(exc)[:500])
 
     async def _commit_alone(self, unit: _Unit[Any]) -> None:
         """A group of one: its failure is the transaction's, so no savepoint."""

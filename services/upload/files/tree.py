@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.common.group_commit import shares_transaction
 from services.common.session_sql import SessionStatement
 from services.upload.files.permissions import role_of
 from services.upload.files.visibility import rule_count, visible
@@ -149,9 +150,9 @@ async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
     holding a folder row and waiting for the tree lock, the other the reverse). On
     PostgreSQL a transaction that has written already and does not hold the lock yet is
     refused (`TreeLockOrder`, a bug), so a wrong order fails every test that takes the
-    path, not one run in a hundred. Inside a savepoint (a unit of a group commit) the
-    lock is taken whatever came before: the group runs its units sorted by tenant, and a
-    unit rolled back releases the lock it took (services/common/group_commit.py). SQLite
+    path, not one run in a hundred. In a unit of a group commit (a transaction the group's
+    units share, each unit in a savepoint or not) the lock is taken whatever came before:
+    the group runs its units sorted by tenant (services/common/group_commit.py). SQLite
     needs nothing: every transaction begins IMMEDIATE, so writers are serialised already.
     """
     if session.get_bind().dialect.name != "postgresql":
@@ -160,7 +161,7 @@ async def lock_tree(session: AsyncSession, tenant_id: str) -> None:
     current = sync.get_nested_transaction() or sync.get_transaction()
     if _taken_in_line(session, tenant_id, current):
         return
-    strict = not session.in_nested_transaction()
+    strict = not (session.in_nested_transaction() or shares_transaction(session))
     params = {"ns": _TREE_LOCK_NAMESPACE, "tenant": tenant_id, "strict": strict}
     held, wrote, _ = await _TAKE_TREE_LOCK.one(session, params)
     if strict and wrote and not held:

@@ -21,7 +21,8 @@ invariants by the same code the chunked path commits with:
    body is one short transaction and its write is fenced). A new file takes no lock: its
    id is made for this request and named nowhere before the commit, so there is no other
    writer to exclude or fence. One transaction (shared with the other small files
-   committing at the moment, each in its own savepoint: `services.common.group_commit`)
+   committing at the moment: `services.common.group_commit`, which may run the unit again
+   after another's failure, so it keeps nothing of a run that rolled back)
    checks the target (`drafts.check_target`: the caller's write access, a live folder
    with the name free, or a live file; CreateUpload's errors), stores the upload
    (open-upload cap and tenant quota checked in it) and commits with `commit_content`,

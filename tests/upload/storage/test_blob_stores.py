@@ -274,3 +274,11 @@ async def test_an_unreachable_server_is_blob_store_unavailable(
     )
     server.start()
     assert await store.read("k") == b"x"
+
+
+def test_a_local_key_that_would_leave_the_root_is_refused(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs")
+    assert store.path("files/f1/u1") == (tmp_path / "blobs" / "files" / "f1" / "u1").resolve()
+    for key in ("../outside", "files/../../outside", "/etc/passwd", "..", ""):
+        with pytest.raises(ValueError, match="escapes the store"):
+            store.path(key)

@@ -39,14 +39,19 @@ class LocalBlobStore:
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.root = private_dirs(Path(root).resolve())
+        self._inside = os.path.join(str(self.root), "")  # the root, with a trailing "/"
         self._fsync = fsync
 
     def path(self, key: str) -> Path:
-        """The file behind `key`; refuses keys that would escape the root."""
-        p = (self.root / key).resolve()
-        if self.root not in p.parents:
+        """The file behind `key`; refuses keys that would escape the root.
+
+        Keys are the service's own (ids it made); the check is on the normalised path, with
+        no file system call: every write resolves two paths, and a symlink inside the
+        store's private 0700 root is not something a caller can make."""
+        p = os.path.normpath(os.path.join(self._inside, key))
+        if not p.startswith(self._inside):
             raise ValueError(f"blob key escapes the store: {key!r}")
-        return p
+        return Path(p)
 
     async def put(self, key: str, data: bytes) -> None:
         """Temp + fsync + rename + folder fsync, in one call on a thread."""
