@@ -24,7 +24,7 @@ from services.common import audit
 from services.common.correlation import current_correlation_id
 from services.common.outbox.store import record_event
 from services.upload.files import change_log
-from services.upload.files.permissions import audience
+from services.upload.files.permissions import audience, new_file_audience
 from services.upload.files.tree import lock_tree
 from services.upload.models import FOLDER, FileRow
 
@@ -49,9 +49,12 @@ async def record_file_event(
     *,
     idempotency_key: str | None = None,
     seen_by: Iterable[str] = (),
+    audience_of_new_file: bool = False,
     **payload: Any,
 ) -> events_pb2.Event:
     """Write one event about `file` (at its current version) to the outbox, in `session`.
+    `audience_of_new_file`: `file` was made in this transaction (its audience is read once
+    per folder and transaction: `permissions.new_file_audience`).
 
     The change is logged for ListChanges too (change_log.py): for its audience, the users
     in `seen_by` (who could see the item before: a move's old audience) and the user a
@@ -71,7 +74,9 @@ async def record_file_event(
         idempotency_key=idempotency_key or f"{event_type}:{file.id}:v{file.version}",
         dedupe_key=dedupe.format(id=file.id, version=file.version, user=payload.get("user_id", "")),
         correlation_id=current_correlation_id(),
-        audience_user_ids=await audience(session, file),
+        audience_user_ids=await (
+            new_file_audience(session, file) if audience_of_new_file else audience(session, file)
+        ),
     )
     getattr(event, field).CopyFrom(getattr(events_pb2, _message_name(field))(**payload))
     await record_event(session, event)

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.common.auth import Identity
 from services.common.session_rows import loaded
 from services.common.session_sql import SessionStatement, SessionStatements
+from services.common.transaction_memo import transaction_memo
 from services.upload.errors import FileNotFound, NotAllowed
 from services.upload.models import EDITOR, OWNER, VIEWER, FileRow, ShareRow
 
@@ -257,6 +258,46 @@ async def audience(session: AsyncSession, file: FileRow) -> list[str]:
         values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
         users.update(user for (user,) in await _SHARES_OF.of(len(ids)).rows(session, values))
     return sorted(users)
+
+
+async def new_file_audience(session: AsyncSession, file: FileRow) -> list[str]:
+    """`audience` of a file made in this transaction (no share names it yet): its owner and
+    everyone with a share on its folder's chain while that belongs to the same owner.
+
+    Read once per transaction, folder and owner (`transaction_memo`): the small files a
+    group commit stores together mostly go to one folder, and no unit of such a
+    transaction changes a share or moves a folder."""
+    memo = transaction_memo(session, "new_file_audience")
+    key = (file.tenant_id, file.parent_id, file.owner_user_id)
+    users = memo.get(key)
+    if users is None:
+        ids: list[str] = []
+        if file.parent_id:
+            for link in await chain(session, file.tenant_id, file.parent_id):
+                if link.owner != file.owner_user_id:
+                    break
+                ids.append(link.id)
+        users = {file.owner_user_id}
+        if ids:
+            values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
+            users.update(user for (user,) in await _SHARES_OF.of(len(ids)).rows(session, values))
+        memo[key] = users = sorted(users)
+    return list(users)
+
+
+async def writable_folder(
+    session: AsyncSession, identity: Identity, folder_id: str
+) -> tuple[FileRow, str]:
+    """`writable` for the folder a new file goes into, read once per transaction, caller
+    and folder (`transaction_memo`): no unit of a group commit's transaction changes a
+    share, an owner or a folder's place (they add files to it)."""
+    memo = transaction_memo(session, "writable_folder")
+    key = (identity.tenant_id, identity.user_id, folder_id)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = await writable(session, identity, folder_id)
+    folder, role = found
+    return folder, role
 
 
 def _shares_of(n: int) -> Any:

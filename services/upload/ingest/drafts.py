@@ -19,7 +19,7 @@ from services.common.auth import Identity
 from services.common.errors import InvalidArgument
 from services.upload import checksums
 from services.upload.errors import FileDeleted, WrongKind
-from services.upload.files.permissions import writable
+from services.upload.files.permissions import writable, writable_folder
 from services.upload.files.tree import new_id, require_free_name
 from services.upload.ingest.allowance import check_size
 from services.upload.models import FILE, FOLDER, UPLOADING, FileRow, UploadRow, utcnow
@@ -151,7 +151,7 @@ async def check_target(
     new file, whose name is free there; else a live file, whose folder and name go into
     `row`), with CreateUpload's errors. Returns the target's row and the caller's role on it."""
     if row.is_new_file:
-        folder, role = await writable(session, identity, row.folder_id)
+        folder, role = await writable_folder(session, identity, row.folder_id)
         _check_new_file_folder(folder)
         await require_free_name(session, identity, row.folder_id, row.name, "new_file.name")
         return folder, role

@@ -424,6 +424,7 @@ async def _commit_content(
         file,
         upload.owner_user_id,
         idempotency_key=f"merge:{upload.id}",
+        audience_of_new_file=existing is None,
         file_id=file.id,
         name=file.name,
         size=file.size,

@@ -1,0 +1,76 @@
+"""A new file's audience and the folder it goes into are read once per transaction
+(services/upload/files/permissions.py `new_file_audience`, `writable_folder`): the same
+users as the full `audience` read, for the files a group commit stores together, and a new
+transaction reads them afresh."""
+
+from __future__ import annotations
+
+import hashlib
+
+from serentak.upload.v1 import upload_pb2
+from sqlalchemy import select
+from upload.tree_helpers import folder, share
+
+from services.common.auth import Identity
+from services.upload.files.permissions import audience, new_file_audience, writable_folder
+from services.upload.models import FileRow, ShareRow, utcnow
+
+
+async def upload_file(client, data: bytes, name: str, folder_id: str) -> str:
+    done = await client.uploads.UploadFile(
+        upload_pb2.UploadFileRequest(
+            new_file=upload_pb2.NewFileTarget(folder_id=folder_id, name=name),
+            data=data,
+            checksum=hashlib.sha256(data).hexdigest(),
+        ),
+        metadata=client.metadata,
+    )
+    return done.upload.file_id
+
+
+async def test_a_new_files_audience_is_the_full_audience(cluster, sessions) -> None:
+    alice = cluster["alice"]
+    team = await folder(alice, "team")
+    sub = await folder(alice, "sub", team)
+    await share(alice, team, "carol")
+    await share(alice, sub, "dave", upload_pb2.ROLE_VIEWER)
+    other = await folder(alice, "other")
+    await share(alice, other, "erin")  # a sibling's share reaches nobody here
+    made = await upload_file(alice, b"x" * 100, "a.txt", sub)
+    async with sessions() as session:
+        file = await session.get(FileRow, made)
+        assert await new_file_audience(session, file) == await audience(session, file)
+        assert await new_file_audience(session, file) == ["alice", "carol", "dave"]
+
+
+async def test_one_transaction_reads_them_once_and_the_next_reads_again(cluster, sessions) -> None:
+    alice = cluster["alice"]
+    team = await folder(alice, "team")
+    first = await upload_file(alice, b"1" * 100, "1.txt", team)
+    identity = Identity(tenant_id="acme", user_id="alice")
+    async with sessions() as session:
+        file = await session.get(FileRow, first)
+        assert await new_file_audience(session, file) == ["alice"]
+        held, role = await writable_folder(session, identity, team)
+        # A share made in the same transaction (no unit of a group makes one): not seen.
+        session.add(
+            ShareRow(
+                file_id=team,
+                user_id="carol",
+                role="editor",
+                granted_by="alice",
+                granted_at=utcnow(),
+            )
+        )
+        await session.flush()
+        assert await audience(session, file) == ["alice", "carol"]
+        assert await new_file_audience(session, file) == ["alice"]
+        assert await writable_folder(session, identity, team) == (held, role)
+        await session.rollback()
+    await share(alice, team, "carol")
+    async with sessions() as session:
+        file = await session.get(FileRow, first)
+        assert await new_file_audience(session, file) == ["alice", "carol"]
+        folder_row, _ = await writable_folder(session, identity, team)
+        version = await session.scalar(select(FileRow.version).where(FileRow.id == team))
+        assert folder_row.version == version
