@@ -240,7 +240,18 @@ def build_components(
         if settings.publish_events
         else []
     )
-    runtime = JobRuntime(sessions, registry, options, subscribers=subscribers, schedules=schedules)
+    # One group committer for the process's small writes (UploadFile commits, download
+    # audit rows; on SQLite the outbox relay's bookkeeping too, `outbox.relay`): concurrent
+    # ones share a transaction.
+    small_writes = GroupCommits(sessions, on_group=metrics.COMMIT_GROUP_UNITS.observe)
+    runtime = JobRuntime(
+        sessions,
+        registry,
+        options,
+        subscribers=subscribers,
+        schedules=schedules,
+        relay_writes=small_writes.run if settings.database_url.startswith("sqlite") else None,
+    )
     inline = InlineMerges(
         sessions, registry, node_id=options.node_id, lease_seconds=options.lease_seconds
     )
@@ -248,12 +259,9 @@ def build_components(
         ttl_seconds=settings.merge_lock_ttl_seconds,
         wait_seconds=settings.merge_lock_wait_ms / 1000,
     )
-    # One group committer for the process's small writes (UploadFile commits, download
-    # audit rows): concurrent ones share a transaction.
     change_signals = ChangeSignals(
         settings.change_wait_recheck_ms / 1000, max_waiters=settings.change_wait_max_waiters
     )
-    small_writes = GroupCommits(sessions, on_group=metrics.COMMIT_GROUP_UNITS.observe)
     rates = RateGate(
         rate_policy(settings),
         Limiter(

@@ -32,7 +32,7 @@ from services.common.jobs.stats import queue_stats
 from services.common.jobs.worker import Worker
 from services.common.logging import get_logger
 from services.common.outbox.dead_letters import OUTBOX_PUBLISH_JOB, republish
-from services.common.outbox.relay import Relay
+from services.common.outbox.relay import Relay, Writes
 from services.common.outbox.subscribers import Subscriber
 
 log = get_logger(__name__)
@@ -70,7 +70,10 @@ class JobRuntime:
         *,
         subscribers: Sequence[Subscriber] = (),
         schedules: Sequence[PeriodicSchedule] = (),
+        relay_writes: Writes | None = None,
     ) -> None:
+        """`relay_writes`: how the outbox relay runs its write transactions (a group
+        committer's units, where the service has one; `outbox.relay`)."""
         self.sessions = sessions
         self.registry = registry
         # Replaying an outbox dead letter runs this job (any service with an outbox).
@@ -96,6 +99,7 @@ class JobRuntime:
                 relay_id=f"{o.node_id}/relay",
                 lease_seconds=o.relay_lease_seconds,
                 poll_interval=o.relay_poll_interval,
+                writes=relay_writes,
             )
             if subscribers
             else None

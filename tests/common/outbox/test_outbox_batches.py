@@ -9,10 +9,12 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 
+import pytest
 import structlog
 from serentak.events.v1 import events_pb2
 from sqlalchemy import func, select, update
 
+from services.common.group_commit import GroupCommits
 from services.common.outbox import Relay, leases, record_event
 from services.common.outbox.models import outbox_events, relay_leases
 
@@ -197,3 +199,46 @@ async def test_a_round_marks_no_event_whose_lease_it_lost(runtime_db) -> None:  
         assert list(unpublished) == ["f1"]
         holders = (await session.execute(select(relay_leases.c.holder))).scalars().all()
         assert holders == ["thief"]
+
+
+async def test_relays_writing_through_group_commits_publish_in_order_exactly_once(
+    runtime_db,
+) -> None:  # type: ignore[no-untyped-def]
+    """Two relays whose lease and mark transactions are units of their group committer,
+    racing writers that record events through the same committers (SQLite, where the
+    service wires them so: `outbox.relay`, "Write transactions")."""
+    if runtime_db.engine.dialect.name != "sqlite":
+        pytest.skip("on PostgreSQL the relay keeps transactions of its own")
+    subscriber = BatchingSubscriber()
+    sizes: list[int] = []
+    groups = [GroupCommits(runtime_db.sessions, on_group=sizes.append) for _ in range(2)]
+    relay_units = [0]
+
+    def through(group: GroupCommits):  # type: ignore[no-untyped-def]
+        async def writes(work):  # type: ignore[no-untyped-def]
+            relay_units[0] += 1
+            return await group.run(work)
+
+        return writes
+
+    relays = [
+        Relay(runtime_db.sessions, [subscriber], relay_id=f"r{i}", batch_size=5, writes=through(g))
+        for i, g in enumerate(groups)
+    ]
+
+    async def writer(group: GroupCommits, name: str) -> None:
+        for version in range(1, 13):
+            event = _event(name, version)
+            await group.run(lambda session, event=event: record_event(session, event))
+            await asyncio.gather(*(r.publish_pending() for r in relays))
+
+    await asyncio.gather(*(writer(groups[i % 2], f"w{i}") for i in range(4)))
+    while sum(await asyncio.gather(*(r.publish_pending() for r in relays))):
+        pass
+    for group in groups:
+        await group.close()
+    assert subscriber.overlaps == 0
+    assert subscriber.versions == {f"w{i}": list(range(1, 13)) for i in range(4)}
+    assert await _unpublished(runtime_db) == 0
+    # Every unit committed through the groups: the writers' 48 and the relays' own.
+    assert sum(sizes) == 48 + relay_units[0]
