@@ -161,3 +161,16 @@ class SessionStatements:
         if found is None:
             found = self._made[count] = SessionStatement(self._build(count))
         return found
+
+    def of_padded(
+        self, values: dict[str, Any], names: Sequence[str], count: int
+    ) -> SessionStatement:
+        """The statement for an IN list of `count` items padded to a power of two, the
+        rest of the list filled with copies of the last item (`{name}_{i}` in `values`,
+        for each of `names`): the same rows match, and counts that vary from call to
+        call (a relay round's) compile a few statements, not one per count."""
+        size = 1 << (count - 1).bit_length()
+        for i in range(count, size):
+            for name in names:
+                values[f"{name}_{i}"] = values[f"{name}_{count - 1}"]
+        return self.of(size)

@@ -28,7 +28,7 @@ from support.tables import engine_with
 
 from services.common.db import session_factory
 from services.common.jobs.models import UtcDateTime
-from services.common.session_sql import SessionStatement
+from services.common.session_sql import SessionStatement, SessionStatements
 
 metadata = MetaData()
 notes = Table(
@@ -125,3 +125,24 @@ async def test_what_it_cannot_do_is_refused_not_done_wrong(sessions) -> None:
         expanding = SessionStatement(select(notes.c.id).where(notes.c.id.in_(["a", "b"])))
         with pytest.raises(TypeError, match="IN list"):
             await expanding.rows(session)
+
+
+BY_IDS = SessionStatements(
+    lambda n: (
+        select(notes.c.id)
+        .where(notes.c.id.in_([bindparam(f"id_{i}", type_=String) for i in range(n)]))
+        .order_by(notes.c.id)
+    )
+)
+
+
+async def test_a_padded_in_list_matches_the_same_rows_with_few_statements(sessions) -> None:
+    async with sessions.begin() as session:
+        await INSERT.execute_many(session, [note(f"n{i:02d}") for i in range(40)])
+    async with sessions() as session:
+        for count in range(1, 40):
+            wanted = [f"n{i:02d}" for i in range(count)]
+            values = {f"id_{i}": id_ for i, id_ in enumerate(wanted)}
+            statement = BY_IDS.of_padded(values, ("id",), count)
+            assert [id_ for (id_,) in await statement.rows(session, values)] == wanted
+    assert sorted(BY_IDS._made) == [1, 2, 4, 8, 16, 32, 64]

@@ -73,9 +73,9 @@ _RENEW = SessionStatements(
 _RELEASE = SessionStatements(lambda n: delete(relay_leases).where(_pairs(n)))
 
 
-def _held_values(held: dict[str, str]) -> dict[str, str]:
+def _held_values(held: dict[str, str]) -> dict[str, Any]:
     """The `key_i`, `token_i` values of `held`, in key order."""
-    values: dict[str, str] = {}
+    values: dict[str, Any] = {}
     for i, (key, token) in enumerate(sorted(held.items())):
         values[f"key_{i}"], values[f"token_{i}"] = key, token
     return values
@@ -108,9 +108,18 @@ async def acquire_many(
         "expires_at": now + timedelta(seconds=seconds),
         "now": now,
     }
-    for i, key in enumerate(ordered):
-        values[f"key_{i}"], values[f"token_{i}"] = key, uuid.uuid4().hex
-    return dict(await _ACQUIRE.of(len(ordered)).rows(session, values))
+    taken: dict[str, str] = {}
+    # In chunks of a power of two (37: 32, 4, 1), in key order: a few statements to
+    # compile, however the counts vary (an upsert cannot repeat a row to pad its list).
+    start = 0
+    while start < len(ordered):
+        size = 1 << ((len(ordered) - start).bit_length() - 1)
+        chunk = dict(values)
+        for i, key in enumerate(ordered[start : start + size]):
+            chunk[f"key_{i}"], chunk[f"token_{i}"] = key, uuid.uuid4().hex
+        taken.update(await _ACQUIRE.of(size).rows(session, chunk))
+        start += size
+    return taken
 
 
 async def renew(session: AsyncSession, key: str, token: str, seconds: float) -> bool:
@@ -128,10 +137,12 @@ async def renew_many(session: AsyncSession, held: dict[str, str], seconds: float
     if not held:
         return set()
     values = {**_held_values(held), "until": utcnow() + timedelta(seconds=seconds)}
-    return {key for (key,) in await _RENEW.of(len(held)).rows(session, values)}
+    renew = _RENEW.of_padded(values, ("key", "token"), len(held))
+    return {key for (key,) in await renew.rows(session, values)}
 
 
 async def release_many(session: AsyncSession, held: dict[str, str]) -> None:
     """`release` for several leases in one statement."""
     if held:
-        await _RELEASE.of(len(held)).execute(session, _held_values(held))
+        values = _held_values(held)
+        await _RELEASE.of_padded(values, ("key", "token"), len(held)).execute(session, values)

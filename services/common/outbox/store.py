@@ -113,8 +113,8 @@ async def unpublished_events_of(
         values[f"type_{i}"], values[f"id_{i}"] = aggregate_type, aggregate_id
     return [
         (aggregate_type, aggregate_id, _outbox_event(row_id, blob, traceparent))
-        for aggregate_type, aggregate_id, row_id, blob, traceparent in await _EVENTS_OF.of(
-            len(aggregates)
+        for aggregate_type, aggregate_id, row_id, blob, traceparent in await _EVENTS_OF.of_padded(
+            values, ("type", "id"), len(aggregates)
         ).rows(session, values)
     ]
 
@@ -168,7 +168,8 @@ async def mark_many_published(session: AsyncSession, row_ids: list[int]) -> None
     """`mark_published` for several rows in one statement."""
     if row_ids:
         values: dict[str, Any] = {f"id_{i}": row_id for i, row_id in enumerate(row_ids)}
-        await _MARK.of(len(row_ids)).execute(session, {**values, "at": utcnow()})
+        values["at"] = utcnow()
+        await _MARK.of_padded(values, ("id",), len(row_ids)).execute(session, values)
 
 
 _MARK = SessionStatements(

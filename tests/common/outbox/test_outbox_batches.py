@@ -242,3 +242,20 @@ async def test_relays_writing_through_group_commits_publish_in_order_exactly_onc
     assert await _unpublished(runtime_db) == 0
     # Every unit committed through the groups: the writers' 48 and the relays' own.
     assert sum(sizes) == 48 + relay_units[0]
+
+
+async def test_leases_of_any_count_are_taken_renewed_and_released_in_full(runtime_db) -> None:  # type: ignore[no-untyped-def]
+    """Counts that are no power of two: taken in chunks, renewed and released with padded
+    lists; every one of them, and nothing else."""
+    for count in (1, 3, 37):
+        keys = [f"file:c{count}-{i:02d}" for i in range(count)]
+        async with runtime_db.sessions.begin() as session:
+            held = await leases.acquire_many(session, keys, "r", 30)
+        assert sorted(held) == keys
+        async with runtime_db.sessions.begin() as session:
+            assert await leases.acquire_many(session, keys, "other", 30) == {}
+            assert await leases.renew_many(session, held, 30) == set(keys)
+            await leases.release_many(session, held)
+        async with runtime_db.sessions() as session:
+            left = await session.scalar(select(func.count()).select_from(relay_leases))
+        assert left == 0
