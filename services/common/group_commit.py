@@ -17,6 +17,9 @@ A unit that fails (a refusal, a constraint) gets its own error while the others 
 - The error a unit gets is the one it met after the units before it in the group, as in
   its own transaction after theirs.
 
+A unit that is in no hurry (bookkeeping: the outbox relay's) may wait for company: it
+starts no group of its own, but goes with the next unit's, or alone once its wait is over.
+
 Why: on SQLite every transaction takes the one write lock, and connections waiting for it
 sleep in SQLite's busy handler (1..100 ms steps) instead of being woken; with many small
 writes in flight, the waits, not the work, set the pace. A committer hands the lock from
@@ -75,6 +78,8 @@ class _Unit(Generic[T]):
     work: Callable[[AsyncSession], Awaitable[T]]
     future: asyncio.Future[T]
     order: tuple[str, ...] = ()
+    # Waiting for company (`run`'s `wait_for_company`): not a reason to start a group yet.
+    waiting: bool = False
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     def settle(self, result: T | None = None, error: BaseException | None = None) -> None:
@@ -107,21 +112,33 @@ class GroupCommits:
         self._careful = 0
 
     async def run(
-        self, work: Callable[[AsyncSession], Awaitable[T]], order: tuple[str, ...] = ()
+        self,
+        work: Callable[[AsyncSession], Awaitable[T]],
+        order: tuple[str, ...] = (),
+        *,
+        wait_for_company: float = 0.0,
     ) -> T:
-        """Run `work(session)` in a savepoint of the next group's transaction; its result
-        once that transaction has committed, or its error (or the COMMIT's).
+        """Run `work(session)` in the next group's transaction; its result once that
+        transaction has committed, or its error (or the COMMIT's).
 
         `order`: what the unit locks, coarsest first (e.g. tenant, folder). A group runs its
         units in that order, so two replicas' groups take their locks in one global order
-        and never deadlock on each other."""
+        and never deadlock on each other.
+
+        `wait_for_company`: seconds the unit may wait for another unit to commit with
+        (bookkeeping that is in no hurry: it then costs no COMMIT of its own); after them it
+        commits alone."""
         if self._closed:
             raise Unavailable("the service is shutting down; retry")
-        unit: _Unit[T] = _Unit(work, asyncio.get_running_loop().create_future(), order)
+        loop = asyncio.get_running_loop()
+        unit: _Unit[T] = _Unit(work, loop.create_future(), order, waiting=wait_for_company > 0)
         self._queue.append(unit)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_forever(), name="group-commit")
-        self._wake.set()
+        if unit.waiting:
+            loop.call_later(wait_for_company, self._waited, unit)
+        else:
+            self._wake.set()
         try:
             return await asyncio.shield(unit.future)
         except asyncio.CancelledError:
@@ -139,11 +156,18 @@ class GroupCommits:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
 
+    def _waited(self, unit: _Unit[Any]) -> None:
+        """`unit` waited for company long enough: it starts a group now."""
+        unit.waiting = False
+        self._wake.set()
+
     async def _flush_forever(self) -> None:
         while not self._closed:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
+            # Units only waiting for company do not start a group; any other unit does
+            # (and takes them along).
+            while any(not unit.waiting for unit in self._queue):
                 group = [self._queue.popleft() for _ in range(min(len(self._queue), self._max))]
                 group.sort(key=lambda unit: unit.order)
                 await self._commit(group)

@@ -60,6 +60,11 @@ from services.upload.sync.settings import SyncSettings
 from services.upload.sync.wiring import SyncWiring, wire_sync
 from services.upload.tus import Tails, TusServer, TusUploads
 
+# How long each of the outbox relay's write transactions waits for a small write to share
+# a COMMIT with (SQLite): about two small files' time one at a time. When nothing else
+# commits, an event is published that much later, twice (its round's lease and mark).
+RELAY_WAITS_FOR_COMPANY_SECONDS = 0.025
+
 
 @dataclass
 class UploadComponents:
@@ -242,7 +247,8 @@ def build_components(
     )
     # One group committer for the process's small writes (UploadFile commits, download
     # audit rows; on SQLite the outbox relay's bookkeeping too, `outbox.relay`): concurrent
-    # ones share a transaction.
+    # ones share a transaction. The relay's units wait a little for the next small write
+    # to commit with, so a file at a time does not pay two more WAL fsyncs for its event.
     small_writes = GroupCommits(sessions, on_group=metrics.COMMIT_GROUP_UNITS.observe)
     runtime = JobRuntime(
         sessions,
@@ -250,7 +256,11 @@ def build_components(
         options,
         subscribers=subscribers,
         schedules=schedules,
-        relay_writes=small_writes.run if settings.database_url.startswith("sqlite") else None,
+        relay_writes=(
+            functools.partial(small_writes.run, wait_for_company=RELAY_WAITS_FOR_COMPANY_SECONDS)
+            if settings.database_url.startswith("sqlite")
+            else None
+        ),
     )
     inline = InlineMerges(
         sessions, registry, node_id=options.node_id, lease_seconds=options.lease_seconds

@@ -258,3 +258,40 @@ async def test_after_a_failure_the_next_groups_take_savepoints_then_stop(session
         count = await session.scalar(select(func.count()).select_from(things))
     assert count == 1 + 2 * (CAREFUL_GROUPS + 1)
     await groups.close()
+
+
+async def test_a_unit_waiting_for_company_commits_with_the_next_unit(sessions) -> None:
+    """Bookkeeping that may wait starts no group: it goes with the next unit's COMMIT."""
+    sizes: list[int] = []
+    groups = GroupCommits(sessions, on_group=sizes.append)
+
+    def unit(name: str):
+        async def work(session):
+            await INSERT_THING.execute(session, {"name": name})
+            return name
+
+        return work
+
+    waiting = asyncio.create_task(groups.run(unit("bookkeeping"), wait_for_company=3600))
+    await asyncio.sleep(0)  # queued, and no group started for it
+    assert sizes == [] and not waiting.done()
+    async with asyncio.timeout(30):  # an hour's wait would fail here, not hang
+        assert await groups.run(unit("write")) == "write"
+        assert await waiting == "bookkeeping"
+    assert sizes == [2]
+    await groups.close()
+
+
+async def test_a_unit_waiting_for_company_commits_alone_after_its_wait(sessions) -> None:
+    sizes: list[int] = []
+    groups = GroupCommits(sessions, on_group=sizes.append)
+
+    async def work(session):
+        await INSERT_THING.execute(session, {"name": "alone"})
+
+    async with asyncio.timeout(30):
+        await groups.run(work, wait_for_company=0.01)
+    assert sizes == [1]
+    async with sessions() as session:
+        assert (await session.execute(select(things.c.name))).scalars().all() == ["alone"]
+    await groups.close()
