@@ -255,6 +255,8 @@ class UploadFiles:
             if not written.done():  # a failure before the unit waited for it
                 with contextlib.suppress(Exception):
                     await written
+        # Committed: GetUpload waiters on this upload (a duplicate's) may look now.
+        self._signals.finished(upload.id)
         metrics.INLINE_MERGES.labels("upload_file").inc()
         metrics.MERGES.labels("completed").inc()
         log.info(
@@ -336,8 +338,8 @@ class UploadFiles:
                 checked_folder=target if upload.is_new_file else None,
             )
             # The status move's UPDATE has set the row's new values on `upload` too
-            # (`transition`), so the answer needs no re-read.
-            self._signals.after_commit(session, upload.id)
+            # (`transition`), so the answer needs no re-read. Its waiters are woken once
+            # the group has committed (`_store`).
             # Nothing commits before the bytes it names are durable (invariant 4); a write
             # that failed fails this unit, its rows rolled back.
             await written
