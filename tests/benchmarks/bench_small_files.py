@@ -17,9 +17,10 @@ Serentak: one `SerentakClient` (one channel, as an application has), `concurrenc
 workers each uploading distinct files one after another, every one a new file. A file's
 latency runs from the call until the SDK hands back the completed upload (committed
 version and whole-file checksum in hand, checked against the source). `--path auto` is
-`SerentakClient.upload(path)`, the SDK's own choice of RPCs; `--path chunks` the chunked
-building blocks (`create_upload`, `send_missing`, `wait_finished`): today both send
-CreateUpload + GetUpload + PutChunk and poll GetUpload until the merge commits.
+`SerentakClient.upload(path)`, the SDK's own choice of RPCs (a file that fits one chunk:
+one UploadFile, answered once its version is committed); `--path chunks` the chunked
+building blocks (`create_upload`, `send_missing`, `wait_finished`: CreateUpload, PutChunk,
+then GetUpload waiting on the server until the merge commits).
 
 The peer, in the same run: the same files with the same concurrency PUT into s3s-fs
 (started here on 127.0.0.1, its folder on the same file system) through obstore, one PUT
