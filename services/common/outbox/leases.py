@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, String, Table, bindparam, delete, tuple_, update
+from sqlalchemy import ColumnElement, String, Table, bindparam, delete, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -58,6 +58,17 @@ def _pairs(count: int) -> ColumnElement[bool]:
     )
 
 
+def _in_key_order(count: int) -> ColumnElement[bool]:
+    """The rows of `count` pairs, locked in key order first (PostgreSQL: the subquery's
+    FOR UPDATE after its ORDER BY; SQLite has no row locks and renders none): the order
+    `acquire_many` takes them in, so a relay renewing or releasing its leases and another
+    taking some of the same never wait on each other in a cycle. An UPDATE or DELETE
+    alone locks in whatever order its plan reads the rows."""
+    keys = relay_leases.c.aggregate_key
+    ordered = select(keys).where(_pairs(count)).order_by(keys).with_for_update()
+    return keys.in_(ordered.scalar_subquery())
+
+
 # Built once per count of leases (values passed at execution).
 _ACQUIRE = SessionStatements(
     lambda n: {"postgresql": _acquire(postgresql.insert, n), "sqlite": _acquire(sqlite.insert, n)}
@@ -65,12 +76,12 @@ _ACQUIRE = SessionStatements(
 _RENEW = SessionStatements(
     lambda n: (
         update(relay_leases)
-        .where(_pairs(n))
+        .where(_in_key_order(n))
         .values(expires_at=bindparam("until", type_=relay_leases.c.expires_at.type))
         .returning(relay_leases.c.aggregate_key)
     )
 )
-_RELEASE = SessionStatements(lambda n: delete(relay_leases).where(_pairs(n)))
+_RELEASE = SessionStatements(lambda n: delete(relay_leases).where(_in_key_order(n)))
 
 
 def _held_values(held: dict[str, str]) -> dict[str, Any]:
