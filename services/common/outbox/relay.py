@@ -45,15 +45,14 @@ from services.common.db import read_only
 from services.common.jobs import metrics
 from services.common.logging import get_logger
 from services.common.outbox import leases
-from services.common.outbox.dead_letters import dead_letter_event, is_permanent
-from services.common.outbox.store import (
-    OutboxEvent,
-    mark_many_published,
-    mark_published,
-    pending_aggregates,
-    unpublished_events,
-    unpublished_events_of,
+from services.common.outbox.bookkeeping import (
+    dead_letter_under_lease,
+    mark_under_lease,
+    settle_round,
+    take_round,
 )
+from services.common.outbox.dead_letters import is_permanent
+from services.common.outbox.store import OutboxEvent, pending_aggregates, unpublished_events
 from services.common.outbox.subscribers import Subscriber
 
 log = get_logger(__name__)
@@ -148,13 +147,11 @@ class Relay:
         }
         if not due:
             return 0
-
-        async def take(session: AsyncSession) -> tuple[dict[str, str], list[Any]]:
-            taken = await leases.acquire_many(session, list(due), self.relay_id, self.lease_seconds)
-            read = await unpublished_events_of(session, [due[k] for k in taken], self.batch_size)
-            return taken, read
-
-        held, rows = await self._write(take)
+        held, rows = await self._write(
+            lambda session: take_round(
+                session, due, self.relay_id, self.lease_seconds, self.batch_size
+            )
+        )
         round_ = [(leases.aggregate_key(t, i), row) for t, i, row in rows]
         if len(round_) == 1:
             key, row = round_[0]
@@ -268,14 +265,10 @@ class Relay:
         """Mark a sent round's events whose lease is still ours and give the leases up, in
         one transaction; returns how many were marked. Events left after the round's cut
         go in the next round (`run` goes on at once after a round that published)."""
-
-        async def settle(session: AsyncSession) -> set[str]:
-            still = await leases.renew_many(session, held, self.lease_seconds)
-            await mark_many_published(session, [row.id for key, row in batch if key in still])
-            await leases.release_many(session, {key: held[key] for key in still})
-            return still
-
-        ours = await self._write(settle)
+        sent = [(key, row.id) for key, row in batch]
+        ours = await self._write(
+            lambda session: settle_round(session, held, sent, self.lease_seconds)
+        )
         marked = [(key, row) for key, row in batch if key in ours]
         for key in held.keys() - ours:
             log.warning("relay_lease_lost", aggregate=key)
@@ -290,18 +283,21 @@ class Relay:
         lease lost."""
         if not await self._send_batch([(key, row) for row in batch]):
             return False
-
-        async def mark(session: AsyncSession) -> bool:
-            if not await leases.renew(session, key, token, self.lease_seconds):
-                return False
-            await mark_many_published(session, [row.id for row in batch])
-            return True
-
-        if not await self._write(mark):
+        if not await self._mark(key, token, [row.id for row in batch], {}):
             log.warning("relay_lease_lost", aggregate=key, event_id=batch[0].event.event_id)
             return None
         self._published([(key, row) for row in batch])
         return True
+
+    async def _mark(
+        self, key: str, token: str, row_ids: list[int], release: dict[str, str]
+    ) -> bool:
+        """Mark `row_ids` under the lease on `key` (`bookkeeping.mark_under_lease`)."""
+        return await self._write(
+            lambda session: mark_under_lease(
+                session, key, token, self.lease_seconds, row_ids, release
+            )
+        )
 
     def _published(self, batch: list[tuple[str, OutboxEvent]]) -> None:
         for key, row in batch:
@@ -352,17 +348,7 @@ class Relay:
                     retry_in_seconds=delay,
                 )
                 return False
-
-            async def mark(session: AsyncSession) -> bool:
-                # Mark only while the lease is still ours: if it ended, another relay may
-                # be publishing this aggregate and owns the bookkeeping now.
-                if not await leases.renew(session, key, token, self.lease_seconds):
-                    return False
-                await mark_published(session, row_id)
-                await leases.release_many(session, release or {})
-                return True
-
-            if not await self._write(mark):
+            if not await self._mark(key, token, [row_id], release or {}):
                 log.warning("relay_lease_lost", aggregate=key, event_id=event.event_id)
                 return False
             metrics.OUTBOX_PUBLISHED.labels(event.event_type).inc()
@@ -385,15 +371,18 @@ class Relay:
     ) -> bool:
         """Refused for good: move the event to dead_letters and go on with the aggregate."""
         metrics.OUTBOX_PUBLISH_FAILURES.labels(event.event_type).inc()
-
-        async def move(session: AsyncSession) -> bool:
-            if not await leases.renew(session, key, token, self.lease_seconds):
-                return False
-            await dead_letter_event(session, row_id, event, exc, self.relay_id)
-            await leases.release_many(session, release or {})
-            return True
-
-        if not await self._write(move):
+        if not await self._write(
+            lambda session: dead_letter_under_lease(
+                session,
+                key,
+                token,
+                self.lease_seconds,
+                (row_id, event),
+                exc,
+                self.relay_id,
+                release or {},
+            )
+        ):
             log.warning("relay_lease_lost", aggregate=key, event_id=event.event_id)
             return False
         metrics.OUTBOX_DEAD_LETTERS.labels(event.event_type).inc()

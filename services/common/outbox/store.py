@@ -146,11 +146,6 @@ def _outbox_event(row_id: int, blob: bytes, traceparent: str | None) -> OutboxEv
     return OutboxEvent(row_id, event, traceparent)
 
 
-async def mark_published(session: AsyncSession, row_id: int) -> None:
-    """Set published_at (only once: a republish after a crash keeps the first mark)."""
-    await mark_many_published(session, [row_id])
-
-
 async def oldest_unpublished(session: AsyncSession) -> tuple[int, datetime | None]:
     """(number of unpublished events, created_at of the oldest one)."""
     stmt = select(func.count(), func.min(outbox_events.c.created_at)).where(
@@ -165,7 +160,8 @@ async def oldest_unpublished(session: AsyncSession) -> tuple[int, datetime | Non
 
 
 async def mark_many_published(session: AsyncSession, row_ids: list[int]) -> None:
-    """`mark_published` for several rows in one statement."""
+    """Set published_at of `row_ids` (only once: a republish after a crash keeps the first
+    mark), in one statement."""
     if row_ids:
         values: dict[str, Any] = {f"id_{i}": row_id for i, row_id in enumerate(row_ids)}
         values["at"] = utcnow()
