@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from services.common.auth import UPLOAD, Authenticator, build_authenticator, require_mode
 from services.common.channels import service_client_security
 from services.common.config import load
-from services.common.db import create_engine, dispose_when_returned, session_factory
+from services.common.db import create_engine, dispose_when_returned, is_sqlite, session_factory
 from services.common.group_commit import GroupCommits
 from services.common.jobs import JobRegistry, RetryPolicy
 from services.common.jobs.runtime import JobRuntime, RuntimeOptions
@@ -258,7 +258,7 @@ def build_components(
         schedules=schedules,
         relay_writes=(
             functools.partial(small_writes.run, wait_for_company=RELAY_WAITS_FOR_COMPANY_SECONDS)
-            if settings.database_url.startswith("sqlite")
+            if is_sqlite(settings.database_url)
             else None
         ),
     )

@@ -40,6 +40,25 @@ def storing(groups: GroupCommits, name: str):
     return groups.run(work)
 
 
+async def gathered(groups: GroupCommits, works, orders=None) -> list:
+    """Run `works` (each with its lock order in `orders`, if given) as one group: queued
+    while a blocker holds the flusher. Their answers or errors, in order."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def blocker(session):
+        started.set()
+        await release.wait()
+
+    first = asyncio.create_task(groups.run(blocker))
+    await started.wait()  # the flusher is inside the blocker's group
+    orders = orders or [()] * len(works)
+    tasks = [asyncio.create_task(groups.run(w, o)) for w, o in zip(works, orders, strict=True)]
+    await asyncio.sleep(0)  # one turn of the loop: each task queues its unit
+    release.set()
+    await first
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_racing_units_share_transactions_and_a_failing_one_fails_alone(sessions) -> None:
     commits: list[int] = []
     event.listen(sessions.kw["bind"].sync_engine, "commit", lambda conn: commits.append(1))
@@ -69,11 +88,6 @@ async def test_a_failing_unit_undoes_its_driver_statements_alone(sessions) -> No
     """Statements run on the driver (`session_sql`) are inside the unit's savepoint too:
     every unit of a group, not only the first, gets its SAVEPOINT before them."""
     groups = GroupCommits(sessions, max_group=16)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def blocker(session):
-        started.set()
-        await release.wait()
 
     def unit(n: int):
         async def work(session):
@@ -82,15 +96,9 @@ async def test_a_failing_unit_undoes_its_driver_statements_alone(sessions) -> No
                 raise Unavailable(f"unit {n} refused after its write")
             return n
 
-        return groups.run(work)
+        return work
 
-    first = asyncio.create_task(groups.run(blocker))
-    await started.wait()  # the next group gathers every unit below
-    units = [asyncio.create_task(unit(n)) for n in range(12)]
-    await asyncio.sleep(0)
-    release.set()
-    await first
-    answers = await asyncio.gather(*units, return_exceptions=True)
+    answers = await gathered(groups, [unit(n) for n in range(12)])
     assert [isinstance(a, Unavailable) for a in answers] == [n % 3 == 0 for n in range(12)]
     async with sessions() as session:
         stored = set((await session.execute(select(things.c.name))).scalars())
@@ -121,25 +129,17 @@ async def test_a_group_runs_its_units_in_lock_order(sessions) -> None:
     """Units queued while a group commits run next, sorted by their `order`, so two
     replicas' groups take their locks in one global order."""
     groups = GroupCommits(sessions)
-    started, release = asyncio.Event(), asyncio.Event()
     ran: list[str] = []
-
-    async def blocker(session):
-        started.set()
-        await release.wait()
 
     def unit(key: str):
         async def work(session):
             ran.append(key)
 
-        return groups.run(work, (key,))
+        return work
 
-    first = asyncio.create_task(groups.run(blocker))
-    await started.wait()  # the flusher is inside the blocker's group
-    later = [asyncio.create_task(unit(k)) for k in ("tenant-e", "tenant-c", "tenant-a", "tenant-d")]
-    await asyncio.sleep(0)  # one turn of the loop: each task queues its unit
-    release.set()
-    await asyncio.gather(first, *later)
+    keys = ["tenant-e", "tenant-c", "tenant-a", "tenant-d"]
+    answers = await gathered(groups, [unit(k) for k in keys], [(k,) for k in keys])
+    assert answers == [None] * 4
     assert ran == ["tenant-a", "tenant-c", "tenant-d", "tenant-e"]
     await groups.close()
 
@@ -158,23 +158,6 @@ async def test_a_unit_alone_fails_with_its_own_error_and_stores_nothing(sessions
         names = (await session.execute(select(things.c.name))).scalars().all()
     assert names == ["next"]
     await groups.close()
-
-
-async def gathered(groups: GroupCommits, units) -> list:
-    """Run `units` (work, order) as one group: queued while a blocker holds the flusher."""
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def blocker(session):
-        started.set()
-        await release.wait()
-
-    first = asyncio.create_task(groups.run(blocker))
-    await started.wait()
-    tasks = [asyncio.create_task(groups.run(work)) for work in units]
-    await asyncio.sleep(0)  # one turn of the loop: each task queues its unit
-    release.set()
-    await first
-    return await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def savepoints_of(sessions) -> list[str]:

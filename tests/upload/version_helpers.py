@@ -12,11 +12,13 @@ from services.common.db import create_engine, session_factory
 from services.common.outbox.models import outbox_events
 
 
-async def new_file(client: Any, data: bytes, name: str) -> upload_pb2.UploadFileResponse:
-    """`name` in the caller's root, committed (UploadFile)."""
+async def new_file(
+    client: Any, data: bytes, name: str, folder_id: str = ""
+) -> upload_pb2.UploadFileResponse:
+    """`name` in `folder_id` (default: the caller's root), committed (UploadFile)."""
+    target = upload_pb2.NewFileTarget(name=name, folder_id=folder_id)
     return await client.uploads.UploadFile(
-        upload_pb2.UploadFileRequest(new_file=upload_pb2.NewFileTarget(name=name), data=data),
-        metadata=client.metadata,
+        upload_pb2.UploadFileRequest(new_file=target, data=data), metadata=client.metadata
     )
 
 

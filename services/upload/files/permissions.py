@@ -247,17 +247,7 @@ def check_move(role: str, file: FileRow, target: FileRow) -> None:
 
 async def audience(session: AsyncSession, file: FileRow) -> list[str]:
     """The file's owner and everyone with a share that reaches it, sorted: an event's audience."""
-    links = await chain(session, file.tenant_id, file.id)
-    ids: list[str] = []
-    for link in links:
-        if link.owner != file.owner_user_id:
-            break
-        ids.append(link.id)
-    users = {file.owner_user_id}
-    if ids:
-        values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
-        users.update(user for (user,) in await _SHARES_OF.of(len(ids)).rows(session, values))
-    return sorted(users)
+    return await _audience_from(session, file.tenant_id, file.id, file.owner_user_id)
 
 
 async def new_file_audience(session: AsyncSession, file: FileRow) -> list[str]:
@@ -271,18 +261,28 @@ async def new_file_audience(session: AsyncSession, file: FileRow) -> list[str]:
     key = (file.tenant_id, file.parent_id, file.owner_user_id)
     users = memo.get(key)
     if users is None:
-        ids: list[str] = []
-        if file.parent_id:
-            for link in await chain(session, file.tenant_id, file.parent_id):
-                if link.owner != file.owner_user_id:
-                    break
-                ids.append(link.id)
-        users = {file.owner_user_id}
-        if ids:
-            values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
-            users.update(user for (user,) in await _SHARES_OF.of(len(ids)).rows(session, values))
-        memo[key] = users = sorted(users)
+        users = memo[key] = await _audience_from(
+            session, file.tenant_id, file.parent_id, file.owner_user_id
+        )
     return list(users)
+
+
+async def _audience_from(
+    session: AsyncSession, tenant_id: str, start_id: str | None, owner: str
+) -> list[str]:
+    """`owner` and everyone with a share on `start_id` or a folder above it, up the chain
+    while it belongs to `owner`, sorted (no start: `owner` alone)."""
+    ids: list[str] = []
+    if start_id:
+        for link in await chain(session, tenant_id, start_id):
+            if link.owner != owner:
+                break
+            ids.append(link.id)
+    users = {owner}
+    if ids:
+        values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
+        users.update(user for (user,) in await _SHARES_OF.of(len(ids)).rows(session, values))
+    return sorted(users)
 
 
 async def writable_folder(

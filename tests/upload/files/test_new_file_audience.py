@@ -5,27 +5,14 @@ transaction reads them afresh."""
 
 from __future__ import annotations
 
-import hashlib
-
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import select
 from upload.tree_helpers import folder, share
+from upload.version_helpers import new_file
 
 from services.common.auth import Identity
 from services.upload.files.permissions import audience, new_file_audience, writable_folder
 from services.upload.models import FileRow, ShareRow, utcnow
-
-
-async def upload_file(client, data: bytes, name: str, folder_id: str) -> str:
-    done = await client.uploads.UploadFile(
-        upload_pb2.UploadFileRequest(
-            new_file=upload_pb2.NewFileTarget(folder_id=folder_id, name=name),
-            data=data,
-            checksum=hashlib.sha256(data).hexdigest(),
-        ),
-        metadata=client.metadata,
-    )
-    return done.upload.file_id
 
 
 async def test_a_new_files_audience_is_the_full_audience(cluster, sessions) -> None:
@@ -36,7 +23,7 @@ async def test_a_new_files_audience_is_the_full_audience(cluster, sessions) -> N
     await share(alice, sub, "dave", upload_pb2.ROLE_VIEWER)
     other = await folder(alice, "other")
     await share(alice, other, "erin")  # a sibling's share reaches nobody here
-    made = await upload_file(alice, b"x" * 100, "a.txt", sub)
+    made = (await new_file(alice, b"x" * 100, "a.txt", sub)).upload.file_id
     async with sessions() as session:
         file = await session.get(FileRow, made)
         assert await new_file_audience(session, file) == await audience(session, file)
@@ -46,7 +33,7 @@ async def test_a_new_files_audience_is_the_full_audience(cluster, sessions) -> N
 async def test_one_transaction_reads_them_once_and_the_next_reads_again(cluster, sessions) -> None:
     alice = cluster["alice"]
     team = await folder(alice, "team")
-    first = await upload_file(alice, b"1" * 100, "1.txt", team)
+    first = (await new_file(alice, b"1" * 100, "1.txt", team)).upload.file_id
     identity = Identity(tenant_id="acme", user_id="alice")
     async with sessions() as session:
         file = await session.get(FileRow, first)
