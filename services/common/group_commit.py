@@ -31,6 +31,11 @@ locks, coarsest first), so groups on two replicas take row and advisory locks in
 order and cannot deadlock on each other. A unit of a shared transaction may take a lock
 after others' writes (`shares_transaction`): the order is the group's.
 
+What a unit writes that nothing in the transaction reads back (outbox events, change log
+and audit rows, folder bumps) is written behind: once a kind for the group, before its
+COMMIT (`write_behind`); in a savepoint, the unit's own before the savepoint ends. If the
+group's writes behind fail, its units run again, each in a savepoint.
+
 A COMMIT that fails fails every unit of the group that had succeeded, with that error:
 nothing of the group is known to be stored. The flusher is nobody's task: a caller
 cancelled while its unit runs does not roll the group back; one cancelled while still
@@ -49,6 +54,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common import write_behind
 from services.common.errors import Unavailable
 from services.common.logging import get_logger
 
@@ -184,7 +190,9 @@ class GroupCommits:
         if failed is None:
             return
         unit, error = failed
-        unit.settle(error=error)
+        if unit is not None:
+            unit.settle(error=error)
+        # else: the writes behind failed, whose unit's own savepoint will tell.
         self._careful = CAREFUL_GROUPS
         rest = [other for other in group if other is not unit and not other.future.done()]
         if len(rest) == 1:
@@ -194,15 +202,16 @@ class GroupCommits:
 
     async def _commit_straight(
         self, group: list[_Unit[Any]]
-    ) -> tuple[_Unit[Any], Exception] | None:
+    ) -> tuple[_Unit[Any] | None, Exception] | None:
         """The group's units with no savepoints: None once they are committed (or the
-        COMMIT failed them all), else the first unit that failed and its error, with
-        nothing of the group stored."""
+        COMMIT failed them all), else the first unit that failed and its error (no unit:
+        the writes behind failed), with nothing of the group stored."""
         done: list[tuple[_Unit[Any], Any]] = []
-        failed: tuple[_Unit[Any], Exception] | None = None
+        failed: tuple[_Unit[Any] | None, Exception] | None = None
         try:
             async with self._sessions.begin() as session:
                 session.info[_SHARED] = True
+                write_behind.behind(session)
                 for unit in group:
                     try:
                         result = await _run_in_context(unit, session)
@@ -210,6 +219,11 @@ class GroupCommits:
                         failed = (unit, exc)
                         raise _Undo from exc
                     done.append((unit, result))
+                try:
+                    await write_behind.flush(session)
+                except Exception as exc:
+                    failed = (None, exc)
+                    raise _Undo from exc
         except _Undo:
             return failed
         except BaseException as exc:
@@ -226,12 +240,15 @@ class GroupCommits:
         try:
             async with self._sessions.begin() as session:
                 session.info[_SHARED] = True
+                write_behind.behind(session)
                 for unit in group:
                     try:
                         async with session.begin_nested():
                             # In the caller's context: its correlation id in every log line.
                             result = await _run_in_context(unit, session)
+                            await write_behind.flush(session)  # the unit's, in its savepoint
                     except Exception as exc:
+                        write_behind.discard(session)
                         unit.settle(error=exc)  # its savepoint is rolled back
                         continue
                     done.append((unit, result))
@@ -256,7 +273,9 @@ class GroupCommits:
         """A group of one: its failure is the transaction's, so no savepoint."""
         try:
             async with self._sessions.begin() as session:
+                write_behind.behind(session)
                 result = await _run_in_context(unit, session)
+                await write_behind.flush(session)
         except BaseException as exc:
             unit.settle(error=exc if isinstance(exc, Exception) else Unavailable("commit cut"))
             if not isinstance(exc, Exception):

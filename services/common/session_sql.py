@@ -37,8 +37,8 @@ from services.common.driver_sql import (
     session_driver,
 )
 
-# `execute_many` of more rows than this goes through SQLAlchemy (one multi-row INSERT); a
-# statement built per count of rows is worth it up to this many.
+# `execute_many` of more rows than this goes through SQLAlchemy on PostgreSQL (one multi-row
+# INSERT); a statement built per count of rows is worth it up to this many.
 FEW_ROWS = 8
 
 
@@ -107,16 +107,19 @@ class SessionStatement:
             raise await as_sqlalchemy_error(connection, driver, exc, compiled.sql, values) from exc
 
     async def execute_many(self, session: AsyncSession, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Run the statement once per mapping in `rows` (all with the same keys). More than
-        a few rows go through SQLAlchemy, whose multi-row INSERTs beat a statement a row."""
+        """Run the statement once per mapping in `rows` (all with the same keys). On
+        PostgreSQL more than a few rows go through SQLAlchemy, whose multi-row INSERTs beat
+        a statement a row; SQLite's executemany steps one prepared statement in C, which
+        beats both."""
         if not rows:
             return
         compiled, connection, driver = await self._prepare(session, rows[0])
-        if len(rows) > FEW_ROWS:
+        sqlite = connection.dialect.name == "sqlite"
+        if len(rows) > FEW_ROWS and not sqlite:
             await session.execute(self._statement_for(connection.dialect), list(rows))
             return
         params = [compiled.params(row) for row in rows]
-        if connection.dialect.name == "sqlite":
+        if sqlite:
             cursor = driver.cursor()
             try:
                 await cursor.executemany(compiled.sql, params)

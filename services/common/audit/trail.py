@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common import write_behind
 from services.common.audit.models import audit_events
 from services.common.auth import Identity
 from services.common.correlation import current_correlation_id
@@ -34,7 +35,7 @@ def principal_of(identity: Identity) -> str:
 
 
 # Built once (its values passed at execution).
-_INSERT = SessionStatement(insert(audit_events))
+_ROWS = write_behind.Rows(SessionStatement(insert(audit_events)))
 
 
 async def record(
@@ -47,9 +48,11 @@ async def record(
     target_id: str,
     detail: Mapping[str, Any] | None = None,
 ) -> None:
-    """Add one audit row in `session`'s transaction (the bound correlation id, now)."""
-    await _INSERT.execute(
+    """Add one audit row in `session`'s transaction (the bound correlation id, now;
+    written behind in a group commit: `write_behind`)."""
+    await write_behind.write(
         session,
+        _ROWS,
         {
             "at": utcnow(),
             "tenant_id": tenant_id,

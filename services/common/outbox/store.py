@@ -10,6 +10,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy import Integer, String, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common import write_behind
 from services.common.correlation import current_correlation_id
 from services.common.jobs.models import utcnow
 from services.common.outbox.models import outbox_events
@@ -17,8 +18,8 @@ from services.common.session_sql import SessionStatement, SessionStatements
 from services.common.tracing import current_traceparent
 
 # Built once (its values passed at execution): a statement made per call costs more than
-# running it.
-_INSERT = SessionStatement(insert(outbox_events))
+# running it. Rows nothing reads back in the transaction: written behind in a group commit.
+_ROWS = write_behind.Rows(SessionStatement(insert(outbox_events)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,9 @@ async def record_event(session: AsyncSession, event: events_pb2.Event) -> None:
     A rollback leaves no event; a commit always leaves one, published later by the relay
     in order per aggregate, in the trace of the span current now (when tracing is on). An
     empty correlation_id or occurred_at is filled in (from the bound correlation id and
-    now) on a copy; the caller's message is not modified.
+    now) on a copy; the caller's message is not modified. In a group commit the row is
+    written behind, with the group's others (`write_behind`): ids still follow the order
+    events were recorded in.
     """
     for name in ("event_id", "event_type", "aggregate_type", "aggregate_id"):
         if not getattr(event, name):
@@ -49,8 +52,9 @@ async def record_event(session: AsyncSession, event: events_pb2.Event) -> None:
     now = utcnow()
     if not stored.HasField("occurred_at"):
         stored.occurred_at.FromDatetime(now)
-    await _INSERT.execute(
+    await write_behind.write(
         session,
+        _ROWS,
         {
             "event_id": stored.event_id,
             "aggregate_type": stored.aggregate_type,

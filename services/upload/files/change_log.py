@@ -23,6 +23,7 @@ Waiting readers are woken after the commit (`subscribe`); the periodic
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 
+from services.common import write_behind
 from services.common.jobs import Handler, JobContext, PeriodicSchedule
 from services.common.session_sql import SessionStatement
 from services.upload.files.permissions import MAX_DEPTH
@@ -111,36 +113,70 @@ async def append(
 ) -> None:
     """Log the change of `file` (and, for a folder event that may, of everything under it)
     for `users` and the users a share `named`, in `session`'s transaction, which holds the
-    tenant's tree lock already (`record_file_event` and sync's `tombstone_item` take it)."""
-    named_users = {u for u in named if u}
+    tenant's tree lock already (`record_file_event` and sync's `tombstone_item` take it).
+    In a group commit the numbers are taken and the rows written behind, for the group's
+    changes together (`write_behind`), in the order they were logged."""
+    named_users = frozenset(u for u in named if u)
     audience = sorted({u for u in users if u} | named_users)
     if not audience:
         return
-    items: list[tuple[FileRow, bool]] = [(file, False)]
+    items = [(file.id, file.version, False)]
     if file.kind == FOLDER and event_type in SUBTREE_EVENTS:
-        items.extend((row, True) for row in await _below(session, file))
-    last = await next_seqs(session, file.tenant_id, len(items))
-    first = last - len(items) + 1
-    now = utcnow()
-    await _INSERT_CHANGE.execute_many(
-        session,
-        [
-            {
-                "tenant_id": file.tenant_id,
-                "user_id": user,
-                "seq": first + i,
-                "file_id": row.id,
-                "event_type": event_type,
-                "via_folder": via,
-                "named": user in named_users,
-                "version": row.version,
-                "created_at": now,
-            }
-            for i, (row, via) in enumerate(items)
-            for user in audience
-        ],
+        items.extend((row.id, row.version, True) for row in await _below(session, file))
+    change = _Change(
+        file.tenant_id, event_type, tuple(items), tuple(audience), frozenset(named_users)
     )
+    await write_behind.write(session, _CHANGES, change)
     _after_commit(session, file.tenant_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """One change to log: its items (id, version, via_folder) for each user of `audience`."""
+
+    tenant_id: str
+    event_type: str
+    items: tuple[tuple[str, int, bool], ...]
+    audience: tuple[str, ...]
+    named: frozenset[str]
+    at: datetime = field(default_factory=utcnow)
+
+
+class _Changes:
+    """Writes changes: one run of sequence numbers per tenant (tenants in key order: the
+    head rows' locks), then one INSERT for all their rows."""
+
+    async def write(self, session: AsyncSession, items: list[_Change]) -> None:
+        counts: dict[str, int] = {}
+        for change in items:
+            counts[change.tenant_id] = counts.get(change.tenant_id, 0) + len(change.items)
+        following: dict[str, int] = {}
+        for tenant_id in sorted(counts):
+            last = await next_seqs(session, tenant_id, counts[tenant_id])
+            following[tenant_id] = last - counts[tenant_id] + 1
+        rows: list[dict[str, Any]] = []
+        for change in items:
+            first = following[change.tenant_id]
+            following[change.tenant_id] = first + len(change.items)
+            rows.extend(
+                {
+                    "tenant_id": change.tenant_id,
+                    "user_id": user,
+                    "seq": first + i,
+                    "file_id": file_id,
+                    "event_type": change.event_type,
+                    "via_folder": via,
+                    "named": user in change.named,
+                    "version": version,
+                    "created_at": change.at,
+                }
+                for i, (file_id, version, via) in enumerate(change.items)
+                for user in change.audience
+            )
+        await _INSERT_CHANGE.execute_many(session, rows)
+
+
+_CHANGES = _Changes()
 
 
 def _after_commit(session: AsyncSession, tenant_id: str) -> None:

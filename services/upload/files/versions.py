@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import String, Table, bindparam, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common import write_behind
 from services.common.session_rows import insert_values, inserted, refreshed, updated
 from services.common.session_sql import SessionStatement
 from services.upload.errors import FileNotFound, StaleFencingToken, VersionMismatch
@@ -85,13 +86,23 @@ async def add_file(session: AsyncSession, file: FileRow) -> None:
 
 
 async def touch_folder(session: AsyncSession, folder_id: str | None) -> None:
-    """Bump a folder's children_version: its cached listings are now outdated."""
+    """Bump a folder's children_version: its cached listings are now outdated. In a group
+    commit the bump is written behind (`write_behind`): once per folder for the group."""
     if folder_id:
-        row = await _TOUCH.first(session, {"folder_id": folder_id})
-        if row is not None:  # the session's copy of the folder, if any, shows it
-            updated(session, FileRow, folder_id, {"children_version": row[0]})
+        await write_behind.write(session, _BUMPS, folder_id)
 
 
+class _FolderBumps:
+    """Bumps each folder named once, in key order (their rows' locks)."""
+
+    async def write(self, session: AsyncSession, items: list[str]) -> None:
+        for folder_id in sorted(set(items)):
+            row = await _TOUCH.first(session, {"folder_id": folder_id})
+            if row is not None:  # the session's copy of the folder, if any, shows it
+                updated(session, FileRow, folder_id, {"children_version": row[0]})
+
+
+_BUMPS = _FolderBumps()
 _FILES: Table = FileRow.__table__  # type: ignore[assignment]
 # Built once (values passed at execution).
 _INSERT_FILE = SessionStatement(insert(_FILES))

@@ -1,0 +1,81 @@
+"""Writes a shared transaction makes once, at its end, for all its units.
+
+A group commit's units each write what nothing in the transaction reads back: the outbox
+event, the change log's rows, the audit row, the bump of a folder's listing version.
+Written as they come, a group of sixteen small files runs each of those statements sixteen
+times; written behind, once a kind, just before the COMMIT. On PostgreSQL each saved
+statement is a round trip made under the tenant's tree lock, which the next group waits for.
+
+`write(session, batch, item)` writes at once, in a session nobody made write behind: one
+item, the same statement, so every other caller is unchanged. The group committer makes
+its transactions write behind (`behind`) and owns the rest: it writes a unit's items
+(`flush`) before that unit's savepoint is released, or the whole group's before its
+COMMIT; it drops a failed unit's (`discard`) with its savepoint.
+
+A batch runs after every unit of the group has taken its locks. One that locks rows (the
+change log's head, a folder's row) takes them in key order; every writer of a tenant's tree
+holds the tenant's tree lock first (`tree.lock_tree`), so the order is never crossed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from services.common.session_sql import SessionStatement
+
+Item = TypeVar("Item")
+
+# session.info: the items written behind so far, per batch in the order first written.
+_PENDING = "serentak.write_behind"
+
+
+class Batch(Protocol[Item]):
+    """A kind of write that takes many items in one go."""
+
+    async def write(self, session: AsyncSession, items: list[Item]) -> None:
+        """Write `items` (in the order given) in `session`'s transaction."""
+
+
+class Rows:
+    """Rows of one INSERT (`statement`), each a mapping of its values, written together."""
+
+    def __init__(self, statement: SessionStatement) -> None:
+        self._statement = statement
+
+    async def write(self, session: AsyncSession, items: list[Mapping[str, Any]]) -> None:
+        """Insert every row of `items`."""
+        await self._statement.execute_many(session, items)
+
+
+async def write(session: AsyncSession, batch: Batch[Item], item: Item) -> None:
+    """Write `item` with `batch` in `session`'s transaction: now, or with the rest of the
+    batch at the end when the transaction writes behind (module docstring)."""
+    pending: dict[Batch[Any], list[Any]] | None = session.info.get(_PENDING)
+    if pending is None:
+        await batch.write(session, [item])
+    else:
+        pending.setdefault(batch, []).append(item)
+
+
+def behind(session: AsyncSession) -> None:
+    """Make `session`'s transaction write behind until it ends (the group committer's)."""
+    session.info[_PENDING] = {}
+
+
+async def flush(session: AsyncSession) -> None:
+    """Write what was written behind so far, batch by batch."""
+    pending: dict[Batch[Any], list[Any]] | None = session.info.get(_PENDING)
+    while pending:
+        batch = next(iter(pending))
+        items = pending.pop(batch)
+        await batch.write(session, items)
+
+
+def discard(session: AsyncSession) -> None:
+    """Drop what was written behind and not flushed (its savepoint rolled back)."""
+    pending: dict[Batch[Any], list[Any]] | None = session.info.get(_PENDING)
+    if pending:
+        pending.clear()
