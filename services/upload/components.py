@@ -64,6 +64,10 @@ from services.upload.tus import Tails, TusServer, TusUploads
 # a COMMIT with (SQLite): about two small files' time one at a time. When nothing else
 # commits, an event is published that much later, twice (its round's lease and mark).
 RELAY_WAITS_FOR_COMPANY_SECONDS = 0.025
+# Woken by a commit, the relay waits this long for the next ones before its round: one
+# file at a time would otherwise pay a whole round (two transactions, a call to notify)
+# each; notifications go out this much later.
+RELAY_GATHERS_SECONDS = 0.025
 
 
 @dataclass
@@ -150,6 +154,7 @@ def build_components(
         lease_seconds=settings.worker_lease_seconds,
         poll_interval=settings.worker_poll_seconds,
         stats_interval=settings.metrics_sample_seconds,
+        relay_gather_seconds=RELAY_GATHERS_SECONDS,
     )
     # Spans around its reads, writes and merges when tracing is on.
     blobs = traced(open_blob_store(settings, sessions))

@@ -54,6 +54,8 @@ class RuntimeOptions:
     poll_interval: float = 0.5
     relay_lease_seconds: float = 30.0
     relay_poll_interval: float = 0.5
+    # Woken by a commit, the relay waits this long for more before its round.
+    relay_gather_seconds: float = 0.0
     stats_interval: float = 15.0
     # PostgreSQL: LISTEN for other processes' enqueues and outbox events (see listener.py).
     listen: bool = True
@@ -100,6 +102,7 @@ class JobRuntime:
                 lease_seconds=o.relay_lease_seconds,
                 poll_interval=o.relay_poll_interval,
                 writes=relay_writes,
+                gather_seconds=o.relay_gather_seconds,
             )
             if subscribers
             else None

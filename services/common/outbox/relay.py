@@ -53,7 +53,7 @@ from services.common.outbox.bookkeeping import (
 )
 from services.common.outbox.dead_letters import is_permanent
 from services.common.outbox.store import OutboxEvent, pending_aggregates, unpublished_events
-from services.common.outbox.subscribers import Subscriber
+from services.common.outbox.subscribers import Subscriber, send_batch
 
 log = get_logger(__name__)
 
@@ -82,6 +82,7 @@ class Relay:
         batch_size: int = 100,
         concurrency: int = 4,
         writes: Writes | None = None,
+        gather_seconds: float = 0.0,
     ) -> None:
         self.sessions = sessions
         # The relay's write transactions (module docstring, "Write transactions").
@@ -92,9 +93,12 @@ class Relay:
         self.poll_interval = poll_interval
         self.batch_size = batch_size
         self.concurrency = concurrency
+        # Woken by a commit, wait this long for others': one round publishes them all.
+        self.gather_seconds = gather_seconds
         # aggregate key -> (failures so far, monotonic time before which we do not retry)
         self._backoff: dict[str, tuple[int, float]] = {}
         self._wake = asyncio.Event()
+        self._cut = False  # the last round left events for the next (hit `batch_size`)
 
     async def _own_transaction(self, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
         async with self.sessions() as session, session.begin():
@@ -109,19 +113,25 @@ class Relay:
         self._wake.set()
 
     async def run(self) -> None:
-        """Publish forever; sleeps `poll_interval` when there is nothing to do."""
+        """Publish forever. A round sees what was committed before it began; a round cut
+        short by `batch_size` starts the next at once; else the next starts on a wake (a
+        commit since the round began), `gather_seconds` after it, or after `poll_interval`
+        (commits it is not told of)."""
         log.info("relay_started", relay_id=self.relay_id)
         while True:
+            self._wake.clear()  # from here on, a commit wakes the next round
             try:
                 published = await self.publish_pending()
             except Exception:
                 log.exception("relay_round_failed", relay_id=self.relay_id)
                 published = 0
-            if not published:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_interval):
-                        await self._wake.wait()
-                self._wake.clear()
+            if published and self._cut:
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval):
+                    await self._wake.wait()
+            if self.gather_seconds and self._wake.is_set():
+                await asyncio.sleep(self.gather_seconds)  # a window, not a wait for a state
 
     async def publish_pending(self) -> int:
         """One round over the aggregates with unpublished events; returns events published.
@@ -133,12 +143,12 @@ class Relay:
         that does not go (a subscriber without batches, a failed call) hands each
         aggregate to `publish_aggregate`'s loop under the lease it holds, one by one
         first, which retries, backs off or dead-letters as before (a lone event does that
-        itself). Events past the round's cut go in the next round (`run` goes on at once
-        after a round that published)."""
+        itself). Events past the round's cut go in the next round, at once (`run`)."""
         async with self.sessions() as session:
             # Reads take no write lock (SQLite): committing writers do not wait on them.
             await read_only(session)
             aggregates = await pending_aggregates(session, self.batch_size)
+        self._cut = len(aggregates) >= self.batch_size
         now = time.monotonic()
         due = {
             key: aggregate
@@ -153,6 +163,7 @@ class Relay:
             )
         )
         round_ = [(leases.aggregate_key(t, i), row) for t, i, row in rows]
+        self._cut = self._cut or len(round_) >= self.batch_size
         if len(round_) == 1:
             key, row = round_[0]
             if await self._publish_one(key, held[key], row, release=held):
@@ -162,7 +173,7 @@ class Relay:
             with contextlib.suppress(Exception):
                 await self._write(lambda session: leases.release_many(session, held))
             return 0
-        if len(round_) > 1 and await self._send_batch(round_):
+        if len(round_) > 1 and await send_batch(self.subscribers, round_):
             return await self._settle_round(held, round_)
         batches = not round_  # nothing read (a race): each aggregate looks again
         slots = asyncio.Semaphore(self.concurrency)
@@ -222,49 +233,11 @@ class Relay:
             with contextlib.suppress(Exception):
                 await self._write(lambda session: leases.release(session, key, token))
 
-    async def _send_batch(self, batch: list[tuple[str, OutboxEvent]]) -> bool:
-        """Send `batch` ((aggregate key, row) in publish order) with one call per
-        subscriber; False when it was not sent as a batch (refused or failed)."""
-        events = [row.event for _, row in batch]
-        first_key, first = batch[0]
-        try:
-            # One call for events of several traces: it continues the first event's, and
-            # each other event's trace gets an `outbox publish` span of it.
-            with (
-                tracing.continued(
-                    first.traceparent,
-                    "outbox publish_batch",
-                    aggregate=first_key,
-                    events=len(events),
-                    correlation_id=events[0].correlation_id,
-                ),
-                tracing.in_own_traces(
-                    [row.traceparent for _, row in batch[1:]],
-                    "outbox publish",
-                    aggregate=first_key,
-                    batch=len(events),
-                ),
-            ):
-                for subscriber in self.subscribers:
-                    publish_many = getattr(subscriber, "publish_many", None)
-                    if publish_many is None or not await publish_many(events):
-                        return False
-        except Exception as exc:
-            log.info(
-                "outbox_batch_publish_failed",
-                aggregate=first_key,
-                events=len(events),
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            return False
-        return True
-
     async def _settle_round(
         self, held: dict[str, str], batch: list[tuple[str, OutboxEvent]]
     ) -> int:
         """Mark a sent round's events whose lease is still ours and give the leases up, in
-        one transaction; returns how many were marked. Events left after the round's cut
-        go in the next round (`run` goes on at once after a round that published)."""
+        one transaction; returns how many were marked."""
         sent = [(key, row.id) for key, row in batch]
         ours = await self._write(
             lambda session: settle_round(session, held, sent, self.lease_seconds)
@@ -281,7 +254,7 @@ class Relay:
         """Publish one aggregate's `batch` with one call per subscriber, mark it in one
         transaction. True: done; False: not sent as a batch, publish it one by one; None:
         lease lost."""
-        if not await self._send_batch([(key, row) for row in batch]):
+        if not await send_batch(self.subscribers, [(key, row) for row in batch]):
             return False
         if not await self._mark(key, token, [row.id for row in batch], {}):
             log.warning("relay_lease_lost", aggregate=key, event_id=batch[0].event.event_id)

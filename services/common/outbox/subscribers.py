@@ -18,7 +18,12 @@ from serentak.credentials import ClientSecurity
 from serentak.events.v1 import events_pb2
 from serentak.notify.v1 import notify_pb2, notify_pb2_grpc
 
+from services.common import tracing
 from services.common.correlation import METADATA_KEY
+from services.common.logging import get_logger
+from services.common.outbox.store import OutboxEvent
+
+log = get_logger(__name__)
 
 # Bytes of events per IngestBatch call: well under notify's 1 MiB message limit (an event
 # to 1,000 collaborators is ~10 KiB).
@@ -109,3 +114,44 @@ def _by_size(events: Sequence[events_pb2.Event]) -> Iterator[list[events_pb2.Eve
         size += n
     if chunk:
         yield chunk
+
+
+async def send_batch(
+    subscribers: Sequence[Subscriber], batch: list[tuple[str, OutboxEvent]]
+) -> bool:
+    """Send `batch` ((aggregate key, row) in publish order) with one call per subscriber;
+    False when it was not sent as a batch (a subscriber without `publish_many`, a refusal,
+    a failure): the relay then publishes its events one by one."""
+    events = [row.event for _, row in batch]
+    first_key, first = batch[0]
+    try:
+        # One call for events of several traces: it continues the first event's, and each
+        # other event's trace gets an `outbox publish` span of it.
+        with (
+            tracing.continued(
+                first.traceparent,
+                "outbox publish_batch",
+                aggregate=first_key,
+                events=len(events),
+                correlation_id=events[0].correlation_id,
+            ),
+            tracing.in_own_traces(
+                [row.traceparent for _, row in batch[1:]],
+                "outbox publish",
+                aggregate=first_key,
+                batch=len(events),
+            ),
+        ):
+            for subscriber in subscribers:
+                publish_many = getattr(subscriber, "publish_many", None)
+                if publish_many is None or not await publish_many(events):
+                    return False
+    except Exception as exc:
+        log.info(
+            "outbox_batch_publish_failed",
+            aggregate=first_key,
+            events=len(events),
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return False
+    return True
