@@ -17,13 +17,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import merge_core
-from services.common.private_files import FILE_MODE, private_dirs
+from services.common.private_files import FILE_MODE, made_private_dirs, private_dirs
 from services.upload.storage.blob_store.base import ChunkRef, Merged, StoredObject
 
 # merge_core's temporary output beside the final name: `.{name}.{pid}-...merge-tmp`.
 MERGE_TMP_SUFFIX = ".merge-tmp"
 # Bytes per read and write of a copy (bounded memory whatever the object's size).
 COPY_BLOCK = 1024 * 1024
+# Folders remembered as durable in their parents; past this many, all are forgotten (each
+# then costs one more parent fsync on its next write).
+DURABLE_FOLDERS_KEPT = 65_536
 
 
 def _fsync_dir(path: Path) -> None:
@@ -41,6 +44,9 @@ class LocalBlobStore:
         self.root = private_dirs(Path(root).resolve())
         self._inside = os.path.join(str(self.root), "")  # the root, with a trailing "/"
         self._fsync = fsync
+        # Folders under the root whose entries (theirs and their parents', up to the root)
+        # this process has fsynced: `_durable_folder`.
+        self._durable: dict[str, None] = {}
 
     def path(self, key: str) -> Path:
         """The file behind `key`; refuses keys that would escape the root.
@@ -72,8 +78,24 @@ class LocalBlobStore:
     def _staging_path(self, key: str) -> Path:
         """A new `.{name}.{random}.tmp` beside `key` (its folders made, private)."""
         final = self.path(key)
-        private_dirs(final.parent)
+        self._durable_folder(final.parent)
         return final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+
+    def _durable_folder(self, folder: Path) -> None:
+        """Make `folder` (private, made if missing) and its entry in its parent durable,
+        and so on up to the root: a file fsynced in a folder whose own entry is not can
+        vanish with it on a crash. Each parent is fsynced once per process and folder
+        (again if the folder was made anew, e.g. after `delete_prefix`)."""
+        made = {str(p) for p in made_private_dirs(folder)}
+        if not self._fsync:
+            return
+        current = folder
+        while current != self.root and (str(current) in made or str(current) not in self._durable):
+            _fsync_dir(current.parent)
+            if len(self._durable) >= DURABLE_FOLDERS_KEPT:
+                self._durable.clear()
+            self._durable[str(current)] = None
+            current = current.parent
 
     def stage_sync(self, key: str, data: bytes) -> str:
         """Write `data` to `.{name}.{random}.tmp` beside `key` and fsync it."""
@@ -211,6 +233,9 @@ class LocalBlobStore:
         if not folder.is_dir():
             return 0
         count = sum(1 for p in folder.rglob("*") if p.is_file())
+        # A folder made again later is fsynced in its parent again (one level: the keys'
+        # folders hold files only).
+        self._durable.pop(str(folder), None)
         shutil.rmtree(folder, ignore_errors=True)
         return count
 
@@ -269,7 +294,7 @@ class LocalBlobStore:
         """merge_core's file merge: chunk files to a temp file, verified, renamed to `key`."""
         files = [merge_core.Chunk(c.index, self.path(c.key), c.size, c.checksum) for c in chunks]
         output = self.path(key)
-        private_dirs(output.parent)
+        await asyncio.to_thread(self._durable_folder, output.parent)
         await asyncio.to_thread(self._remove_predecessors_sync, output)
         # merge_core releases the GIL; a thread keeps the event loop (heartbeats) going.
         result = await asyncio.to_thread(
