@@ -32,12 +32,12 @@ async def test_a_new_folders_entry_is_fsynced_in_its_parent_before_its_file(
     store = LocalBlobStore(tmp_path / "blobs")
     root = str(store.root)
     await store.put("files/f1/v1", b"one")
-    file, folder = f"{root}/files/f1/v1", f"{root}/files/f1"
+    folder = f"{root}/files/f1"
     # f1's entry in files/ and files/ in the root, then the file's bytes (its temp name),
     # then its name in f1.
     assert sorted(fsynced[:2]) == [root, f"{root}/files"]
     assert fsynced[2].startswith(f"{folder}/.v1.") and fsynced[3:] == [folder]
-    assert Path(file).read_bytes() == b"one"
+    assert await store.read("files/f1/v1") == b"one"
 
     fsynced.clear()
     await store.put("files/f1/v2", b"two")
