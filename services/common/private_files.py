@@ -16,13 +16,6 @@ FILE_MODE = 0o600
 
 def private_dirs(path: Path) -> Path:
     """Create `path` and any missing parents 0700 (an existing leaf is tightened to 0700)."""
-    made_private_dirs(path)
-    return Path(path)
-
-
-def made_private_dirs(path: Path) -> list[Path]:
-    """`private_dirs`, returning the folders it created, outermost first (those a
-    concurrent writer made meanwhile not among them)."""
     path = Path(path)
     missing: list[Path] = []
     current = path
@@ -31,18 +24,16 @@ def made_private_dirs(path: Path) -> list[Path]:
         if current.parent == current:
             break
         current = current.parent
-    made: list[Path] = []
     for folder in reversed(missing):
         try:
             folder.mkdir(mode=DIR_MODE)
-            made.append(folder)
         except FileExistsError:
             pass  # a concurrent writer made it
         # mkdir's mode is filtered by the umask; chmod is not.
         os.chmod(folder, DIR_MODE)
     if not missing and path.is_dir() and path.stat().st_mode & 0o077:
         os.chmod(path, DIR_MODE)
-    return made
+    return path
 
 
 def private_sqlite(db_path: Path) -> None:

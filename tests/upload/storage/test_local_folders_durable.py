@@ -1,6 +1,6 @@
-"""The local store makes a new folder's entry durable before anything is stored in it:
-a file fsynced in a folder whose own entry is not could vanish with it on a crash. Each
-parent is fsynced once per folder, again when the folder is made anew."""
+"""The local store makes a new folder's entry durable in its parent before a write into it
+returns: a file fsynced in a folder whose own entry is not could vanish with it on a crash.
+Each parent is fsynced once per folder, again when the folder is made anew."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.upload.storage.blob_store import LocalBlobStore
+import merge_core
+from services.upload.storage.blob_store import ChunkRef, LocalBlobStore
 
 
 @pytest.fixture
@@ -26,22 +27,22 @@ def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return paths
 
 
-async def test_a_new_folders_entry_is_fsynced_in_its_parent_before_its_file(
+async def test_a_new_folders_entry_is_fsynced_in_its_parent_before_put_returns(
     tmp_path: Path, fsynced: list[str]
 ) -> None:
     store = LocalBlobStore(tmp_path / "blobs")
     root = str(store.root)
     await store.put("files/f1/v1", b"one")
     folder = f"{root}/files/f1"
-    # f1's entry in files/ and files/ in the root, then the file's bytes (its temp name),
-    # then its name in f1.
-    assert sorted(fsynced[:2]) == [root, f"{root}/files"]
-    assert fsynced[2].startswith(f"{folder}/.v1.") and fsynced[3:] == [folder]
+    # The bytes (under their temp name), the name in f1, then f1's entry in files/ and
+    # files/'s in the root.
+    assert fsynced[0].startswith(f"{folder}/.v1.")
+    assert fsynced[1:] == [folder, f"{root}/files", root]
     assert await store.read("files/f1/v1") == b"one"
 
     fsynced.clear()
     await store.put("files/f1/v2", b"two")
-    # A folder already durable: no parent fsync again.
+    # A folder already durable in its parent: no parent fsync again.
     assert fsynced[0].startswith(f"{folder}/.v2.") and fsynced[1:] == [folder]
 
 
@@ -54,4 +55,23 @@ async def test_a_folder_made_again_after_its_deletion_is_fsynced_again(
     assert await store.delete_prefix("uploads/u1") == 1
     fsynced.clear()
     await store.put("uploads/u1/0", b"chunk again")
-    assert fsynced[0] == f"{root}/uploads"  # u1's new entry
+    assert fsynced[1:] == [f"{root}/uploads/u1", f"{root}/uploads"]  # u1's new entry too
+
+
+async def test_a_merged_files_new_folder_is_fsynced_in_its_parent(
+    tmp_path: Path, fsynced: list[str]
+) -> None:
+    store = LocalBlobStore(tmp_path / "blobs")
+    root = str(store.root)
+    data = b"merged bytes"
+    staged = await store.stage("uploads/u2/0", data)
+    await store.publish(staged, "uploads/u2/0")
+    hasher = merge_core.Hasher("sha256")
+    hasher.update(data)
+    checksum = hasher.hexdigest()
+    fsynced.clear()
+    chunk = ChunkRef(0, "uploads/u2/0", len(data), checksum)
+    await store.merge([chunk], "files/f2/u2", "sha256", checksum)
+    # merge_core fsyncs the file and f2; the store then f2's entry and files/'s.
+    assert fsynced == [f"{root}/files", root]
+    assert await store.read("files/f2/u2") == data

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import merge_core
-from services.common.private_files import FILE_MODE, made_private_dirs, private_dirs
+from services.common.private_files import FILE_MODE, private_dirs
 from services.upload.storage.blob_store.base import ChunkRef, Merged, StoredObject
 
 # merge_core's temporary output beside the final name: `.{name}.{pid}-...merge-tmp`.
@@ -45,7 +45,7 @@ class LocalBlobStore:
         self._inside = os.path.join(str(self.root), "")  # the root, with a trailing "/"
         self._fsync = fsync
         # Folders under the root whose entries (theirs and their parents', up to the root)
-        # this process has fsynced: `_durable_folder`.
+        # this process has fsynced: `_durable_entries`.
         self._durable: dict[str, None] = {}
 
     def path(self, key: str) -> Path:
@@ -78,19 +78,17 @@ class LocalBlobStore:
     def _staging_path(self, key: str) -> Path:
         """A new `.{name}.{random}.tmp` beside `key` (its folders made, private)."""
         final = self.path(key)
-        self._durable_folder(final.parent)
+        private_dirs(final.parent)
         return final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
 
-    def _durable_folder(self, folder: Path) -> None:
-        """Make `folder` (private, made if missing) and its entry in its parent durable,
-        and so on up to the root: a file fsynced in a folder whose own entry is not can
-        vanish with it on a crash. Each parent is fsynced once per process and folder
-        (again if the folder was made anew, e.g. after `delete_prefix`)."""
-        made = {str(p) for p in made_private_dirs(folder)}
-        if not self._fsync:
-            return
+    def _durable_entries(self, folder: Path) -> None:
+        """Fsync `folder`'s entry in its parent, and so on up to the root, for each folder
+        this process has not made durable yet (made anew after `delete_prefix` too): a
+        file fsynced in a folder whose own entry is not can vanish with it on a crash.
+        Called after `folder` itself was fsynced, so on ext4 the journal commit that made
+        its contents durable has taken the mkdir along, and these cost next to nothing."""
         current = folder
-        while current != self.root and (str(current) in made or str(current) not in self._durable):
+        while current != self.root and str(current) not in self._durable:
             _fsync_dir(current.parent)
             if len(self._durable) >= DURABLE_FOLDERS_KEPT:
                 self._durable.clear()
@@ -160,6 +158,7 @@ class LocalBlobStore:
         if self._fsync:
             for folder in folders:
                 _fsync_dir(folder)
+                self._durable_entries(folder)
 
     async def discard(self, staged: object) -> None:
         """Remove a staged file (missing, e.g. already renamed, is fine)."""
@@ -294,7 +293,7 @@ class LocalBlobStore:
         """merge_core's file merge: chunk files to a temp file, verified, renamed to `key`."""
         files = [merge_core.Chunk(c.index, self.path(c.key), c.size, c.checksum) for c in chunks]
         output = self.path(key)
-        await asyncio.to_thread(self._durable_folder, output.parent)
+        private_dirs(output.parent)
         await asyncio.to_thread(self._remove_predecessors_sync, output)
         # merge_core releases the GIL; a thread keeps the event loop (heartbeats) going.
         result = await asyncio.to_thread(
@@ -303,6 +302,8 @@ class LocalBlobStore:
         # merge_core creates its output under the umask; the 0700 folder already keeps
         # others out, this makes the file itself 0600 too.
         os.chmod(output, FILE_MODE)
+        if self._fsync:  # merge_core fsynced the output's folder
+            await asyncio.to_thread(self._durable_entries, output.parent)
         return Merged(key, result.size, result.checksum, result.algorithm, result.chunk_count)
 
     async def abort_unfinished(self, before: datetime) -> int:
