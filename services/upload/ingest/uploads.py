@@ -253,11 +253,20 @@ class Uploads:
             raise InvalidArgument("target", "set new_file or file_id")
         return new_row(self._settings, identity, request, request_key, algorithm, expected, target)
 
-    async def insert(self, session: AsyncSession, identity: Identity, row: UploadRow) -> None:
-        """Store a prepared upload in the caller's transaction, within the user's open-upload
-        cap and the tenant's quota; IntegrityError when its client_request_id was stored
-        meanwhile (then `earlier` finds that one)."""
+    async def allow(self, session: AsyncSession, identity: Identity, row: UploadRow) -> None:
+        """Check the user's open-upload cap and the tenant's quota for `row`, in the
+        caller's transaction (`insert` does, unless told it was done)."""
         await check_allowance(session, self._settings, identity, row.total_size)
+
+    async def insert(
+        self, session: AsyncSession, identity: Identity, row: UploadRow, *, allowed: bool = False
+    ) -> None:
+        """Store a prepared upload in the caller's transaction, within the user's open-upload
+        cap and the tenant's quota (`allowed`: `allow` checked them in it already);
+        IntegrityError when its client_request_id was stored meanwhile (then `earlier`
+        finds that one)."""
+        if not allowed:
+            await self.allow(session, identity, row)
         values = insert_values(row)
         await _INSERT.execute(session, values)
         inserted(session, row)

@@ -64,8 +64,8 @@ from services.upload.files.tree import lock_tree, new_id
 from services.upload.files.visibility import raise_if_hidden
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
-from services.upload.merge.merge_job import commit_content
 from services.upload.merge.upload_file import FileLockPolicy
+from services.upload.merge.version_commit import commit_content
 from services.upload.models import COMPLETED, FILE, MERGING, FileRow, UploadRow, utcnow
 from services.upload.storage.blob_store import BlobStore, Merged, content_key
 

@@ -24,10 +24,11 @@ invariants by the same code the chunked path commits with:
    committing at the moment: `services.common.group_commit`, which may run the unit again
    after another's failure, so it keeps nothing of a run that rolled back)
    checks the target (`drafts.check_target`: the caller's write access, a live folder
-   with the name free, or a live file; CreateUpload's errors), stores the upload
-   (open-upload cap and tenant quota checked in it) and commits with `commit_content`,
-   the chunked path's commit: the fencing check `commit_fenced` (invariant 7), the
-   version bump with its outbox event (6) and `merging -> completed` (5). No job is
+   with the name free, or a live file; CreateUpload's errors), the open-upload cap and
+   the tenant quota, and commits with `commit_content`, the chunked path's commit: the
+   fencing check `commit_fenced` (invariant 7), the version bump with its outbox event
+   (6), and the upload row stored `completed` with its version (5: one INSERT where the
+   chunked path moves `merging -> completed`). No job is
    involved, so there is no idempotency key to record (9): the unique client_request_id
    is what makes a retry find this upload.
 
@@ -78,7 +79,7 @@ from services.upload.ingest.finish_waits import FinishSignals
 from services.upload.ingest.uploads import Uploads
 from services.upload.merge.file_locks import FileLocks
 from services.upload.merge.inline import InlineMerges
-from services.upload.merge.merge_job import commit_content
+from services.upload.merge.version_commit import commit_content
 from services.upload.models import (
     COMPLETED,
     FAILED,
@@ -325,10 +326,15 @@ class UploadFiles:
             # CreateUpload's checks of the target, here in the committing transaction (and
             # for a new version under the file lock, as the merge checks its uploader).
             target, role = await check_target(session, identity, upload)
-            upload.status = MERGING
+            # The open-upload cap and quota where the upload row was stored before: its
+            # INSERT comes with the version, the row completed at once (`store_upload`).
+            await self._uploads.allow(session, identity, upload)
             upload.received_chunk_count = 1
             upload.merge_started_at = utcnow()
-            await self._uploads.insert(session, identity, upload)
+
+            async def store_upload(session: AsyncSession) -> None:
+                await self._uploads.insert(session, identity, upload, allowed=True)
+
             file = await commit_content(
                 session,
                 upload,
@@ -336,10 +342,10 @@ class UploadFiles:
                 token,
                 chunks=False,
                 checked_folder=target if upload.is_new_file else None,
+                store_upload=store_upload,
             )
-            # The status move's UPDATE has set the row's new values on `upload` too
-            # (`transition`), so the answer needs no re-read. Its waiters are woken once
-            # the group has committed (`_store`).
+            # `upload` holds the stored row's values, so the answer needs no re-read. Its
+            # waiters are woken once the group has committed (`_store`).
             # Nothing commits before the bytes it names are durable (invariant 4); a write
             # that failed fails this unit, its rows rolled back.
             await written
