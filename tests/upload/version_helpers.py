@@ -53,21 +53,16 @@ async def read(client: Any, file_id: str, **kw: Any) -> tuple[bytes, dict[str, s
     return b"".join(parts), {k: v for k, v in (await call.trailing_metadata() or ())}
 
 
-async def content_events(database_url: str, file_id: str) -> list[events_pb2.Event]:
-    """The file's file.content.updated events in the outbox, in stored order."""
+async def content_events(database_url: str, file_id: str = "") -> list[events_pb2.Event]:
+    """The file's file.content.updated events in the outbox (every file's without
+    `file_id`), in stored order."""
     engine = create_engine(database_url)
+    stmt = select(outbox_events.c.event).where(outbox_events.c.event_type == "file.content.updated")
+    if file_id:
+        stmt = stmt.where(outbox_events.c.aggregate_id == file_id)
     try:
         async with session_factory(engine)() as session:
-            rows = (
-                await session.execute(
-                    select(outbox_events.c.event)
-                    .where(
-                        outbox_events.c.event_type == "file.content.updated",
-                        outbox_events.c.aggregate_id == file_id,
-                    )
-                    .order_by(outbox_events.c.id)
-                )
-            ).scalars()
+            rows = (await session.execute(stmt.order_by(outbox_events.c.id))).scalars()
             return [events_pb2.Event.FromString(r) for r in rows]
     finally:
         await engine.dispose()

@@ -123,9 +123,7 @@ async def append(
     items = [(file.id, file.version, False)]
     if file.kind == FOLDER and event_type in SUBTREE_EVENTS:
         items.extend((row.id, row.version, True) for row in await _below(session, file))
-    change = _Change(
-        file.tenant_id, event_type, tuple(items), tuple(audience), frozenset(named_users)
-    )
+    change = _Change(file.tenant_id, event_type, tuple(items), tuple(audience), named_users)
     await write_behind.write(session, _CHANGES, change)
     _after_commit(session, file.tenant_id)
 

@@ -8,10 +8,9 @@ import asyncio
 
 from sqlalchemy import select
 from upload.tree_helpers import folder, share
-from upload.version_helpers import new_file
+from upload.version_helpers import content_events, new_file
 
 from services.common.audit.models import audit_events
-from services.common.outbox.models import outbox_events
 from services.upload.models import ChangeRow, FileRow
 
 
@@ -26,13 +25,6 @@ async def test_racing_small_files_log_each_change_once_in_event_order(cluster, s
     )
     ids = {m.upload.file_id for m in made}
     async with sessions() as session:
-        events = (
-            await session.execute(
-                select(outbox_events.c.aggregate_id)
-                .where(outbox_events.c.event_type == "file.content.updated")
-                .order_by(outbox_events.c.id)
-            )
-        ).all()
         changes = (
             await session.execute(
                 select(ChangeRow.file_id, ChangeRow.user_id, ChangeRow.seq)
@@ -48,7 +40,8 @@ async def test_racing_small_files_log_each_change_once_in_event_order(cluster, s
             )
         ).all()
         listed_after = (await session.get(FileRow, team)).children_version
-    in_event_order = [aggregate_id for (aggregate_id,) in events if aggregate_id in ids]
+    events = await content_events(cluster.settings.database_url)
+    in_event_order = [e.aggregate_id for e in events if e.aggregate_id in ids]
     assert sorted(in_event_order) == sorted(ids)  # one event a file
     # Each file one number, logged for both users; numbers in the events' order.
     assert [c.user_id for c in changes if c.file_id in ids] == ["alice", "bob"] * 24

@@ -11,7 +11,6 @@ import uuid
 import grpc
 import pytest
 from prometheus_client import REGISTRY
-from serentak.events.v1 import events_pb2
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import func, select
 from support.grpc_errors import error_info
@@ -26,10 +25,9 @@ from upload.upload_helpers import (
     split,
     wait_status,
 )
+from upload.version_helpers import content_events
 
-from services.common.db import create_engine, session_factory
 from services.common.jobs.models import applied_jobs, jobs
-from services.common.outbox.models import outbox_events
 from services.upload.files.versions import commit_fenced
 from services.upload.models import COMPLETED, ChunkRow, FileRow, UploadRow
 from services.upload.storage.blob_store import content_key
@@ -48,23 +46,6 @@ def new_file(data: bytes, name: str, crid: str = "", **kw: object) -> upload_pb2
 def new_version(data: bytes, file_id: str, crid: str = "") -> upload_pb2.UploadFileRequest:
     """An UploadFileRequest for the next version of `file_id`."""
     return upload_pb2.UploadFileRequest(client_request_id=crid, file_id=file_id, data=data)
-
-
-async def content_events(database_url: str) -> list[events_pb2.Event]:
-    """Every file.content.updated event in the outbox, in stored order."""
-    engine = create_engine(database_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = (
-                await session.execute(
-                    select(outbox_events.c.event)
-                    .where(outbox_events.c.event_type == "file.content.updated")
-                    .order_by(outbox_events.c.id)
-                )
-            ).scalars()
-            return [events_pb2.Event.FromString(r) for r in rows]
-    finally:
-        await engine.dispose()
 
 
 async def test_one_request_commits_the_file_before_the_answer(cluster, sessions) -> None:

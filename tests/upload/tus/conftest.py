@@ -16,14 +16,12 @@ import httpx
 import pytest
 from serentak.events.v1 import events_pb2
 from serentak.upload.v1 import upload_pb2, upload_pb2_grpc
-from sqlalchemy import select
 from support.services import running_app
+from upload import version_helpers
 from upload.conftest import TOKENS, Client, upload_settings
 from upload.upload_helpers import download, sha256, wait_status
 
-from services.common.db import create_engine, session_factory
 from services.common.jobs import RuntimeOptions
-from services.common.outbox.models import outbox_events
 from services.upload.app import assemble
 from services.upload.components import UploadComponents
 from services.upload.settings import UploadSettings
@@ -135,20 +133,7 @@ async def shared_file(world: TusWorld, name: str) -> str:
 
 async def content_events(world: TusWorld, file_id: str) -> list[events_pb2.Event]:
     """The file's file.content.updated events in the outbox, in stored order."""
-    engine = create_engine(world.settings.database_url)
-    try:
-        async with session_factory(engine)() as session:
-            rows = (
-                await session.execute(
-                    select(outbox_events.c.event)
-                    .where(outbox_events.c.event_type == "file.content.updated")
-                    .order_by(outbox_events.c.id)
-                )
-            ).scalars()
-            events = [events_pb2.Event.FromString(r) for r in rows]
-    finally:
-        await engine.dispose()
-    return [e for e in events if e.aggregate_id == file_id]
+    return await version_helpers.content_events(world.settings.database_url, file_id)
 
 
 async def assert_one_new_version(

@@ -232,10 +232,11 @@ class LocalBlobStore:
         if not folder.is_dir():
             return 0
         count = sum(1 for p in folder.rglob("*") if p.is_file())
-        # A folder made again later is fsynced in its parent again (one level: the keys'
+        shutil.rmtree(folder, ignore_errors=True)
+        # Forgotten once gone (not before: a write meanwhile would mark it again), so a
+        # folder made again later is fsynced in its parent again (one level: the keys'
         # folders hold files only).
         self._durable.pop(str(folder), None)
-        shutil.rmtree(folder, ignore_errors=True)
         return count
 
     async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
