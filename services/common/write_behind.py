@@ -1,10 +1,15 @@
 """Writes a shared transaction makes once, at its end, for all its units.
 
 A group commit's units each write what nothing in the transaction reads back: the outbox
-event, the change log's rows, the audit row, the bump of a folder's listing version.
-Written as they come, a group of sixteen small files runs each of those statements sixteen
-times; written behind, once a kind, just before the COMMIT. On PostgreSQL each saved
-statement is a round trip made under the tenant's tree lock, which the next group waits for.
+event, the change log's rows, the audit row, the bump of a folder's listing version, and
+the rows a small file's commit inserts (its file, its upload), which only another unit's
+check could read: the name check looks at the file rows still to be written (`pending`), and
+a request id stored twice is refused by its unique index when the group writes them (the
+group committer then runs the units again, each in a savepoint, where the later one finds
+the earlier one's row). Written as they come, a group of sixteen small files runs each of those
+statements sixteen times; written behind, once a kind, just before the COMMIT. On
+PostgreSQL each saved statement is a round trip made under the tenant's tree lock, which
+the next group waits for.
 
 `write(session, batch, item)` writes at once, in a session nobody made write behind: one
 item, the same statement, so every other caller is unchanged. The group committer makes
@@ -58,6 +63,13 @@ async def write(session: AsyncSession, batch: Batch[Item], item: Item) -> None:
         await batch.write(session, [item])
     else:
         pending.setdefault(batch, []).append(item)
+
+
+def pending(session: AsyncSession, batch: Batch[Item]) -> list[Item]:
+    """The items of `batch` written behind in `session` and not written yet (a check in the
+    same transaction that must see them, as it would see their rows)."""
+    waiting: dict[Batch[Any], list[Any]] | None = session.info.get(_PENDING)
+    return list(waiting.get(batch, ())) if waiting else []
 
 
 def behind(session: AsyncSession) -> None:

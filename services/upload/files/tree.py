@@ -20,6 +20,7 @@ from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArg
 from services.common.group_commit import shares_transaction
 from services.common.session_sql import SessionStatement
 from services.upload.files.permissions import role_of
+from services.upload.files.versions import pending_file_named
 from services.upload.files.visibility import rule_count, visible
 from services.upload.models import FOLDER, FileRow, utcnow
 
@@ -213,6 +214,10 @@ async def name_holder(
     session: AsyncSession, tenant_id: str, parent_id: str, name: str, except_id: str = ""
 ) -> str | None:
     """The id of the live item named `name` in folder `parent_id`, if any."""
+    # A new file of this transaction not written yet (a group commit's) holds it too.
+    waiting = pending_file_named(session, tenant_id, parent_id, name, except_id)
+    if waiting is not None:
+        return waiting
     values = {"tenant_id": tenant_id, "parent_id": parent_id, "name": name, "except_id": except_id}
     row = await _name_holder().first(session, values)
     return None if row is None else str(row[0])

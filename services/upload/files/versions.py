@@ -79,10 +79,27 @@ async def commit_fenced(session: AsyncSession, file_id: str, token: int, **value
 
 async def add_file(session: AsyncSession, file: FileRow) -> None:
     """Insert the new `file` (its first version) in `session`'s transaction; it is then
-    the session's row for its id. IntegrityError if its id or live name is taken."""
-    values = insert_values(file)
-    await _INSERT_FILE.execute(session, values)
+    the session's row for its id (IntegrityError if its id is taken). In a group commit
+    the row is written behind (`write_behind`), with the other units' rows; until then the
+    name check sees it through `pending_file_named`."""
+    await write_behind.write(session, _FILE_ROWS, insert_values(file))
     inserted(session, file)
+
+
+def pending_file_named(
+    session: AsyncSession, tenant_id: str, parent_id: str, name: str, except_id: str = ""
+) -> str | None:
+    """The id of a new file named `name` in folder `parent_id` that this transaction has
+    added and not written yet (a group commit's, written behind), if any."""
+    for row in write_behind.pending(session, _FILE_ROWS):
+        if (
+            row["name"] == name
+            and row["parent_id"] == parent_id
+            and row["tenant_id"] == tenant_id
+            and row["id"] != except_id
+        ):
+            return str(row["id"])
+    return None
 
 
 async def touch_folder(session: AsyncSession, folder_id: str | None) -> None:
@@ -106,6 +123,7 @@ _BUMPS = _FolderBumps()
 _FILES: Table = FileRow.__table__  # type: ignore[assignment]
 # Built once (values passed at execution).
 _INSERT_FILE = SessionStatement(insert(_FILES))
+_FILE_ROWS = write_behind.Rows(_INSERT_FILE)
 _TOUCH = SessionStatement(
     update(_FILES)
     .where(_FILES.c.id == bindparam("folder_id", type_=String))

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.common import audit, validation
+from services.common import audit, validation, write_behind
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import Aborted, AlreadyExists, InvalidArgument
@@ -78,6 +78,7 @@ _MOVE = SessionStatement(
     )
 )
 _INSERT = SessionStatement(insert(_TABLE))
+_ROWS = write_behind.Rows(_INSERT)
 
 # Legal moves (invariant 5); anything else is a bug in the caller.
 _FORWARD = {
@@ -264,11 +265,11 @@ class Uploads:
         """Store a prepared upload in the caller's transaction, within the user's open-upload
         cap and the tenant's quota (`allowed`: `allow` checked them in it already);
         IntegrityError when its client_request_id was stored meanwhile (then `earlier`
-        finds that one)."""
+        finds that one). In a group commit the row is written behind (`write_behind`), with
+        the other units' rows, and so is its IntegrityError."""
         if not allowed:
             await self.allow(session, identity, row)
-        values = insert_values(row)
-        await _INSERT.execute(session, values)
+        await write_behind.write(session, _ROWS, insert_values(row))
         inserted(session, row)
 
     async def earlier(
