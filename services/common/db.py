@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,17 @@ NAMING_CONVENTION = {
 def new_metadata() -> MetaData:
     """A `MetaData` with Serentak's constraint naming convention (one per migration folder)."""
     return MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def sqlite_utc_text(value: datetime | None) -> str | None:
+    """An aware datetime as SQLite stores it: naive UTC text, `YYYY-MM-DD HH:MM:SS.ffffff`,
+    exactly as SQLAlchemy's SQLite DATETIME writes it (so text comparisons in SQL still
+    order times), in one call where the type's own processors take ~8 us a value."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("naive datetime: pass an aware UTC datetime")
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 def is_sqlite(url: str) -> bool:

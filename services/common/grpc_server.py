@@ -258,7 +258,7 @@ def run_service(name: str, settings_cls: type[Any], build_app: Callable[[Any], S
     settings = load(settings_cls)
     # Databases, blobs and temp files: readable by this user only (0600 / 0700).
     os.umask(0o077)
-    configure_logging(name, settings.log_format, settings.log_level)
+    configure_logging(name, settings.log_format, settings.log_level, once=True)
     # Before build_app: the blob store and the channels it opens are traced when it is on.
     if tracing.configure(
         settings.otlp_endpoint,

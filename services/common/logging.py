@@ -12,8 +12,14 @@ import sys
 import structlog
 
 
-def configure_logging(service: str, fmt: str = "json", level: str = "INFO") -> None:
-    """Configure structlog and the standard library to write one event per line to stderr."""
+def configure_logging(
+    service: str, fmt: str = "json", level: str = "INFO", *, once: bool = False
+) -> None:
+    """Configure structlog and the standard library to write one event per line to stderr.
+
+    `once`: the process configures its logs this once (a service's `run_service`), so each
+    logger is built on its first line and kept, not built again for every line (~12 us a
+    line). Left off where logging may be configured again or captured (tests, tools)."""
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -30,7 +36,7 @@ def configure_logging(service: str, fmt: str = "json", level: str = "INFO") -> N
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=once,
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service)

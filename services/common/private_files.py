@@ -8,6 +8,7 @@ helpers set the modes explicitly so they hold under any umask (embedded use, tes
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 DIR_MODE = 0o700
@@ -17,6 +18,21 @@ FILE_MODE = 0o600
 def private_dirs(path: Path) -> Path:
     """Create `path` and any missing parents 0700 (an existing leaf is tightened to 0700)."""
     path = Path(path)
+    # The usual case first, in one call: a new folder in an existing one (a new file's
+    # blob folder), or one that exists already (mkdir's mode is filtered by the umask;
+    # chmod is not).
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode) and mode & 0o077:
+            os.chmod(path, DIR_MODE)
+        return path
+    except FileNotFoundError:
+        pass  # parents missing too
+    else:
+        os.chmod(path, DIR_MODE)
+        return path
     missing: list[Path] = []
     current = path
     while not current.exists():

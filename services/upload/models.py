@@ -21,9 +21,10 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from services.common.db import new_metadata
+from services.common.db import new_metadata, sqlite_utc_text
 
 metadata = new_metadata()
 
@@ -39,6 +40,12 @@ class UtcDateTime(TypeDecorator[datetime]):
 
     impl = DateTime
     cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Any:
+        # SQLite: one call to text (`db.sqlite_utc_text`), as the two processors would write.
+        if dialect.name == "sqlite":
+            return sqlite_utc_text
+        return super().bind_processor(dialect)
 
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:

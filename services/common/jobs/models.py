@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-from services.common.db import new_metadata
+from services.common.db import new_metadata, sqlite_utc_text
 
 metadata = new_metadata()
 
@@ -44,6 +44,12 @@ class UtcDateTime(TypeDecorator[datetime]):
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Any:
+        # SQLite: one call to text (`db.sqlite_utc_text`), as the two processors would write.
+        if dialect.name == "sqlite":
+            return sqlite_utc_text
+        return super().bind_processor(dialect)
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
         if value is None:
