@@ -131,13 +131,35 @@ class _SqliteConnection(aiosqlite.Connection):
         return self.writer_turn.held
 
     async def begin_write(self) -> None:
-        """BEGIN IMMEDIATE, in this process's turn (`sqlite_writers`)."""
+        """BEGIN IMMEDIATE, in this process's turn (`sqlite_writers`): on the event loop's
+        thread when no other process holds the write lock, the usual case (`_begin_now`);
+        else on the connection's thread, which waits for it in SQLite's busy handler."""
         await self.writer_turn.take(SQLITE_BUSY_TIMEOUT_MS / 1000)
         try:
-            await self._execute(self._conn.execute, BEGIN_WRITE)
+            if not self._begin_now():
+                await self._execute(self._conn.execute, BEGIN_WRITE)
         except BaseException:
             self.writer_turn.give_back()
             raise
+
+    def _begin_now(self) -> bool:
+        """Try BEGIN IMMEDIATE at once, on the calling thread, with SQLite's busy handler
+        off for the try: True if it began; False if another process holds the write lock
+        (nothing began). Saves the hand-off to the connection's thread and back, ~0.8 ms
+        of a small file's commit measured with the loop busy; the lock's holder in this
+        process is ruled out by the turn, so waiting is rare and stays off the loop."""
+        conn = self._conn
+        (waits_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            conn.execute(BEGIN_WRITE)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                raise
+            return False
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(waits_ms)}")
+        return True
 
     async def commit(self) -> None:
         """Commit the current transaction and end the writer turn."""

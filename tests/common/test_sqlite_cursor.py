@@ -1,9 +1,12 @@
-"""SQLite statements through SQLAlchemy cost one hand-off to the connection's thread, and
-read back exactly what aiosqlite's cursor gave: rows, rowcount, lastrowid, errors
-(services/common/sqlite_cursor.py)."""
+"""SQLite statements through SQLAlchemy cost one hand-off to the connection's thread, or
+none in a write transaction (its BEGIN too, unless another process holds the write lock),
+and read back exactly what aiosqlite's cursor gave: rows, rowcount, lastrowid, errors
+(services/common/sqlite_cursor.py, db.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -75,9 +78,10 @@ async def test_a_write_transactions_statements_run_on_the_event_loops_thread(eng
         finally:
             del driver._execute
     # Holding the process's writer turn, a statement runs where it is called: a hand-off
-    # cost more than the statement. BEGIN IMMEDIATE and the COMMIT (its fsync) hand off.
+    # cost more than the statement. So does BEGIN IMMEDIATE, no other process holding the
+    # write lock; the COMMIT (its fsync) hands off.
     assert thread == threading.get_ident()
-    assert len(calls) == 2
+    assert len(calls) == 1
 
 
 async def test_a_big_write_still_goes_to_the_connections_thread(engine) -> None:
@@ -92,8 +96,48 @@ async def test_a_big_write_still_goes_to_the_connections_thread(engine) -> None:
                 await conn.execute(update(items).where(items.c.id == 1).values(name="x"))
         finally:
             del driver._execute
-    # BEGIN, the two big writes, the COMMIT; the small update ran where it was called.
-    assert len(calls) == 4
+    # The two big writes, the COMMIT; BEGIN and the small update ran where they were called.
+    assert len(calls) == 3
+
+
+async def test_a_begin_that_meets_another_process_waits_off_the_loop(
+    engine, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # Another process's writer (a plain sqlite3 connection) holds SQLite's write lock.
+    other = sqlite3.connect(tmp_path / "cursor.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    async with engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        calls = _counting_hand_offs(driver)
+        handed_off = asyncio.Event()
+        counted = driver._execute
+
+        async def noting(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+            handed_off.set()
+            return await counted(fn, *args, **kwargs)
+
+        driver._execute = noting
+
+        async def write() -> None:
+            async with conn.begin():
+                await conn.execute(insert(items).values(name="after"))
+
+        try:
+            writing = asyncio.create_task(write())
+            # The BEGIN went to the connection's thread to wait there: the loop runs on.
+            await handed_off.wait()
+            assert not writing.done()
+            other.execute("ROLLBACK")
+            await writing
+        finally:
+            del driver._execute
+            other.close()
+        # SQLite's busy handler is as it was before the try (the engine's 30 s).
+        (waits,) = (await conn.execute(text("PRAGMA busy_timeout"))).one()
+    assert waits == 30_000
+    assert len(calls) == 2  # BEGIN (waited on the thread), COMMIT
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(items.c.name))).scalars().all() == ["after"]
 
 
 async def test_rows_counts_and_ids_read_as_through_aiosqlite(engine) -> None:
