@@ -116,3 +116,22 @@ async def test_outside_a_group_a_write_is_made_at_once(sessions) -> None:
         await write_behind.write(session, rows, {"name": "now"})
         assert await session.scalar(select(func.count()).select_from(trail)) == 1
     assert rows.writes == [1]
+
+
+async def test_a_unit_sees_what_earlier_units_wrote_behind_and_not_yet_written(sessions) -> None:
+    rows = CountedRows()
+    groups = GroupCommits(sessions)
+    seen: list[list[str]] = []
+
+    def looking(name: str):  # type: ignore[no-untyped-def]
+        async def work(session) -> str:  # type: ignore[no-untyped-def]
+            seen.append([item["name"] for item in write_behind.pending(session, rows)])
+            await write_behind.write(session, rows, {"name": name})
+            return name
+
+        return work
+
+    await one_group(groups, [looking("a"), looking("b"), looking("c")])
+    assert seen == [[], ["a"], ["a", "b"]]  # pending: written behind, in the order written
+    async with sessions() as session, session.begin():
+        assert write_behind.pending(session, rows) == []  # outside a group: nothing waits
