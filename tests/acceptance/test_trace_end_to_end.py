@@ -61,6 +61,7 @@ def _whole(spans: list[ExportedSpan]) -> bool:
         any(("serentak-upload", n) in names for n in RELAY)
         and ("serentak-upload", "upload commit_version") in names
         and ("serentak-locks", HOLD) in names
+        and ("serentak-upload", HOLD) in names  # its Hold call: ends when it sees the stream end
         and any(("serentak-notify", n) in names for n in NOTIFY_INGEST)
         and any(("serentak-notify", n) in names for n in NOTIFY_FANOUT)
     )

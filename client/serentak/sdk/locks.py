@@ -230,6 +230,11 @@ class HeldLock:
         self._body = asyncio.current_task()
         self._in_body = True
         self._watch = asyncio.create_task(self._watch_hold())
+        # One turn of the loop: the watcher is reading the stream before the body runs. A
+        # body shorter than that turn would otherwise end the hold with the stream never
+        # read to its end, and a tracing interceptor (OpenTelemetry's ends the call's
+        # span when the reading ends) would never end the Hold call's span.
+        await asyncio.sleep(0)
         return self
 
     async def __aexit__(
