@@ -154,7 +154,9 @@ class _SqliteConnection(aiosqlite.Connection):
         try:
             conn.execute(BEGIN_WRITE)
         except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            # SQLITE_BUSY, or an extended code of it (SQLITE_BUSY_RECOVERY: another
+            # process recovering the WAL): wait on the thread as for any busy lock.
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
                 raise
             return False
         finally:
