@@ -18,37 +18,20 @@ FILE_MODE = 0o600
 def private_dirs(path: Path) -> Path:
     """Create `path` and any missing parents 0700 (an existing leaf is tightened to 0700)."""
     path = Path(path)
-    # The usual case first, in one call: a new folder in an existing one (a new file's
-    # blob folder), or one that exists already (mkdir's mode is filtered by the umask;
-    # chmod is not).
+    # One call in the usual case: a new folder in an existing one (a new file's blob
+    # folder), or one that exists already.
     try:
         os.mkdir(path, DIR_MODE)
-    except FileExistsError:
+    except FileExistsError:  # made already (by us earlier, or a concurrent writer)
         mode = os.stat(path).st_mode
         if stat.S_ISDIR(mode) and mode & 0o077:
             os.chmod(path, DIR_MODE)
         return path
-    except FileNotFoundError:
-        pass  # parents missing too
-    else:
-        os.chmod(path, DIR_MODE)
-        return path
-    missing: list[Path] = []
-    current = path
-    while not current.exists():
-        missing.append(current)
-        if current.parent == current:
-            break
-        current = current.parent
-    for folder in reversed(missing):
-        try:
-            folder.mkdir(mode=DIR_MODE)
-        except FileExistsError:
-            pass  # a concurrent writer made it
-        # mkdir's mode is filtered by the umask; chmod is not.
-        os.chmod(folder, DIR_MODE)
-    if not missing and path.is_dir() and path.stat().st_mode & 0o077:
-        os.chmod(path, DIR_MODE)
+    except FileNotFoundError:  # its parent is missing too: made first, then this one
+        private_dirs(path.parent)
+        return private_dirs(path)
+    # mkdir's mode is filtered by the umask; chmod is not.
+    os.chmod(path, DIR_MODE)
     return path
 
 
