@@ -1,15 +1,20 @@
-"""Recognising a transaction PostgreSQL chose to fail so another could go on: a deadlock
-(SQLSTATE 40P01) or a serialization failure (40001).
+"""Recognising a transaction that failed through no fault of the caller's, with nothing
+stored: a deadlock (SQLSTATE 40P01) or a serialization failure (40001) PostgreSQL chose to
+fail so another could go on, or a lost database connection.
 
-The lock order (tree.lock_tree and the like) keeps these from happening; if one happens
+The lock order (tree.lock_tree and the like) keeps conflicts from happening; if one happens
 anyway it is not the caller's fault and not lost data (the transaction rolled back whole),
 so the caller gets ABORTED / TRANSACTION_CONFLICT and may retry, not INTERNAL. The error
-is still logged as a bug, since an order somewhere is wrong.
+is still logged as a bug, since an order somewhere is wrong. A connection the server
+dropped (a restart, a failover, `pg_terminate_backend`) is UNAVAILABLE /
+DATABASE_UNAVAILABLE: SQLAlchemy has replaced the pool's connections, and the retry runs on
+a new one.
 """
 
 from __future__ import annotations
 
-from services.common.errors import Aborted, causes
+from services.common.db import is_disconnect
+from services.common.errors import Aborted, Unavailable, causes
 
 _CONFLICT_STATES = {"40P01", "40001"}
 
@@ -26,5 +31,22 @@ def as_transaction_conflict(exc: BaseException) -> TransactionConflict | None:
         if getattr(cause, "sqlstate", None) in _CONFLICT_STATES:
             return TransactionConflict(
                 "the database rolled this change back to resolve a conflict; retry it"
+            )
+    return None
+
+
+class DatabaseUnavailable(Unavailable):
+    """The database connection was lost during the call; nothing it began is stored."""
+
+    reason = "DATABASE_UNAVAILABLE"
+
+
+def as_connection_lost(exc: BaseException) -> DatabaseUnavailable | None:
+    """DATABASE_UNAVAILABLE if `exc` (or what it wraps) is a lost database connection."""
+    for cause in causes(exc):
+        if is_disconnect(cause):
+            return DatabaseUnavailable(
+                "the connection to the database was lost; retry (with the same"
+                " client_request_id, a retry finds what this call may have stored)"
             )
     return None

@@ -12,7 +12,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from services.common import correlation
-from services.common.database_conflicts import as_transaction_conflict
+from services.common.database_conflicts import as_connection_lost, as_transaction_conflict
 from services.common.disk_full import as_storage_full
 from services.common.errors import ERROR_DOMAIN, SerentakError
 from services.common.logging import get_logger
@@ -52,7 +52,7 @@ def status_name(exc: BaseException) -> str:
     """The status code `fail` answers `exc` with, as metrics and logs name it."""
     if isinstance(exc, NotImplementedError):
         return grpc.StatusCode.UNIMPLEMENTED.name
-    exc = as_storage_full(exc) or as_transaction_conflict(exc) or exc
+    exc = as_storage_full(exc) or as_transaction_conflict(exc) or as_connection_lost(exc) or exc
     if isinstance(exc, SerentakError):
         return exc.code.name
     return grpc.StatusCode.INTERNAL.name
@@ -95,8 +95,9 @@ async def fail(
 def account_error(exc: BaseException, method: str) -> SerentakError | None:
     """Count and log an answer's error: the typed error it answers with, or None for a
     bug (INTERNAL, logged with the traceback being handled)."""
-    # A full disk (OSError, SQLite, PostgreSQL) is RESOURCE_EXHAUSTED, not a bug.
-    exc = as_storage_full(exc) or exc
+    # A full disk (OSError, SQLite, PostgreSQL) is RESOURCE_EXHAUSTED, a lost database
+    # connection UNAVAILABLE: neither is a bug.
+    exc = as_storage_full(exc) or as_connection_lost(exc) or exc
     conflict = as_transaction_conflict(exc)
     if conflict is not None:
         # Retryable for the caller, yet a lock order somewhere is wrong: logged as a bug.
