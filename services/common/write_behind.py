@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from services.common.session_sql import SessionStatement
+from services.common.session_sql import SessionStatement, pipelined
 
 Item = TypeVar("Item")
 
@@ -78,12 +78,17 @@ def behind(session: AsyncSession) -> None:
 
 
 async def flush(session: AsyncSession) -> None:
-    """Write what was written behind so far, batch by batch."""
+    """Write what was written behind so far, batch by batch, pipelined on PostgreSQL (one
+    round trip where a batch needs an answer before its next statement, and one at the
+    end)."""
     pending: dict[Batch[Any], list[Any]] | None = session.info.get(_PENDING)
-    while pending:
-        batch = next(iter(pending))
-        items = pending.pop(batch)
-        await batch.write(session, items)
+    if not pending:
+        return
+    async with pipelined(session):
+        while pending:
+            batch = next(iter(pending))
+            items = pending.pop(batch)
+            await batch.write(session, items)
 
 
 def discard(session: AsyncSession) -> None:

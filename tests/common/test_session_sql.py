@@ -28,7 +28,7 @@ from support.tables import engine_with
 
 from services.common.db import session_factory
 from services.common.jobs.models import UtcDateTime
-from services.common.session_sql import SessionStatement, SessionStatements
+from services.common.session_sql import SessionStatement, SessionStatements, pipelined
 
 metadata = MetaData()
 notes = Table(
@@ -50,6 +50,9 @@ BUMP = SessionStatement(
     .where(notes.c.id == bindparam("note", type_=String))
     .values(count=notes.c.count + 1)
     .returning(notes.c.count)
+)
+UNDONE = SessionStatement(
+    update(notes).where(notes.c.id == bindparam("note", type_=String)).values(done=False)
 )
 AT = datetime(2026, 12, 6, 23, 30, 15, 250_000, tzinfo=UTC)
 
@@ -114,6 +117,43 @@ async def test_many_rows_go_in_one_call_and_more_through_sqlalchemy(sessions) ->
     async with sessions() as session:
         assert (await COUNT.one(session))[0] == 43
         assert (await BY_ID.one(session, {"id": "many-39"}))[4] == 7
+
+
+async def test_pipelined_statements_keep_their_order_rows_and_counts(sessions) -> None:
+    # Sent without waiting on PostgreSQL: a statement that returns rows still sees all
+    # sent before it, an asked-for rowcount is the real one, and what is stored is what
+    # the same statements store one by one.
+    async with sessions.begin() as session, pipelined(session):
+        await INSERT.execute_many(session, [note(f"p-{i:02}") for i in range(12)])  # > FEW_ROWS
+        assert (await BUMP.one(session, {"note": "p-03"}))[0] == 8
+        assert await UNDONE.execute(session, {"note": "p-04"}) == 1
+        assert await UNDONE.execute(session, {"note": "absent"}) == 0
+        await INSERT.execute(session, note("p-last"))
+        assert (await COUNT.one(session))[0] == 13
+    async with sessions() as session:
+        assert (await COUNT.one(session))[0] == 13
+        assert (await BY_ID.one(session, {"id": "p-03"}))[4] == 8
+        assert tuple(await BY_ID.one(session, {"id": "p-04"}))[1:4] == (AT, {"a": [1, "b"]}, False)
+
+
+async def test_a_pipelined_constraint_error_is_sqlalchemys_and_nothing_is_stored(sessions) -> None:
+    async with sessions.begin() as session:
+        await INSERT.execute(session, note("taken"))
+    # Met at the block's end on PostgreSQL (the statement itself on SQLite).
+    with pytest.raises(IntegrityError):
+        async with sessions.begin() as session, pipelined(session):
+            await INSERT.execute(session, note("fresh"))
+            await INSERT.execute(session, note("taken"))
+    # Met at a later statement's rows.
+    with pytest.raises(IntegrityError):
+        async with sessions.begin() as session, pipelined(session):
+            await INSERT.execute(session, note("taken"))
+            await COUNT.one(session)
+    async with sessions.begin() as session, pipelined(session):  # the connection goes on
+        await INSERT.execute(session, note("after"))
+    async with sessions() as session:
+        assert await BY_ID.first(session, {"id": "fresh"}) is None
+        assert (await COUNT.one(session))[0] == 2  # "taken" and "after"
 
 
 async def test_what_it_cannot_do_is_refused_not_done_wrong(sessions) -> None:
