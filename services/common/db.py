@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from services.common.logging import get_logger
+from services.common.pool_pings import ping_when_idle
 from services.common.private_files import private_sqlite
 from services.common.sqlite_cursor import OneHopCursor
 from services.common.sqlite_writers import BEGIN_WRITE, WriterTurn
@@ -277,11 +278,12 @@ def create_engine(
 ) -> AsyncEngine:
     """An async engine for `url` with Serentak's SQLite/PostgreSQL settings.
 
-    PostgreSQL connections are pinged on every checkout (`pre_ping`) so a connection the
-    server dropped (restart, idle timeout, `pg_terminate_backend`) is replaced before use:
-    one round trip per checkout. A caller that runs every transaction through a retry on
-    `is_disconnect` may pass `pre_ping=False`: the first statement on a dropped connection
-    then fails, SQLAlchemy replaces the pool's connections, and the retry runs on a fresh one."""
+    PostgreSQL connections idle for half a second or more are pinged on checkout (`pre_ping`,
+    `pool_pings`) so a connection the server dropped (restart, idle timeout,
+    `pg_terminate_backend`) is replaced before use: one round trip per such checkout. A
+    caller that runs every transaction through a retry on `is_disconnect` may pass
+    `pre_ping=False`: the first statement on a dropped connection then fails, SQLAlchemy
+    replaces the pool's connections, and the retry runs on a fresh one."""
     if is_sqlite(url):
         path = make_url(url).database
         if path and path != ":memory:":
@@ -292,9 +294,10 @@ def create_engine(
         )
         _configure_sqlite(engine.sync_engine, sqlite_synchronous)
         return engine
-    return create_async_engine(
-        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping
-    )
+    engine = create_async_engine(async_url(url), pool_size=pool_size, max_overflow=pool_size)
+    if pre_ping:
+        ping_when_idle(engine.sync_engine)
+    return engine
 
 
 def is_disconnect(exc: BaseException) -> bool:
