@@ -1,6 +1,7 @@
 """The local store makes a new folder's entry durable in its parent before a write into it
 returns: a file fsynced in a folder whose own entry is not could vanish with it on a crash.
-Each parent is fsynced once per folder, again when the folder is made anew."""
+Each parent is fsynced once per folder, again when the folder is made anew; the root's own
+entry, and those of the folders made for it, when the store starts."""
 
 from __future__ import annotations
 
@@ -27,11 +28,26 @@ def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return paths
 
 
+def test_the_roots_entry_and_those_of_folders_made_for_it_are_fsynced_at_start(
+    tmp_path: Path, fsynced: list[str]
+) -> None:
+    LocalBlobStore(tmp_path / "data" / "blobs")
+    # blobs/ made in data/, data/ made in tmp_path.
+    assert fsynced == [str(tmp_path / "data"), str(tmp_path)]
+    fsynced.clear()
+    LocalBlobStore(tmp_path / "data" / "blobs")  # there already: its entry once more
+    assert fsynced == [str(tmp_path / "data")]
+    fsynced.clear()
+    LocalBlobStore(tmp_path / "unsynced", fsync=False)
+    assert fsynced == []
+
+
 async def test_a_new_folders_entry_is_fsynced_in_its_parent_before_put_returns(
     tmp_path: Path, fsynced: list[str]
 ) -> None:
     store = LocalBlobStore(tmp_path / "blobs")
     root = str(store.root)
+    fsynced.clear()  # the root's entry, at start
     await store.put("files/f1/v1", b"one")
     folder = f"{root}/files/f1"
     # The bytes (under their temp name), the name in f1, then f1's entry in files/ and
@@ -51,6 +67,7 @@ async def test_a_folder_made_again_after_its_deletion_is_fsynced_again(
 ) -> None:
     store = LocalBlobStore(tmp_path / "blobs")
     root = str(store.root)
+    fsynced.clear()  # the root's entry, at start
     await store.put("uploads/u1/0", b"chunk")
     assert await store.delete_prefix("uploads/u1") == 1
     fsynced.clear()

@@ -41,7 +41,14 @@ class LocalBlobStore:
     """Objects as files under `root`; temp + fsync + rename for every write."""
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
-        self.root = private_dirs(Path(root).resolve())
+        root = Path(root).resolve()
+        made = [folder for folder in (root, *root.parents) if not folder.exists()]
+        self.root = private_dirs(root)
+        if fsync:
+            # The root's entry in its parent, and each folder made for it in its own: what
+            # `_durable_entries` does below the root, once at start.
+            for folder in made or [root]:
+                _fsync_dir(folder.parent)
         self._inside = os.path.join(str(self.root), "")  # the root, with a trailing "/"
         self._fsync = fsync
         # Folders under the root whose entries (theirs and their parents', up to the root)
