@@ -108,11 +108,19 @@ async def test_two_notify_replicas_on_one_database_share_each_limit(
             for channel in channels:
                 await channel.close()
         assert alice == {"OK": 25, "limited:user": 55}
-        assert bob == {"OK": 15, "limited:tenant": 65}
+        # Bob is admitted what is left of the tenant's 40. His refusals name the tenant,
+        # but some may name bob: a call holds a unit of bob's key while it asks for the
+        # tenant's, so with 80 in flight bob's 25 can all be held at once by calls the
+        # tenant then refuses (the units go back after). The count admitted is exact.
+        assert bob["OK"] == 15 and bob["limited:tenant"] > 0, bob
+        assert bob["limited:tenant"] + bob["limited:user"] == 65, bob
         assert carol == {"limited:tenant": 10}
         assert mallory == {"OK": 25, "limited:user": 5}
         # Each replica refused its share, and says so.
-        for scope, total in (("user", 55 + 5), ("tenant", 65 + 10)):
+        for scope, total in (
+            ("user", 55 + 5 + bob["limited:user"]),
+            ("tenant", 65 + 10 - bob["limited:user"]),
+        ):
             counted = [refused_metric(r, "inbox", scope) for r in replicas]
             assert sum(counted) == total and all(counted), (scope, counted)
 
