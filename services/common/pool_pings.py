@@ -8,9 +8,12 @@ does this, with the same default.
 
 What the window gives up: a connection the server dropped within it (a restart,
 `pg_terminate_backend`) is found dead by the transaction's first statement instead of by
-the ping. That transaction fails with a lost connection (`db.is_disconnect`; SQLAlchemy
-then replaces the pool's connections), where the ping would have replaced it first. The
-transactions running when a server restarts fail either way.
+the ping. That transaction fails with a lost connection (`db.is_disconnect`, answered
+UNAVAILABLE), where the ping would have replaced it first. The transactions running when a
+server restarts fail either way. Once one connection of the pool is found lost (by a
+statement or a ping: it is invalidated), every other is pinged at its next checkout until
+it has been used again: the server that dropped one has likely dropped them all, and a
+retry must not meet the next dead one.
 """
 
 from __future__ import annotations
@@ -30,8 +33,15 @@ _USED_AT = "serentak.used_at"
 
 def ping_when_idle(engine: Engine, window_s: float = ALIVE_WINDOW_S) -> None:
     """Ping each connection `engine`'s pool checks out that was last used `window_s` or
-    more ago (module docstring); one found lost is replaced, with the pool's older ones,
-    as SQLAlchemy's pre-ping does. For an engine made with `pool_pre_ping=False`."""
+    more ago, or before another was found lost (module docstring); one found lost is
+    replaced, with the pool's older ones, as SQLAlchemy's pre-ping does. For an engine made
+    with `pool_pre_ping=False`."""
+
+    lost_at = [0.0]  # when a connection of the pool was last found lost
+
+    @event.listens_for(engine, "invalidate")
+    def invalidated(_dbapi: Any, _record: Any, _exc: Any) -> None:
+        lost_at[0] = time.monotonic()
 
     @event.listens_for(engine, "connect")
     def connected(_dbapi: Any, record: Any) -> None:
@@ -45,7 +55,7 @@ def ping_when_idle(engine: Engine, window_s: float = ALIVE_WINDOW_S) -> None:
     @event.listens_for(engine, "checkout")
     def checked_out(dbapi: Any, record: Any, _proxy: Any) -> None:
         used = record.info.get(_USED_AT)
-        if used is not None and time.monotonic() - used < window_s:
+        if used is not None and used > lost_at[0] and time.monotonic() - used < window_s:
             return
         dialect = engine.dialect
         try:
