@@ -133,6 +133,7 @@ class Run:
     latencies: list[float] = field(default_factory=list)
     wall: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per server process
+    client_cpu: float = 0.0  # CPU seconds of this process (the client side) meanwhile
 
     @property
     def files(self) -> int:
@@ -425,9 +426,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def timed_cpu(pids: dict[str, int], run: Awaitable[Run]) -> Run:
-    """`run`, with the CPU time each process in `pids` spent meanwhile."""
+    """`run`, with the CPU time each process in `pids` spent meanwhile, and this one's."""
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    own = time.process_time()
     result = await run
+    result.client_cpu = time.process_time() - own
     result.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     return result
 
@@ -601,11 +604,17 @@ async def measure(
             cases.append(case)
             s, p = runs[SERENTAK], runs[PUT]
             cpu = ", ".join(f"{k} {v * 1000 / s.files:.1f}" for k, v in s.cpu.items())
+            clients = ", ".join(
+                f"{side} {r.client_cpu * 1000 / r.files:.1f}"
+                for side, r in ((SERENTAK, s), (FLOOR, runs[FLOOR]), (PUT, p))
+                if r.files
+            )
             print(
                 f"  {stack.database} {size} x{concurrency}: Serentak {s.files} files "
                 f"{s.rate:.1f}/s p50 {s.pct(50):.1f} ms; PUT {p.rate:.1f}/s "
                 f"p50 {p.pct(50):.1f} ms; PUT+fsync {runs[PUT_FSYNC].rate:.1f}/s; "
-                f"CPU ms/file: {cpu}; s3s-fs {p.cpu['s3s-fs'] * 1000 / p.files:.2f}",
+                f"CPU ms/file: {cpu}; s3s-fs {p.cpu['s3s-fs'] * 1000 / p.files:.2f}; "
+                f"client side (this process) {clients}",
                 flush=True,
             )
             if case.stages:
@@ -670,7 +679,8 @@ def print_table(cases: list[Case], path_mode: str) -> None:
         f"{GOAL_RATIO}x and p50 <= {GOAL_P50_RATIO:.0f}x the peer's; 64k x1 p50 <= "
         f"{GOAL_ALONE_MS:.0f} ms. Every Serentak file committed with the source's sha256; "
         "every PUT's stored size checked. CPU ms/file: Serentak's processes (upload, locks, "
-        "notify, etcd) / s3s-fs's, per file done (the client's not counted on either side)."
+        "notify, etcd) / s3s-fs's, per file done (the clients' are on each case's progress"
+        " line: the SDK's for Serentak and the floor, obstore's for the PUT)."
     )
     print_floor(cases)
 
