@@ -1,14 +1,15 @@
-"""Recognising a transaction that failed through no fault of the caller's, with nothing
-stored: a deadlock (SQLSTATE 40P01) or a serialization failure (40001) PostgreSQL chose to
-fail so another could go on, or a lost database connection.
+"""Recognising a transaction that failed through no fault of the caller's: a deadlock
+(SQLSTATE 40P01) or a serialization failure (40001) PostgreSQL chose to fail so another
+could go on, or a lost database connection.
 
 The lock order (tree.lock_tree and the like) keeps conflicts from happening; if one happens
 anyway it is not the caller's fault and not lost data (the transaction rolled back whole),
 so the caller gets ABORTED / TRANSACTION_CONFLICT and may retry, not INTERNAL. The error
 is still logged as a bug, since an order somewhere is wrong. A connection the server
 dropped (a restart, a failover, `pg_terminate_backend`) is UNAVAILABLE /
-DATABASE_UNAVAILABLE: SQLAlchemy has replaced the pool's connections, and the retry runs on
-a new one.
+DATABASE_UNAVAILABLE: the transaction did not commit unless the loss came at its COMMIT (a
+retry with the same request id finds it then), and the pool's other connections are
+replaced or pinged before the retry uses one (`pool_pings`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def as_transaction_conflict(exc: BaseException) -> TransactionConflict | None:
 
 
 class DatabaseUnavailable(Unavailable):
-    """The database connection was lost during the call; nothing it began is stored."""
+    """The database connection was lost during the call (module docstring)."""
 
     reason = "DATABASE_UNAVAILABLE"
 
