@@ -60,9 +60,7 @@ async def pipelined(session: AsyncSession) -> AsyncIterator[None]:
     if session.get_bind().dialect.name != "postgresql" or _PIPELINE in session.info:
         yield
         return
-    sync = session.sync_session
-    if sync.autoflush and not sync._is_clean():  # ORM writes check their rowcounts: first
-        await session.flush()
+    await _autoflush(session)  # ORM writes check their rowcounts: before the pipeline
     connection, driver = await session_driver(session)
     try:
         async with driver.pipeline() as pipeline:
@@ -176,11 +174,16 @@ class SessionStatement:
     async def _prepare(
         self, session: AsyncSession, values: Mapping[str, Any]
     ) -> tuple[CompiledStatement, AsyncConnection, Any]:
-        sync = session.sync_session
-        if sync.autoflush and not sync._is_clean():  # as session.execute would
-            await session.flush()
+        await _autoflush(session)
         connection, driver = await session_driver(session)
         return self._for(connection.dialect, tuple(sorted(values))), connection, driver
+
+
+async def _autoflush(session: AsyncSession) -> None:
+    """Flush the session's pending ORM changes first, as `session.execute` would."""
+    sync = session.sync_session
+    if sync.autoflush and not sync._is_clean():
+        await session.flush()
 
 
 def _sqlite_error(
