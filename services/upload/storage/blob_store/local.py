@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import shutil
 import uuid
@@ -42,7 +43,8 @@ class LocalBlobStore:
 
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         root = Path(root).resolve()
-        made = [folder for folder in (root, *root.parents) if not folder.exists()]
+        # The folders private_dirs is about to make: the root and its missing parents.
+        made = list(itertools.takewhile(lambda f: not f.exists(), (root, *root.parents)))
         self.root = private_dirs(root)
         if fsync:
             # The root's entry in its parent, and each folder made for it in its own: what
