@@ -37,6 +37,10 @@ fewer than 100 files p99 is the slowest) of Serentak and both peers, and the rat
 (files/s Serentak/peer; p50 Serentak/peer). Verdicts against the issue's goals: at 64 KiB
 x16, files/s >= 0.5x the peer's and p50 <= 3x the peer's; one 64 KiB file alone, p50 <=
 10 ms. A case starts no new file after its time budget, so counts are bounded in both.
+The last table is the machine's budget at the throughput goal: the CPU a file this
+machine can give when files are done at 0.5x the PUT's rate with every core busy, beside
+what the PUT, the floor and Serentak each spend a file, their clients included (all run
+on the same cores). A side spending more than the budget cannot reach the goal's rate here.
 `--stages` prints, per case, the upload service's own timings from its JSON log
 (rpc_completed per method, merge job pick-up lag, merge, lock, commit, GetUpload calls
 per file); `--py-spy DIR` records the upload service under py-spy during each case.
@@ -683,6 +687,7 @@ def print_table(cases: list[Case], path_mode: str) -> None:
         " line: the SDK's for Serentak and the floor, obstore's for the PUT)."
     )
     print_floor(cases)
+    print_budget(cases)
 
 
 def print_floor(cases: list[Case]) -> None:
@@ -707,6 +712,42 @@ def print_floor(cases: list[Case]) -> None:
             f"{f.rate:>8.1f} {f.pct(50):>6.1f} {f.pct(99):>6.1f} | "
             f"{f.rate / p.rate:>13.3f} {f.pct(50) / p.pct(50):>13.1f} | "
             f"{s.rate / f.rate:>18.3f} | {cpu_per_file(f):>11.1f}"
+        )
+
+
+def machine_ms(run: Run) -> float:
+    """All of `run`'s CPU milliseconds per file on this machine: its servers' and its
+    client side's (this process)."""
+    return cpu_per_file(run) + (run.client_cpu * 1000 / run.files if run.files else 0.0)
+
+
+def print_budget(cases: list[Case]) -> None:
+    """For the throughput goal's case: the CPU a file the machine can give when files are
+    done at the goal's rate (its cores, all busy, over 0.5x the PUT's files/s), against
+    what each side spends a file, clients included. A side that spends more cannot reach
+    the goal's rate on this machine, whatever its latency."""
+    cores = os.cpu_count() or 1
+    rows = [c for c in cases if (c.size, c.concurrency) == GOAL_CASE_THROUGHPUT]
+    if not rows:
+        return
+    print(
+        f"\nthe machine's budget at the goal ({cores} cores all busy / ({GOAL_RATIO}x the "
+        "PUT's files/s)) vs the CPU a file each side spends, servers + client"
+    )
+    head = (
+        f"{'db':<10} {'size':>4} {'at once':>7} | {'budget ms':>9} | {'PUT':>5} {'floor':>5} "
+        f"{'Serentak':>8} | {'Serentak fits':>13} {'floor fits':>10}"
+    )
+    print(head)
+    print("-" * len(head))
+    for case in rows:
+        runs = case.runs
+        budget = cores * 1000 / (GOAL_RATIO * runs[PUT].rate)
+        s, f = machine_ms(runs[SERENTAK]), machine_ms(runs[FLOOR])
+        print(
+            f"{case.database:<10} {case.size:>4} {case.concurrency:>7} | {budget:>9.2f} | "
+            f"{machine_ms(runs[PUT]):>5.2f} {f:>5.2f} {s:>8.2f} | "
+            f"{_yes(s <= budget):>13} {_yes(f <= budget):>10}"
         )
 
 
