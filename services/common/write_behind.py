@@ -3,7 +3,8 @@
 A group commit's units each write what nothing in the transaction reads back: the outbox
 event, the change log's rows, the audit row, the bump of a folder's listing version, and
 the rows a small file's commit inserts (its file, its upload), which only another unit's
-check could read. The name check looks at the file rows still to be written (`pending`);
+check could read. The name check and the quota check look at the file rows still to be
+written (`pending`);
 a request id stored twice is refused by its unique index when the group writes them, and
 the group committer then runs the units again, each in a savepoint, where the later one
 finds the earlier one's row. Written as they come, a group of sixteen small files runs

@@ -102,6 +102,18 @@ def pending_file_named(
     return None
 
 
+def pending_file_bytes(session: AsyncSession, tenant_id: str) -> int:
+    """The bytes of the new files of `tenant_id` this transaction has added and not written
+    yet (a group commit's, written behind): the tenant's stored bytes (its usage row, kept
+    by triggers on the files table) count them only once they are written, so the quota
+    check of the group's next unit adds them itself."""
+    return sum(
+        int(row["size"] or 0)
+        for row in write_behind.pending(session, _FILE_ROWS)
+        if row["tenant_id"] == tenant_id
+    )
+
+
 async def touch_folder(session: AsyncSession, folder_id: str | None) -> None:
     """Bump a folder's children_version: its cached listings are now outdated. In a group
     commit the bump is written behind (`write_behind`): once per folder for the group."""

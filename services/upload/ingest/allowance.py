@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from services.common.auth import Identity
 from services.common.session_sql import SessionStatement
 from services.upload.errors import QuotaExceeded, TooManyUploads, UploadTooLarge
+from services.upload.files.versions import pending_file_bytes
 from services.upload.models import MERGING, UPLOADING, TenantUsageRow, UploadRow
 from services.upload.settings import UploadSettings
 
@@ -76,7 +77,8 @@ async def check_allowance(
         raise TooManyUploads(
             f"at most {cap} open uploads per user; finish or abort one first", limit=cap
         )
-    used = int(open_bytes or 0) + int(stored or 0)
+    # A group commit's earlier units' new files are not in the stored figure yet.
+    used = int(open_bytes or 0) + int(stored or 0) + pending_file_bytes(session, identity.tenant_id)
     quota = settings.tenant_quota_bytes
     if used + total_size > quota:
         raise QuotaExceeded(

@@ -14,7 +14,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from serentak.upload.v1 import upload_pb2
-from upload.upload_helpers import create_request, expect_error, upload_completed
+from upload.upload_helpers import create_request, error_info, expect_error, upload_completed
 
 CHUNK = 1024
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -134,3 +134,30 @@ async def test_rate_limit_per_caller_with_retry_info(cluster) -> None:
     await expect_error(
         carol.uploads.ListUploads(request), grpc.StatusCode.UNAUTHENTICATED, "MISSING_CREDENTIALS"
     )
+
+
+def _small_file(client, size: int, name: str):
+    request = upload_pb2.UploadFileRequest(
+        data=os.urandom(size), new_file=upload_pb2.NewFileTarget(name=name)
+    )
+    return client.uploads.UploadFile(request, metadata=client.metadata)
+
+
+async def test_concurrent_small_files_never_exceed_the_quota(cluster) -> None:
+    # Nine small files of 3 KiB race for 10 KiB: the ones committed together in one group
+    # commit must count each other's bytes, which are written only at the group's end.
+    users = {u: cluster[u] for u in ("alice", "bob", "carol")}
+    racers = [(u, f"small-{i}") for u in users for i in range(3)]
+    results = await asyncio.gather(
+        *(_small_file(users[u], 3 * CHUNK, name) for u, name in racers), return_exceptions=True
+    )
+    won = [r for r in results if isinstance(r, upload_pb2.UploadFileResponse)]
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(won) + len(refused) == 9, results
+    assert len(won) == 3, f"{len(won)} small files of 3 KiB stored in a 10 KiB quota"
+    assert {(exc.code(), error_info(exc).reason) for exc in refused} == {(RE, "QUOTA_EXCEEDED")}
+    # What was stored is what the quota now counts.
+    info = await expect_error(
+        _small_file(users["alice"], 2 * CHUNK, "one more"), RE, "QUOTA_EXCEEDED"
+    )
+    assert info.metadata["used"] == str(9 * CHUNK)
