@@ -15,7 +15,7 @@ first (the item is no longer due and stays) or finds the item gone (NOT_FOUND):
   folder's listing version moves;
 - one audit row, `file.purged`, names the item and what went with it.
 
-The tenant's quota counts file rows (`Uploads._check_allowance`, `quota_use`), so it is
+The tenant's quota counts file rows (`ingest/allowance.py`, `quota_use`), so it is
 released at commit. The bytes of every version of a purged file then belong to a completed
 upload whose file row is gone: the next `upload.reclaim` deletes them (step 4, retired
 files) and then the upload and chunk rows (`lifecycle/retired_rows.py`).
