@@ -4,6 +4,7 @@ behind when anything fails. The S3 store runs against a real S3-compatible serve
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -161,6 +162,42 @@ async def test_delete_prefix_removes_one_uploads_chunks(store: BlobStore) -> Non
     await store.delete(chunk_key("u-keep", 0))
     await store.delete(chunk_key("u-keep", 0))
     assert not await store.exists(chunk_key("u-keep", 0))
+
+
+async def test_concurrent_deletes_of_one_prefix_both_finish_and_leave_nothing(
+    store: BlobStore,
+) -> None:
+    # Two sweeps (two replicas', or the service's and the admin tool's) removing the same
+    # upload's chunks at once: neither fails on what the other removed first. Many small
+    # uploads, each swept twice at once, so that one sweep's removal lands inside the
+    # other's walk.
+    uploads = [f"u-race-{n}" for n in range(150)]
+    await asyncio.gather(*(store.put(chunk_key(u, i), b"x") for u in uploads for i in range(2)))
+    counts = await asyncio.gather(
+        *(store.delete_prefix(f"uploads/{u}") for u in uploads for _ in range(2))
+    )
+    for u in uploads:
+        assert [o async for o in store.list_objects(f"uploads/{u}")] == []
+    assert sum(counts) >= 2 * len(uploads), counts
+
+
+async def test_a_listing_during_deletes_lists_what_is_left_and_does_not_fail(
+    store: BlobStore,
+) -> None:
+    # The reclaim sweep lists a tree while another job deletes uploads' folders in it.
+    uploads = [f"u-list-{n}" for n in range(150)]
+    keys = {chunk_key(u, i) for u in uploads for i in range(2)}
+    await asyncio.gather(*(store.put(key, b"x") for key in keys))
+
+    async def listing() -> set[str]:
+        return {o.key async for o in store.list_objects("uploads")}
+
+    results = await asyncio.gather(
+        *(listing() for _ in range(4)), *(store.delete_prefix(f"uploads/{u}") for u in uploads)
+    )
+    for listed in results[:4]:
+        assert isinstance(listed, set) and listed <= keys
+    assert await listing() == set()
 
 
 async def test_merge_spanning_several_parts_is_verified(store: BlobStore) -> None:

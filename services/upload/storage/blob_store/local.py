@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
@@ -237,16 +238,26 @@ class LocalBlobStore:
         return await asyncio.to_thread(self._delete_prefix_sync, prefix)
 
     def _delete_prefix_sync(self, prefix: str) -> int:
+        """Remove the folder's files and then its folders, deepest first, counting the files
+        this call removed. Another sweep (a replica's, the admin tool's) may be removing the
+        same folder meanwhile: what it removed first is neither counted nor an error (a walk
+        of a folder that is gone yields nothing; errors stay ignored, as rmtree's were)."""
         folder = self.path(prefix)
-        if not folder.is_dir():
-            return 0
-        count = sum(1 for p in folder.rglob("*") if p.is_file())
-        shutil.rmtree(folder, ignore_errors=True)
+        removed = 0
+        for parent, _, files in os.walk(folder, topdown=False):
+            for name in files:
+                try:
+                    os.unlink(os.path.join(parent, name))
+                except OSError:
+                    continue
+                removed += 1
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)
         # Forgotten once gone (not before: a write meanwhile would mark it again), so a
         # folder made again later is fsynced in its parent again (one level: the keys'
         # folders hold files only).
         self._durable.pop(str(folder), None)
-        return count
+        return removed
 
     async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
         """Every file under `prefix/` (walked on a thread), temp files marked temporary."""
@@ -254,28 +265,29 @@ class LocalBlobStore:
             yield item
 
     def _list_sync(self, prefix: str) -> list[StoredObject]:
-        folder = self.path(prefix)
         found: list[StoredObject] = []
-        if not folder.is_dir():
-            return found
-        for p in folder.rglob("*"):
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue  # deleted while we walked
-            if not p.is_file():
-                continue
-            temporary = p.name.startswith(".") and (
-                p.name.endswith(".tmp") or p.name.endswith(MERGE_TMP_SUFFIX)
-            )
-            found.append(
-                StoredObject(
-                    p.relative_to(self.root).as_posix(),
-                    st.st_size,
-                    datetime.fromtimestamp(st.st_mtime, UTC),
-                    temporary,
+        # A folder or file deleted while we walk (another job's sweep) is skipped: os.walk
+        # ignores a folder it can no longer read, and a file gone before its stat is passed.
+        for parent, _, files in os.walk(self.path(prefix)):
+            for name in files:
+                path = os.path.join(parent, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                temporary = name.startswith(".") and (
+                    name.endswith(".tmp") or name.endswith(MERGE_TMP_SUFFIX)
                 )
-            )
+                found.append(
+                    StoredObject(
+                        Path(os.path.relpath(path, self.root)).as_posix(),
+                        st.st_size,
+                        datetime.fromtimestamp(st.st_mtime, UTC),
+                        temporary,
+                    )
+                )
         return found
 
     def _remove_predecessors_sync(self, output: Path) -> int:
