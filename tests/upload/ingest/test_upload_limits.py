@@ -161,3 +161,22 @@ async def test_concurrent_small_files_never_exceed_the_quota(cluster) -> None:
         _small_file(users["alice"], 2 * CHUNK, "one more"), RE, "QUOTA_EXCEEDED"
     )
     assert info.metadata["used"] == str(9 * CHUNK)
+
+
+async def test_concurrent_new_versions_never_exceed_the_quota(cluster) -> None:
+    # Nine 1-byte files, then a 3 KiB version of each at once: a new version's size counts
+    # as soon as its row is updated, so the versions committed together see each other.
+    alice = cluster["alice"]
+    files = [(await _small_file(alice, 1, f"v-{n}")).file.file_id for n in range(9)]
+
+    def version(file_id: str):
+        request = upload_pb2.UploadFileRequest(data=os.urandom(3 * CHUNK), file_id=file_id)
+        return alice.uploads.UploadFile(request, metadata=alice.metadata)
+
+    results = await asyncio.gather(*(version(f) for f in files), return_exceptions=True)
+    won = [r for r in results if isinstance(r, upload_pb2.UploadFileResponse)]
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(won) + len(refused) == 9, results
+    # 9 bytes stored; each version needs 3 KiB of room and then stores 3 KiB - 1 more.
+    assert len(won) == 3, f"{len(won)} versions of 3 KiB stored in a 10 KiB quota"
+    assert {(exc.code(), error_info(exc).reason) for exc in refused} == {(RE, "QUOTA_EXCEEDED")}
