@@ -136,11 +136,24 @@ async def test_rate_limit_per_caller_with_retry_info(cluster) -> None:
     )
 
 
-def _small_file(client, size: int, name: str):
-    request = upload_pb2.UploadFileRequest(
-        data=os.urandom(size), new_file=upload_pb2.NewFileTarget(name=name)
-    )
+def _small_file(client, size: int, *, name: str = "", file_id: str = ""):
+    """One UploadFile of `size` random bytes: a new file `name`, or a version of `file_id`."""
+    request = upload_pb2.UploadFileRequest(data=os.urandom(size))
+    if file_id:
+        request.file_id = file_id
+    else:
+        request.new_file.name = name
     return client.uploads.UploadFile(request, metadata=client.metadata)
+
+
+def _three_stored_six_refused(results: list[Any], what: str) -> None:
+    """Of nine racing 3 KiB uploads into a 10 KiB quota, exactly three were stored and the
+    other six refused QUOTA_EXCEEDED."""
+    won = [r for r in results if isinstance(r, upload_pb2.UploadFileResponse)]
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(won) + len(refused) == 9, results
+    assert len(won) == 3, f"{len(won)} {what} of 3 KiB stored in a 10 KiB quota"
+    assert {(exc.code(), error_info(exc).reason) for exc in refused} == {(RE, "QUOTA_EXCEEDED")}
 
 
 async def test_concurrent_small_files_never_exceed_the_quota(cluster) -> None:
@@ -149,16 +162,13 @@ async def test_concurrent_small_files_never_exceed_the_quota(cluster) -> None:
     users = {u: cluster[u] for u in ("alice", "bob", "carol")}
     racers = [(u, f"small-{i}") for u in users for i in range(3)]
     results = await asyncio.gather(
-        *(_small_file(users[u], 3 * CHUNK, name) for u, name in racers), return_exceptions=True
+        *(_small_file(users[u], 3 * CHUNK, name=name) for u, name in racers),
+        return_exceptions=True,
     )
-    won = [r for r in results if isinstance(r, upload_pb2.UploadFileResponse)]
-    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
-    assert len(won) + len(refused) == 9, results
-    assert len(won) == 3, f"{len(won)} small files of 3 KiB stored in a 10 KiB quota"
-    assert {(exc.code(), error_info(exc).reason) for exc in refused} == {(RE, "QUOTA_EXCEEDED")}
+    _three_stored_six_refused(results, "small files")
     # What was stored is what the quota now counts.
     info = await expect_error(
-        _small_file(users["alice"], 2 * CHUNK, "one more"), RE, "QUOTA_EXCEEDED"
+        _small_file(users["alice"], 2 * CHUNK, name="one more"), RE, "QUOTA_EXCEEDED"
     )
     assert info.metadata["used"] == str(9 * CHUNK)
 
@@ -167,16 +177,9 @@ async def test_concurrent_new_versions_never_exceed_the_quota(cluster) -> None:
     # Nine 1-byte files, then a 3 KiB version of each at once: a new version's size counts
     # as soon as its row is updated, so the versions committed together see each other.
     alice = cluster["alice"]
-    files = [(await _small_file(alice, 1, f"v-{n}")).file.file_id for n in range(9)]
-
-    def version(file_id: str):
-        request = upload_pb2.UploadFileRequest(data=os.urandom(3 * CHUNK), file_id=file_id)
-        return alice.uploads.UploadFile(request, metadata=alice.metadata)
-
-    results = await asyncio.gather(*(version(f) for f in files), return_exceptions=True)
-    won = [r for r in results if isinstance(r, upload_pb2.UploadFileResponse)]
-    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
-    assert len(won) + len(refused) == 9, results
+    files = [(await _small_file(alice, 1, name=f"v-{n}")).file.file_id for n in range(9)]
+    results = await asyncio.gather(
+        *(_small_file(alice, 3 * CHUNK, file_id=f) for f in files), return_exceptions=True
+    )
     # 9 bytes stored; each version needs 3 KiB of room and then stores 3 KiB - 1 more.
-    assert len(won) == 3, f"{len(won)} versions of 3 KiB stored in a 10 KiB quota"
-    assert {(exc.code(), error_info(exc).reason) for exc in refused} == {(RE, "QUOTA_EXCEEDED")}
+    _three_stored_six_refused(results, "versions")
