@@ -37,9 +37,14 @@ fewer than 100 files p99 is the slowest) of Serentak and both peers, and the rat
 (files/s Serentak/peer; p50 Serentak/peer). Verdicts against the issue's goals: at 64 KiB
 x16, files/s >= 0.5x the peer's and p50 <= 3x the peer's; one 64 KiB file alone, p50 <=
 10 ms. A case starts no new file after its time budget, so counts are bounded in both.
+Two Python servers run the same cases with the SDK's client code, as bounds: the floor
+(`small_files_floor.py`: a bare grpc.aio server that checks, writes, fsyncs and group-commits
+four rows a file, nothing of Serentak's) and the lean floor (`small_files_lean.py`: Serentak's
+reads and writes for a new file, its checks, log line and metrics, written as one pass a
+group in plain SQL: what a lean rewrite of the small-file path would reach here).
 The last table is the machine's budget at the throughput goal: the CPU a file this
 machine can give when files are done at 0.5x the PUT's rate with every core busy, beside
-what the PUT, the floor and Serentak each spend a file, their clients included (all run
+what the PUT, the floors and Serentak each spend a file, their clients included (all run
 on the same cores). A side spending more than the budget cannot reach the goal's rate here.
 `--stages` prints, per case, the upload service's own timings from its JSON log
 (rpc_completed per method, merge job pick-up lag, merge, lock, commit, GetUpload calls
@@ -99,6 +104,8 @@ GOAL_CASE_THROUGHPUT = ("64k", 16)  # files/s >= 0.5x the peer's, p50 <= 3x the 
 GOAL_CASE_ALONE = ("64k", 1)  # p50 <= 10 ms
 GOAL_RATIO, GOAL_P50_RATIO, GOAL_ALONE_MS = 0.5, 3.0, 10.0
 SERENTAK, PUT, PUT_FSYNC, FLOOR = "Serentak", "PUT", "PUT+fsync", "floor"
+LEAN = "lean floor"
+LEAN_SCRIPT = str(Path(__file__).with_name("small_files_lean.py"))
 # The fsync family: what makes a write durable (sync_file_range alone does not).
 SYNC_CALLS = "fsync,fdatasync,sync_file_range,syncfs,sync"
 
@@ -417,6 +424,7 @@ class Stack:
     peer: object
     names: dict[int, str]
     floor: Floor
+    lean: Floor
 
     def serentak_pids(self) -> dict[str, int]:
         """The processes that serve a Serentak upload, by name."""
@@ -473,16 +481,21 @@ async def start_stack(stack: ExitStack, tmp: Path, postgres: str | None, log_lev
         "SERENTAK_RATE_LIMIT_WRITES_PER_TENANT": "0",
     }
     database = "SQLite"
-    floor_database = None
+    floor_database = lean_database = None
     if postgres:
         env["SERENTAK_UPLOAD_DATABASE_URL"] = postgres_database(stack, postgres, "upload")
         env["SERENTAK_NOTIFY_DATABASE_URL"] = postgres_database(stack, postgres, "notify")
         floor_url = make_url(postgres_database(stack, postgres, "floor"))
         floor_database = floor_url.set(drivername="postgresql").render_as_string(False)
+        lean_url = make_url(postgres_database(stack, postgres, "lean"))
+        lean_database = lean_url.set(drivername="postgresql").render_as_string(False)
         database = "PostgreSQL"
     (tmp / "floor").mkdir()
     floor = Floor(tmp / "floor", floor_database)
     stack.callback(floor.stop)
+    (tmp / "lean").mkdir()
+    lean = Floor(tmp / "lean", lean_database, LEAN_SCRIPT)
+    stack.callback(lean.stop)
     for name in ("locks", "notify", "upload"):
         (tmp / name).mkdir()
     locks = stack.enter_context(service_process("locks", tmp / "locks", env))
@@ -520,6 +533,7 @@ async def start_stack(stack: ExitStack, tmp: Path, postgres: str | None, log_lev
         peer,
         names,
         floor,
+        lean,
     )
 
 
@@ -602,6 +616,10 @@ async def measure(
                 {"floor": stack.floor.process.pid},
                 run_case(files, concurrency, args.budget, stack.floor.upload(tag)),
             )
+            runs[LEAN] = await timed_cpu(
+                {"lean floor": stack.lean.process.pid},
+                run_case(files, concurrency, args.budget, stack.lean.upload(tag)),
+            )
             case = Case(stack.database, size, concurrency, runs)
             if args.stages:
                 case.stages = stage_summary(upload_log.new_lines(), locks_log.new_lines())
@@ -610,7 +628,7 @@ async def measure(
             cpu = ", ".join(f"{k} {v * 1000 / s.files:.1f}" for k, v in s.cpu.items())
             clients = ", ".join(
                 f"{side} {r.client_cpu * 1000 / r.files:.1f}"
-                for side, r in ((SERENTAK, s), (FLOOR, runs[FLOOR]), (PUT, p))
+                for side, r in ((SERENTAK, s), (FLOOR, runs[FLOOR]), (LEAN, runs[LEAN]), (PUT, p))
                 if r.files
             )
             print(
@@ -691,27 +709,33 @@ def print_table(cases: list[Case], path_mode: str) -> None:
 
 
 def print_floor(cases: list[Case]) -> None:
-    """The floor's row per case: what a bare durable Python gRPC server reaches in the same
+    """The floors' rows per case: what a bare durable Python gRPC server (and a lean one doing
+    Serentak's work) reaches in the same
     run, against the PUT (the most any Python service could show) and Serentak."""
     print(
         "\nthe floor (small_files_floor.py): a bare grpc.aio server that checks, writes and "
-        "fsyncs each file and commits four rows for it (group commit); same files, same "
-        "concurrency, same run"
+        "fsyncs each file and commits four rows for it (group commit); || the lean floor "
+        "(small_files_lean.py): Serentak's checks and rows for a new file in one pass a group;"
+        " same files, same concurrency, same run"
     )
     head = (
         f"{'db':<10} {'size':>4} {'at once':>7} | {'floor/s':>8} {'p50':>6} {'p99':>6} | "
         f"{'floor/PUT f/s':>13} {'floor/PUT p50':>13} | {'Serentak/floor f/s':>18} | "
-        f"{'CPU ms/file':>11}"
+        f"{'CPU ms/file':>11} || {'lean/s':>7} {'p50':>6} | {'lean/PUT f/s':>12} "
+        f"{'lean/PUT p50':>12} | {'CPU ms/file':>11}"
     )
     print(head)
     print("-" * len(head))
     for case in cases:
         s, p, f = case.runs[SERENTAK], case.runs[PUT], case.runs[FLOOR]
+        lean = case.runs[LEAN]
         print(
             f"{case.database:<10} {case.size:>4} {case.concurrency:>7} | "
             f"{f.rate:>8.1f} {f.pct(50):>6.1f} {f.pct(99):>6.1f} | "
             f"{f.rate / p.rate:>13.3f} {f.pct(50) / p.pct(50):>13.1f} | "
-            f"{s.rate / f.rate:>18.3f} | {cpu_per_file(f):>11.1f}"
+            f"{s.rate / f.rate:>18.3f} | {cpu_per_file(f):>11.1f} || "
+            f"{lean.rate:>7.1f} {lean.pct(50):>6.1f} | {lean.rate / p.rate:>12.3f} "
+            f"{lean.pct(50) / p.pct(50):>12.1f} | {cpu_per_file(lean):>11.1f}"
         )
 
 
@@ -736,18 +760,19 @@ def print_budget(cases: list[Case]) -> None:
     )
     head = (
         f"{'db':<10} {'size':>4} {'at once':>7} | {'budget ms':>9} | {'PUT':>5} {'floor':>5} "
-        f"{'Serentak':>8} | {'Serentak fits':>13} {'floor fits':>10}"
+        f"{'lean':>5} {'Serentak':>8} | {'Serentak fits':>13} {'floor fits':>10} "
+        f"{'lean fits':>9}"
     )
     print(head)
     print("-" * len(head))
     for case in rows:
         runs = case.runs
         budget = cores * 1000 / (GOAL_RATIO * runs[PUT].rate)
-        s, f = machine_ms(runs[SERENTAK]), machine_ms(runs[FLOOR])
+        s, f, lean = machine_ms(runs[SERENTAK]), machine_ms(runs[FLOOR]), machine_ms(runs[LEAN])
         print(
             f"{case.database:<10} {case.size:>4} {case.concurrency:>7} | {budget:>9.2f} | "
-            f"{machine_ms(runs[PUT]):>5.2f} {f:>5.2f} {s:>8.2f} | "
-            f"{_yes(s <= budget):>13} {_yes(f <= budget):>10}"
+            f"{machine_ms(runs[PUT]):>5.2f} {f:>5.2f} {lean:>5.2f} {s:>8.2f} | "
+            f"{_yes(s <= budget):>13} {_yes(f <= budget):>10} {_yes(lean <= budget):>9}"
         )
 
 
@@ -785,6 +810,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
             finally:
                 await running.client.close()
                 await running.floor.channel.close()
+                await running.lean.channel.close()
     print_table(cases, args.path)
     if probe:
         print(
