@@ -4,7 +4,7 @@
     .venv/bin/python tests/benchmarks/bench_small_files.py [--quick] [--path auto|chunks]
         [--postgres DSN] [--sqlite-only | --postgres-only] [--sizes 4k,64k,1m]
         [--concurrency 1,16,64] [--stages]
-        [--py-spy DIR]
+        [--py-spy DIR] [--lean-plumbing none|sessions|rpc]
 
 The stack as `make run` starts it, each service its own process: a private etcd, then
 `python -m services.locks`, `services.notify` and `services.upload` (SQLite, local blobs,
@@ -46,9 +46,12 @@ The last table is the machine's budget at the throughput goal: the CPU a file th
 machine can give when files are done at 0.5x the PUT's rate with every core busy, beside
 what the PUT, the floors and Serentak each spend a file, their clients included (all run
 on the same cores). A side spending more than the budget cannot reach the goal's rate here.
-`--stages` prints, per case, the upload service's own timings from its JSON log
-(rpc_completed per method, merge job pick-up lag, merge, lock, commit, GetUpload calls
-per file); `--py-spy DIR` records the upload service under py-spy during each case.
+`--lean-plumbing sessions|rpc` runs the lean floor's work on Serentak's own plumbing
+instead (`small_files_lean_infra.py`, SQLite only): what the plumbing costs, and so what is
+left to the small-file path's own code. `--stages` prints, per case, the upload service's
+own timings from its JSON log (rpc_completed per method, merge job pick-up lag, merge,
+lock, commit, GetUpload calls per file); `--py-spy DIR` records the upload service under
+py-spy during each case.
 """
 
 from __future__ import annotations
@@ -105,7 +108,12 @@ GOAL_CASE_ALONE = ("64k", 1)  # p50 <= 10 ms
 GOAL_RATIO, GOAL_P50_RATIO, GOAL_ALONE_MS = 0.5, 3.0, 10.0
 SERENTAK, PUT, PUT_FSYNC, FLOOR = "Serentak", "PUT", "PUT+fsync", "floor"
 LEAN = "lean floor"
-LEAN_SCRIPT = str(Path(__file__).with_name("small_files_lean.py"))
+# The lean floor, and the same work on Serentak's plumbing (`--lean-plumbing`).
+LEAN_SCRIPTS = {
+    "none": ("small_files_lean.py",),
+    "sessions": ("small_files_lean_infra.py",),
+    "rpc": ("small_files_lean_infra.py", "--rpc"),
+}
 # The fsync family: what makes a write durable (sync_file_range alone does not).
 SYNC_CALLS = "fsync,fdatasync,sync_file_range,syncfs,sync"
 
@@ -462,7 +470,9 @@ def postgres_database(stack: ExitStack, admin_dsn: str, what: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
-async def start_stack(stack: ExitStack, tmp: Path, postgres: str | None, log_level: str) -> Stack:
+async def start_stack(
+    stack: ExitStack, tmp: Path, postgres: str | None, log_level: str, lean_plumbing: str = "none"
+) -> Stack:
     """etcd, locks, notify and upload as `make run` starts them (PostgreSQL databases for
     upload and notify with `postgres`), s3s-fs, one SDK client and the peer's store."""
     etcd = EtcdServer(tmp / "etcd")
@@ -494,7 +504,8 @@ async def start_stack(stack: ExitStack, tmp: Path, postgres: str | None, log_lev
     floor = Floor(tmp / "floor", floor_database)
     stack.callback(floor.stop)
     (tmp / "lean").mkdir()
-    lean = Floor(tmp / "lean", lean_database, LEAN_SCRIPT)
+    script, *options = LEAN_SCRIPTS[lean_plumbing]
+    lean = Floor(tmp / "lean", lean_database, str(Path(__file__).with_name(script)), *options)
     stack.callback(lean.stop)
     for name in ("locks", "notify", "upload"):
         (tmp / name).mkdir()
@@ -795,7 +806,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> None:
         folder = tmp / f"stack{n}"
         folder.mkdir()
         with ExitStack() as stack:
-            running = await start_stack(stack, folder, dsn, args.log_level)
+            running = await start_stack(stack, folder, dsn, args.log_level, args.lean_plumbing)
             try:
                 warm = [s for size in args.sizes for s in sources[size][-WARMUP_FILES:]]
                 await run_case(warm, 1, 60.0, serentak_upload(running.client, args.path, "warm"))
@@ -853,9 +864,18 @@ def main() -> None:
     parser.add_argument(
         "--log-level", default="INFO", help="the services' log level (INFO as `make run`)"
     )
+    parser.add_argument(
+        "--lean-plumbing",
+        choices=tuple(LEAN_SCRIPTS),
+        default="none",
+        help="the lean floor's work on Serentak's group commit and sessions (sessions), and "
+        "its RPC wrapper and logs (rpc): small_files_lean_infra.py; SQLite only",
+    )
     args = parser.parse_args()
     if args.sqlite_only:
         args.postgres = None
+    if args.lean_plumbing != "none" and (args.postgres or args.postgres_only):
+        parser.error("--lean-plumbing runs on SQLite only: add --sqlite-only")
     if args.postgres_only and not args.postgres:
         parser.error("--postgres-only needs --postgres DSN or SERENTAK_TEST_PG_DSN")
     default_sizes = "64k" if args.quick else "4k,64k,1m"

@@ -204,14 +204,16 @@ if __name__ == "__main__":
 
 
 class Floor:
-    """A running floor server (this script's, or `script`'s: the lean floor) and a channel
-    to it."""
+    """A running floor server (this script's, or `script`'s with `options`: the lean
+    floor) and a channel to it."""
 
-    def __init__(self, folder: Path, postgres: str | None, script: str = __file__) -> None:
+    def __init__(
+        self, folder: Path, postgres: str | None, script: str = __file__, *options: str
+    ) -> None:
         from support.ports import free_port
 
         self.port = free_port()
-        argv = [sys.executable, script, str(self.port), str(folder)]
+        argv = [sys.executable, script, str(self.port), str(folder), *options]
         argv += ["--postgres", postgres] if postgres else []
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None

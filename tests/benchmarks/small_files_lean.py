@@ -123,10 +123,6 @@ FILES = Counter("lean_files", "files committed")
 SECONDS = Histogram("lean_upload_seconds", "UploadFile's time")
 
 
-class Refused(Exception):
-    """A file its checks refuse (the name taken, the folder gone, the quota reached)."""
-
-
 @dataclass
 class NewFile:
     """One UploadFile's new file, as the group commit writes it; `answer` is filled in."""
