@@ -23,6 +23,29 @@ from sqlalchemy.orm.util import identity_key
 
 R = TypeVar("R")
 
+# Per mapped class: the keys its constructor takes (its columns' attributes).
+_KEYS: dict[type, frozenset[str]] = {}
+
+
+def new_object(entity: type[R], values: Mapping[str, Any]) -> R:
+    """A new (transient) `entity` object holding `values`, as `entity(**values)` makes it.
+
+    Made as SQLAlchemy makes a loaded object (the values put in its state's dict), not by
+    the declarative constructor, which sets each attribute through its instrumentation
+    (~3 us an attribute: 70 us for an upload's row, on the small-file path twice a file).
+    Nothing differs after: an INSERT or `inserted` takes every value from that dict, and a
+    later attribute set records its history from it as usual. An unknown key is refused
+    (TypeError) as the constructor refuses it."""
+    keys = _KEYS.get(entity)
+    if keys is None:
+        keys = _KEYS[entity] = frozenset(a.key for a in inspect(entity).column_attrs)
+    if not keys.issuperset(values):
+        unknown = sorted(set(values) - keys)
+        raise TypeError(f"{unknown!r} are invalid keyword arguments for {entity.__name__}")
+    obj: R = entity._sa_class_manager.new_instance()  # type: ignore[attr-defined]
+    obj.__dict__.update(values)
+    return obj
+
 
 def loaded(session: AsyncSession, entity: type[R], row: Sequence[Any]) -> R:
     """The session's object for `row` (all of `entity`'s columns, in table order): the one
@@ -38,7 +61,7 @@ def loaded(session: AsyncSession, entity: type[R], row: Sequence[Any]) -> R:
             if column.key in expired:
                 set_committed_value(held, column.key, value)
         return held  # type: ignore[no-any-return]
-    obj = entity(**{c.key: v for c, v in zip(columns, row, strict=True)})
+    obj = new_object(entity, {c.key: v for c, v in zip(columns, row, strict=True)})
     make_transient_to_detached(obj)
     sync.add(obj)
     return obj

@@ -6,12 +6,19 @@ with its values (not a detached object that cannot be read)."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import Integer, String, bindparam, event, insert, select, update
+from sqlalchemy import Integer, String, bindparam, event, insert, inspect, select, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from support.tables import engine_with
 
 from services.common.db import session_factory
-from services.common.session_rows import insert_values, inserted, loaded, refreshed, updated
+from services.common.session_rows import (
+    insert_values,
+    inserted,
+    loaded,
+    new_object,
+    refreshed,
+    updated,
+)
 from services.common.session_sql import SessionStatement
 
 
@@ -119,3 +126,23 @@ async def test_an_update_shows_on_the_object_the_session_holds(sessions) -> None
         statements.clear()
         await session.flush()
         assert statements == []
+
+
+async def test_an_object_made_by_new_object_is_as_the_constructor_makes_it(sessions) -> None:
+    factory, _ = sessions
+    made = new_object(Item, {"id": "made", "name": "m"})
+    built = Item(id="made", name="m")
+    assert inspect(made).transient
+    assert {k: getattr(made, k) for k in ("id", "name", "size")} == {
+        k: getattr(built, k) for k in ("id", "name", "size")
+    }
+    assert insert_values(made) == insert_values(built)
+    made.name = "renamed"  # a later set records its history as usual
+    assert inspect(made).attrs.name.history.added == ["renamed"]
+    # Added to a session and flushed by the ORM, or inserted by a statement: the same row.
+    async with factory.begin() as session:
+        session.add(made)
+    async with factory() as session:
+        assert (await session.get(Item, "made")).name == "renamed"
+    with pytest.raises(TypeError, match="colour"):
+        new_object(Item, {"id": "x", "name": "x", "colour": "red"})

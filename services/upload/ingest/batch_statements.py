@@ -19,6 +19,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.common.driver_sql import DriverStatement
+from services.common.session_rows import new_object
 from services.upload.models import MERGING, UPLOADING, ChunkRow, UploadRow
 
 _CHUNKS: Table = ChunkRow.__table__  # type: ignore[assignment]
@@ -83,7 +84,7 @@ class BatchStatements:
         returned = await self._count.run(driver, values)
         if not returned:
             return None
-        return UploadRow(**dict(zip(self._columns, returned[0], strict=True)))
+        return new_object(UploadRow, dict(zip(self._columns, returned[0], strict=True)))
 
     def _insert(self, count: int) -> DriverStatement:
         compiled = self._inserts.get(count)

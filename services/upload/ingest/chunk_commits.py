@@ -44,6 +44,7 @@ from services.common import tracing
 from services.common.correlation import bound_correlation_id, current_correlation_id
 from services.common.jobs import ClaimedJob
 from services.common.logging import get_logger
+from services.common.session_rows import new_object
 from services.upload import metrics
 from services.upload.errors import UploadNotActive
 from services.upload.ingest.batch_statements import BatchStatements
@@ -426,7 +427,7 @@ def _as_of(row: UploadRow, received: int, status: str) -> UploadRow:
     batch); never added to a session."""
     values: dict[str, Any] = {key: getattr(row, key) for key in _UPLOAD_COLUMNS}
     values.update(received_chunk_count=received, status=status)
-    return UploadRow(**values)
+    return new_object(UploadRow, values)
 
 
 async def _hand_back(session: AsyncSession | None, connection: AsyncConnection | None) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
 from services.common.errors import InvalidArgument
+from services.common.session_rows import new_object
 from services.upload import checksums
 from services.upload.errors import FileDeleted, WrongKind
 from services.upload.files.permissions import writable, writable_folder
@@ -99,32 +100,36 @@ def new_row(
 ) -> UploadRow:
     """A new `uploading` upload's row (not stored)."""
     now = utcnow()
-    return UploadRow(
-        id=new_id(),
-        tenant_id=identity.tenant_id,
-        owner_user_id=identity.user_id,
-        request_key=request_key,
-        client_request_id=request.client_request_id,
-        file_id=target.file_id,
-        is_new_file=target.is_new,
-        folder_id=target.folder_id,
-        name=target.name,
-        status=UPLOADING,
-        total_chunks=request.total_chunks,
-        total_size=request.total_size,
-        chunk_size=request.chunk_size,
-        checksum_algorithm=algorithm,
-        expected_checksum=expected,
-        received_chunk_count=0,
-        created_at=now,
-        updated_at=now,
-        expires_at=now + timedelta(seconds=settings.upload_ttl_seconds),
-        file_version=0,
-        final_checksum="",
-        failure_reason="",
-        # Every column set: a status move's UPDATE then sets its values on the object too.
-        merge_started_at=None,
-        merge_finished_at=None,
+    # Built without the constructor's per-attribute events (`new_object`): every upload's.
+    return new_object(
+        UploadRow,
+        dict(
+            id=new_id(),
+            tenant_id=identity.tenant_id,
+            owner_user_id=identity.user_id,
+            request_key=request_key,
+            client_request_id=request.client_request_id,
+            file_id=target.file_id,
+            is_new_file=target.is_new,
+            folder_id=target.folder_id,
+            name=target.name,
+            status=UPLOADING,
+            total_chunks=request.total_chunks,
+            total_size=request.total_size,
+            chunk_size=request.chunk_size,
+            checksum_algorithm=algorithm,
+            expected_checksum=expected,
+            received_chunk_count=0,
+            created_at=now,
+            updated_at=now,
+            expires_at=now + timedelta(seconds=settings.upload_ttl_seconds),
+            file_version=0,
+            final_checksum="",
+            failure_reason="",
+            # Every column set: a status move's UPDATE then sets its values on the object too.
+            merge_started_at=None,
+            merge_finished_at=None,
+        ),
     )
 
 

@@ -260,17 +260,26 @@ class Uploads:
         await check_allowance(session, self._settings, identity, row.total_size)
 
     async def insert(
-        self, session: AsyncSession, identity: Identity, row: UploadRow, *, allowed: bool = False
+        self,
+        session: AsyncSession,
+        identity: Identity,
+        row: UploadRow,
+        *,
+        allowed: bool = False,
+        kept: bool = True,
     ) -> None:
         """Store a prepared upload in the caller's transaction, within the user's open-upload
         cap and the tenant's quota (`allowed`: `allow` checked them in it already);
         IntegrityError when its client_request_id was stored meanwhile (then `earlier`
         finds that one). In a group commit the row is written behind (`write_behind`), with
-        the other units' rows, and so is its IntegrityError."""
+        the other units' rows, and so is its IntegrityError. `kept`: `row` becomes the
+        session's object for its id (not for a caller whose transaction never reads it back
+        through the session: `versions.add_file`)."""
         if not allowed:
             await self.allow(session, identity, row)
         await write_behind.write(session, _ROWS, insert_values(row))
-        inserted(session, row)
+        if kept:
+            inserted(session, row)
 
     async def earlier(
         self, identity: Identity, request: upload_pb2.CreateUploadRequest, row: UploadRow

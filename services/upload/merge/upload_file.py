@@ -333,7 +333,7 @@ class UploadFiles:
             upload.merge_started_at = utcnow()
 
             async def store_upload(session: AsyncSession) -> None:
-                await self._uploads.insert(session, identity, upload, allowed=True)
+                await self._uploads.insert(session, identity, upload, allowed=True, kept=False)
 
             file = await commit_content(
                 session,

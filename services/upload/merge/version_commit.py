@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common import tracing
 from services.common.jobs import ConflictError
+from services.common.session_rows import new_object
 from services.upload.files.events import record_file_event
 from services.upload.files.tree import free_name, lock_tree
 from services.upload.files.versions import add_file, commit_fenced, touch_folder
@@ -51,7 +52,9 @@ async def commit_content(
     `checked_folder`: the caller checked in this transaction that the file is new and its
     name free in this folder, its parent (UploadFile), so none of them is read again.
     `store_upload`: the upload is not stored yet (UploadFile); it is set `completed` with
-    its version and stored by this call, in place of the status move.
+    its version and stored by this call, in place of the status move. A new file's row is
+    then not kept in the session (`add_file`'s `kept`): UploadFile's transaction reads
+    neither row back through it.
     """
     with tracing.span(
         "upload commit_version", upload_id=upload.id, file_id=upload.file_id, fencing_token=token
@@ -98,23 +101,26 @@ async def _commit_content(
         folder = checked_folder or await session.get(FileRow, upload.folder_id)
         # A new file belongs to the folder's owner; the uploader is the event's actor.
         owner = folder.owner_user_id if folder is not None else upload.owner_user_id
-        file = FileRow(
-            id=upload.file_id,
-            tenant_id=upload.tenant_id,
-            parent_id=upload.folder_id,
-            name=upload.name
-            if checked_folder is not None
-            else await free_name(session, upload.tenant_id, upload.folder_id, upload.name),
-            kind=FILE,
-            owner_user_id=owner,
-            version=1,
-            children_version=0,
-            last_lock_token=token,
-            created_at=now,
-            updated_at=now,
-            **values,
+        file = new_object(
+            FileRow,
+            dict(
+                id=upload.file_id,
+                tenant_id=upload.tenant_id,
+                parent_id=upload.folder_id,
+                name=upload.name
+                if checked_folder is not None
+                else await free_name(session, upload.tenant_id, upload.folder_id, upload.name),
+                kind=FILE,
+                owner_user_id=owner,
+                version=1,
+                children_version=0,
+                last_lock_token=token,
+                created_at=now,
+                updated_at=now,
+                **values,
+            ),
         )
-        await add_file(session, file)
+        await add_file(session, file, kept=store_upload is None)
     else:
         file = await commit_fenced(session, upload.file_id, token, **values)
     await touch_folder(session, file.parent_id)
