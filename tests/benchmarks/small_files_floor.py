@@ -28,7 +28,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,7 @@ async def serve(port: int, folder: Path, postgres: str | None) -> None:
     writer = GroupWriter(commit)
 
     async def upload_file(
-        request: upload_pb2.UploadFileRequest, _ctx: object
+        request: upload_pb2.UploadFileRequest, _ctx: grpc.aio.ServicerContext
     ) -> upload_pb2.UploadFileResponse:
         data = request.data
         digest = hashlib.sha256(data).hexdigest()
@@ -168,10 +168,31 @@ async def serve(port: int, folder: Path, postgres: str | None) -> None:
         answer.upload.file_version, answer.upload.final_checksum = 1, digest
         return answer
 
-    handler = grpc.unary_unary_rpc_method_handler(
-        upload_file,
-        request_deserializer=upload_pb2.UploadFileRequest.FromString,
-        response_serializer=upload_pb2.UploadFileResponse.SerializeToString,
+    await serve_upload_file(port, upload_file, beside=writer.run())
+
+
+UploadFile = Callable[
+    [upload_pb2.UploadFileRequest, grpc.aio.ServicerContext],
+    Awaitable[upload_pb2.UploadFileResponse],
+]
+
+
+async def serve_upload_file(
+    port: int,
+    upload_file: UploadFile,
+    *,
+    beside: Coroutine[Any, Any, None] | None = None,
+    wrap: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler] = lambda handler: handler,
+) -> None:
+    """Serve `upload_file` as this service's UploadFile (its handler `wrap`ped) on
+    127.0.0.1:`port`, `beside` running meanwhile (a group writer), until terminated; print
+    "ready" once it answers (what `Floor` waits for). The floors' servers all start here."""
+    handler = wrap(
+        grpc.unary_unary_rpc_method_handler(
+            upload_file,
+            request_deserializer=upload_pb2.UploadFileRequest.FromString,
+            response_serializer=upload_pb2.UploadFileResponse.SerializeToString,
+        )
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
@@ -179,18 +200,25 @@ async def serve(port: int, folder: Path, postgres: str | None) -> None:
     )
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    running = asyncio.create_task(writer.run())
+    running = asyncio.create_task(beside) if beside is not None else None
     print("ready", flush=True)
     try:
         await server.wait_for_termination()
     finally:
-        running.cancel()
+        if running is not None:
+            running.cancel()
+
+
+def floor_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """A floor script's arguments: PORT and DIR (its data), as `Floor` passes them."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("port", type=int)
+    parser.add_argument("folder", type=Path)
+    return parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("port", type=int)
-    parser.add_argument("folder", type=Path)
+    parser = floor_arguments(__doc__)
     parser.add_argument("--postgres", metavar="DSN", help="a database of its own to write to")
     args = parser.parse_args()
     asyncio.run(serve(args.port, args.folder, args.postgres))

@@ -32,7 +32,6 @@ authentication (the benchmark's token is `make run`'s development one), tracing.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
@@ -52,7 +51,7 @@ sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests")]
 
 import grpc
 import psycopg
-from benchmarks.small_files_floor import SERVICE, GroupWriter, _write
+from benchmarks.small_files_floor import GroupWriter, _write, floor_arguments, serve_upload_file
 from prometheus_client import Counter, Histogram
 from serentak.upload.v1 import upload_pb2
 
@@ -318,29 +317,11 @@ async def serve(port: int, folder: Path, postgres: str | None) -> None:
         )
         return answer
 
-    handler = grpc.unary_unary_rpc_method_handler(
-        upload_file,
-        request_deserializer=upload_pb2.UploadFileRequest.FromString,
-        response_serializer=upload_pb2.UploadFileResponse.SerializeToString,
-    )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        [grpc.method_handlers_generic_handler(SERVICE, {"UploadFile": handler})]
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    running = asyncio.create_task(writer.run())
-    print("ready", flush=True)
-    try:
-        await server.wait_for_termination()
-    finally:
-        running.cancel()
+    await serve_upload_file(port, upload_file, beside=writer.run())
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("port", type=int)
-    parser.add_argument("folder", type=Path)
+    parser = floor_arguments(__doc__)
     parser.add_argument("--postgres", metavar="DSN", help="a database of its own to write to")
     args = parser.parse_args()
     asyncio.run(serve(args.port, args.folder, args.postgres))

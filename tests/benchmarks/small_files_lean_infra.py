@@ -17,7 +17,6 @@ id, accounting, the `rpc_completed` line) with Serentak's JSON logs, the handler
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import json
@@ -33,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "tests")]
 
 import grpc
-from benchmarks.small_files_floor import SERVICE, _write
+from benchmarks.small_files_floor import SERVICE, _write, floor_arguments, serve_upload_file
 from benchmarks.small_files_lean import _READS, _SEED, _TABLES, FILES, FOLDER, TENANT, USER
 from serentak.upload.v1 import upload_pb2
 from sqlalchemy import text
@@ -259,27 +258,14 @@ async def serve(port: int, folder: Path, rpc: bool) -> None:
             log.info("upload_file_committed", upload_id=f["upload_id"], size=f["size"])
         return answer
 
-    handler = grpc.unary_unary_rpc_method_handler(
-        upload_file,
-        request_deserializer=upload_pb2.UploadFileRequest.FromString,
-        response_serializer=upload_pb2.UploadFileResponse.SerializeToString,
-    )
-    if rpc:
-        handler = wrap_handler(handler, f"/{SERVICE}/UploadFile", None)
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        [grpc.method_handlers_generic_handler(SERVICE, {"UploadFile": handler})]
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    print("ready", flush=True)
-    await server.wait_for_termination()
+    def wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        return wrap_handler(handler, f"/{SERVICE}/UploadFile", None) if rpc else handler
+
+    await serve_upload_file(port, upload_file, wrap=wrap)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("port", type=int)
-    parser.add_argument("folder", type=Path)
+    parser = floor_arguments(__doc__)
     parser.add_argument("--rpc", action="store_true", help="Serentak's RPC wrapper and logs")
     args = parser.parse_args()
     asyncio.run(serve(args.port, args.folder, args.rpc))
