@@ -34,7 +34,9 @@ after others' writes (`shares_transaction`): the order is the group's.
 What a unit writes that nothing in the transaction reads back (outbox events, change log
 and audit rows, folder bumps) is written behind: once a kind for the group, before its
 COMMIT (`write_behind`); in a savepoint, the unit's own before the savepoint ends. If the
-group's writes behind fail, its units run again, each in a savepoint.
+group's writes behind fail, its units run again, each in a savepoint. A unit that writes
+only behind may declare what it reads (`reads`): the first of a run of such units then
+reads it for them all (`group_reads`).
 
 A COMMIT that fails fails every unit of the group that had succeeded, with that error:
 nothing of the group is known to be stored. The flusher is nobody's task: a caller
@@ -54,7 +56,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from services.common import write_behind
+from services.common import group_reads, write_behind
 from services.common.errors import Unavailable
 from services.common.logging import get_logger
 
@@ -86,6 +88,9 @@ class _Unit(Generic[T]):
     order: tuple[str, ...] = ()
     # Waiting for company (`run`'s `wait_for_company`): not a reason to start a group yet.
     waiting: bool = False
+    # What the unit will read, declared so that its group reads it for a run of such
+    # units at once (`group_reads`): {reader: key}, or None.
+    reads: group_reads.Declared | None = None
     context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     def settle(self, result: T | None = None, error: BaseException | None = None) -> None:
@@ -123,6 +128,7 @@ class GroupCommits:
         order: tuple[str, ...] = (),
         *,
         wait_for_company: float = 0.0,
+        reads: group_reads.Declared | None = None,
     ) -> T:
         """Run `work(session)` in the next group's transaction; its result once that
         transaction has committed, or its error (or the COMMIT's).
@@ -133,11 +139,17 @@ class GroupCommits:
 
         `wait_for_company`: seconds the unit may wait for another unit to commit with
         (bookkeeping that is in no hurry: it then costs no COMMIT of its own); after them it
-        commits alone."""
+        commits alone.
+
+        `reads`: {reader: key}, what the unit will read through `group_reads.read`; such
+        a unit writes only behind (`write_behind`), so its group may read for it together
+        with the next units (`group_reads`)."""
         if self._closed:
             raise Unavailable("the service is shutting down; retry")
         loop = asyncio.get_running_loop()
-        unit: _Unit[T] = _Unit(work, loop.create_future(), order, waiting=wait_for_company > 0)
+        unit: _Unit[T] = _Unit(
+            work, loop.create_future(), order, waiting=wait_for_company > 0, reads=reads
+        )
         self._queue.append(unit)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_forever(), name="group-commit")
@@ -212,7 +224,9 @@ class GroupCommits:
             async with self._sessions.begin() as session:
                 session.info[_SHARED] = True
                 write_behind.behind(session)
-                for unit in group:
+                group_reads.declare(session, [unit.reads for unit in group])
+                for index, unit in enumerate(group):
+                    group_reads.running(session, index)
                     try:
                         result = await _run_in_context(unit, session)
                     except Exception as exc:

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, func, insert, select
 from sqlalchemy.exc import IntegrityError
+from support.group_commit import gathered
 from support.tables import engine_with
 
 from services.common.db import session_factory
@@ -38,25 +39,6 @@ def storing(groups: GroupCommits, name: str):
         return await session.scalar(select(things.c.id).where(things.c.name == name))
 
     return groups.run(work)
-
-
-async def gathered(groups: GroupCommits, works, orders=None) -> list:
-    """Run `works` (each with its lock order in `orders`, if given) as one group: queued
-    while a blocker holds the flusher. Their answers or errors, in order."""
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def blocker(session):
-        started.set()
-        await release.wait()
-
-    first = asyncio.create_task(groups.run(blocker))
-    await started.wait()  # the flusher is inside the blocker's group
-    orders = orders or [()] * len(works)
-    tasks = [asyncio.create_task(groups.run(w, o)) for w, o in zip(works, orders, strict=True)]
-    await asyncio.sleep(0)  # one turn of the loop: each task queues its unit
-    release.set()
-    await first
-    return await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_racing_units_share_transactions_and_a_failing_one_fails_alone(sessions) -> None:

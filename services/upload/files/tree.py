@@ -8,17 +8,19 @@ from __future__ import annotations
 import unicodedata
 import uuid
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, func, literal, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from services.common import group_reads
 from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from services.common.group_commit import shares_transaction
-from services.common.session_sql import SessionStatement
+from services.common.session_sql import SessionStatement, SessionStatements
 from services.upload.files.permissions import role_of
 from services.upload.files.versions import pending_file_named
 from services.upload.files.visibility import rule_count, visible
@@ -213,39 +215,73 @@ class TreeLockOrder(RuntimeError):
 async def name_holder(
     session: AsyncSession, tenant_id: str, parent_id: str, name: str, except_id: str = ""
 ) -> str | None:
-    """The id of the live item named `name` in folder `parent_id`, if any."""
+    """The id of the live item named `name` in folder `parent_id`, if any. In a group
+    commit, read with the names the next units check (`group_reads`, `NAME_HOLDERS`)."""
     # A new file of this transaction not written yet (a group commit's) holds it too.
     waiting = pending_file_named(session, tenant_id, parent_id, name, except_id)
     if waiting is not None:
         return waiting
-    values = {"tenant_id": tenant_id, "parent_id": parent_id, "name": name, "except_id": except_id}
-    row = await _name_holder().first(session, values)
-    return None if row is None else str(row[0])
+    holder: str | None = await group_reads.read(
+        session, NAME_HOLDERS, (tenant_id, parent_id, name, except_id)
+    )
+    return holder
 
 
-# The name check, built once per set of hiding rules (rules register at import).
-_NAME_HOLDER: tuple[int, SessionStatement] | None = None
+class _NameHolders:
+    """The name check's read for many names: (tenant, folder, name, except_id) -> the id
+    of the live item so named, or None. It answers for the first key's tenant only: its
+    tree lock, which the caller holds (`lock_tree`), is what keeps the answers current
+    until the transaction ends (every change of a name or a folder's items takes it)."""
+
+    def __init__(self) -> None:
+        self._built: tuple[int, SessionStatements] | None = None
+
+    async def read(
+        self, session: AsyncSession, keys: Sequence[tuple[str, str, str, str]]
+    ) -> dict[tuple[str, str, str, str], str | None]:
+        tenant_id = keys[0][0]
+        names: dict[tuple[str, str], list[str]] = {}
+        for tenant, parent_id, name, except_id in keys:
+            if tenant == tenant_id:
+                names.setdefault((parent_id, except_id), []).append(name)
+        found: dict[tuple[str, str, str, str], str | None] = {}
+        for (parent_id, except_id), asked in names.items():
+            values: dict[str, Any] = {
+                "tenant_id": tenant_id,
+                "parent_id": parent_id,
+                "except_id": except_id,
+                **{f"name_{i}": name for i, name in enumerate(asked)},
+            }
+            statement = self._statements().of_padded(values, ("name",), len(asked))
+            holders: dict[str, str] = {}
+            for name, file_id in await statement.rows(session, values):
+                holders.setdefault(name, str(file_id))
+            for name in asked:
+                found[(tenant_id, parent_id, name, except_id)] = holders.get(name)
+        return found
+
+    def _statements(self) -> SessionStatements:
+        """Built once per set of hiding rules (rules register at import)."""
+        rules = rule_count()
+        if self._built is None or self._built[0] != rules:
+            self._built = (rules, SessionStatements(_name_holders_of))
+        return self._built[1]
 
 
-def _name_holder() -> SessionStatement:
-    global _NAME_HOLDER
-    rules = rule_count()
-    built = _NAME_HOLDER
-    if built is None or built[0] != rules:
-        statement = (
-            select(FileRow.id)
-            .where(
-                FileRow.tenant_id == bindparam("tenant_id"),
-                FileRow.parent_id == bindparam("parent_id"),
-                FileRow.name == bindparam("name"),
-                FileRow.deleted_at.is_(None),
-                FileRow.id != bindparam("except_id"),
-                visible(FileRow.__table__.c.id, FileRow.__table__.c.tenant_id),
-            )
-            .limit(1)
-        )
-        built = _NAME_HOLDER = (rules, SessionStatement(statement))
-    return built[1]
+def _name_holders_of(count: int) -> Any:
+    """The live, visible items of `:parent_id` named one of `:name_0..` (count names)."""
+    files = FileRow.__table__.c
+    return select(files.name, files.id).where(
+        files.tenant_id == bindparam("tenant_id"),
+        files.parent_id == bindparam("parent_id"),
+        files.name.in_([bindparam(f"name_{i}") for i in range(count)]),
+        files.deleted_at.is_(None),
+        files.id != bindparam("except_id"),
+        visible(files.id, files.tenant_id),
+    )
+
+
+NAME_HOLDERS = _NameHolders()
 
 
 async def require_free_name(

@@ -7,11 +7,13 @@ deleted files still take space) plus its open (uploading, merging) uploads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import String, bindparam, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from services.common import group_reads
 from services.common.auth import Identity
 from services.common.session_sql import SessionStatement
 from services.upload.errors import QuotaExceeded, TooManyUploads, UploadTooLarge
@@ -47,6 +49,31 @@ _FIGURES = SessionStatement(_figures())
 _ALLOWANCE_LOCK = SessionStatement(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"))
 
 
+class _AllowanceFigures:
+    """The allowance check's read: (tenant, user) -> (the user's open uploads, the
+    tenant's open bytes, its stored bytes), after taking the tenant's allowance lock on
+    PostgreSQL (`check_allowance`). It answers for the first key's tenant only: that lock
+    and the tenant's tree lock, which the caller holds, keep the figures current until the
+    transaction ends (a new upload takes the one, a commit of content the other)."""
+
+    async def read(
+        self, session: AsyncSession, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, int, int]]:
+        tenant_id = keys[0][0]
+        if session.get_bind().dialect.name == "postgresql":
+            await _ALLOWANCE_LOCK.rows(session, {"key": f"upload-allowance:{tenant_id}"})
+        found = {}
+        for key in keys:
+            if key[0] == tenant_id:
+                values = {"tenant_id": tenant_id, "user_id": key[1]}
+                mine, open_bytes, stored = await _FIGURES.one(session, values)
+                found[key] = (int(mine or 0), int(open_bytes or 0), int(stored or 0))
+        return found
+
+
+ALLOWANCE_FIGURES = _AllowanceFigures()
+
+
 def check_size(settings: UploadSettings, total_size: int) -> None:
     """UPLOAD_TOO_LARGE past `max_upload_bytes`."""
     if total_size > settings.max_upload_bytes:
@@ -66,19 +93,18 @@ async def check_allowance(
     The check and the insert must not interleave with another CreateUpload of the
     tenant, or two could each see room for one: SQLite's BEGIN IMMEDIATE already
     serialises writers; on PostgreSQL a transaction-scoped advisory lock per tenant does.
+    In a group commit the figures are read with the next units' (`group_reads`).
     """
-    if session.get_bind().dialect.name == "postgresql":
-        await _ALLOWANCE_LOCK.rows(session, {"key": f"upload-allowance:{identity.tenant_id}"})
-    mine, open_bytes, stored = await _FIGURES.one(
-        session, {"tenant_id": identity.tenant_id, "user_id": identity.user_id}
+    mine, open_bytes, stored = await group_reads.read(
+        session, ALLOWANCE_FIGURES, (identity.tenant_id, identity.user_id)
     )
     cap = settings.max_open_uploads_per_user
-    if (mine or 0) >= cap:
+    if mine >= cap:
         raise TooManyUploads(
             f"at most {cap} open uploads per user; finish or abort one first", limit=cap
         )
     # A group commit's earlier units' new files are not in the stored figure yet.
-    used = int(open_bytes or 0) + int(stored or 0) + pending_file_bytes(session, identity.tenant_id)
+    used = open_bytes + stored + pending_file_bytes(session, identity.tenant_id)
     quota = settings.tenant_quota_bytes
     if used + total_size > quota:
         raise QuotaExceeded(

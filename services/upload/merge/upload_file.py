@@ -59,6 +59,7 @@ from services.common.auth import Identity
 from services.common.db import read_only
 from services.common.errors import AlreadyExists, InvalidArgument
 from services.common.group_commit import GroupCommits
+from services.common.group_reads import Declared
 from services.common.logging import get_logger
 from services.common.tasks import ShieldedWork
 from services.upload import checksums, metrics
@@ -72,7 +73,8 @@ from services.upload.errors import (
     UploadNotActive,
 )
 from services.upload.files.permissions import readable
-from services.upload.files.tree import lock_tree
+from services.upload.files.tree import NAME_HOLDERS, lock_tree
+from services.upload.ingest.allowance import ALLOWANCE_FIGURES
 from services.upload.ingest.chunks import ChunkStore
 from services.upload.ingest.drafts import check_target
 from services.upload.ingest.finish_waits import FinishSignals
@@ -296,8 +298,14 @@ class UploadFiles:
             # A new file's id was made for this request and is named nowhere until this
             # commit: no other writer to exclude or fence, so no lock. Its token is 0, as a
             # root's or a synced file's; any lock taken on it later has a greater one.
+            # Its unit writes only behind, so the group reads its checks' rows with the
+            # next new files' (`group_reads`: the name's holder, the allowance figures).
+            reads: Declared = {
+                NAME_HOLDERS: (upload.tenant_id, upload.folder_id, upload.name, ""),
+                ALLOWANCE_FIGURES: (identity.tenant_id, identity.user_id),
+            }
             return await self._groups.run(
-                self._committer(identity, upload, stored, 0, written), order
+                self._committer(identity, upload, stored, 0, written), order, reads=reads
             )
         async with self._locks.briefly(
             f"file:{upload.file_id}",

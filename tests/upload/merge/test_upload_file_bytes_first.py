@@ -53,9 +53,9 @@ class Recorded(GroupCommits):
         super().__init__(sessions)
         self.handed = asyncio.Event()
 
-    async def run(self, work, order=()):
+    async def run(self, work, order=(), **options):
         self.handed.set()
-        return await super().run(work, order)
+        return await super().run(work, order, **options)
 
 
 def upload_files(
