@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common.auth import Identity
 from services.common.session_rows import loaded
-from services.common.session_sql import SessionStatement, SessionStatements
+from services.common.session_sql import SessionStatement
 from services.common.transaction_memo import transaction_memo
 from services.upload.errors import FileNotFound, NotAllowed
 from services.upload.models import EDITOR, OWNER, VIEWER, FileRow, ShareRow
@@ -215,7 +215,11 @@ async def writable(session: AsyncSession, identity: Identity, file_id: str) -> t
 
 async def writable_role(session: AsyncSession, identity: Identity, file: FileRow) -> str:
     """`writable` for a file row loaded already: the caller's role, or the same errors."""
-    role = await role_of(session, identity, file)
+    return _may_write(file, await role_of(session, identity, file))
+
+
+def _may_write(file: FileRow, role: str | None) -> str:
+    """`role` if it lets the caller change `file` (owner or editor); else the error."""
     if role is None:
         raise FileNotFound("file not found", file_id=file.id)
     if role_rank(role) < role_rank(EDITOR):
@@ -256,7 +260,8 @@ async def new_file_audience(session: AsyncSession, file: FileRow) -> list[str]:
 
     Read once per transaction, folder and owner (`transaction_memo`): the small files a
     group commit stores together mostly go to one folder, and no unit of such a
-    transaction changes a share or moves a folder."""
+    transaction changes a share or moves a folder. `writable_folder`'s read of the folder
+    gives it already for a file of the folder's owner, the usual new file."""
     memo = transaction_memo(session, "new_file_audience")
     key = (file.tenant_id, file.parent_id, file.owner_user_id)
     users = memo.get(key)
@@ -272,17 +277,83 @@ async def _audience_from(
 ) -> list[str]:
     """`owner` and everyone with a share on `start_id` or a folder above it, up the chain
     while it belongs to `owner`, sorted (no start: `owner` alone)."""
-    ids: list[str] = []
-    if start_id:
-        for link in await chain(session, tenant_id, start_id):
-            if link.owner != owner:
-                break
-            ids.append(link.id)
+    if not start_id:
+        return [owner]
+    return _audience_in(await _shared_chain(session, tenant_id, start_id), owner)
+
+
+@dataclass(frozen=True, slots=True)
+class _SharedLink:
+    """One item on the way up with all its columns (`FileRow`'s, in table order) and every
+    share on it (user -> role)."""
+
+    row: tuple[Any, ...]
+    shares: dict[str, str]
+
+    @property
+    def owner(self) -> str:
+        return str(self.row[_OWNER])
+
+    def link(self, user_id: str) -> Link:
+        """The `Link` with `user_id`'s direct share."""
+        return Link(self.row[_ID], self.row[_PARENT], self.owner, self.shares.get(user_id))
+
+
+def _audience_in(links: list[_SharedLink], owner: str) -> list[str]:
+    """`_audience_from` given the chain from its start, with every share on it."""
     users = {owner}
-    if ids:
-        values = {f"id_{i}": id_ for i, id_ in enumerate(ids)}
-        users.update(user for (user,) in await _SHARES_OF.of(len(ids)).rows(session, values))
+    for link in links:
+        if link.owner != owner:
+            break
+        users.update(link.shares)
     return sorted(users)
+
+
+async def _shared_chain(session: AsyncSession, tenant_id: str, file_id: str) -> list[_SharedLink]:
+    """`file_id` and its folders up to the root (at most MAX_DEPTH + 1), each with all its
+    columns and every share on it: one query."""
+    links: list[_SharedLink] = []
+    rows = await _SHARED_CHAIN.rows(session, {"tenant_id": tenant_id, "file_id": file_id})
+    width = len(_FILE_COLUMNS)
+    for row in rows:
+        depth = row[width]
+        if depth == len(links):
+            links.append(_SharedLink(tuple(row[:width]), {}))
+        user, role = row[width + 1], row[width + 2]
+        if user is not None:
+            links[-1].shares[user] = role
+    return links
+
+
+def _shared_chain_statement() -> Any:
+    """The walk up from `:file_id` in `:tenant_id` with every column of each item and
+    every share on it, by depth (built once)."""
+    files = FileRow.__table__
+    tenant_id = bindparam("tenant_id", type_=String)
+    start = (
+        select(*files.c, literal(0).label("depth"))
+        .where(files.c.id == bindparam("file_id", type_=String), files.c.tenant_id == tenant_id)
+        .cte("shared_chain", recursive=True)
+    )
+    up = files.alias("up")
+    walk = start.union_all(
+        select(*up.c, start.c.depth + 1).where(
+            up.c.id == start.c.parent_id,
+            up.c.tenant_id == tenant_id,
+            start.c.depth < MAX_DEPTH,
+        )
+    )
+    shares = ShareRow.__table__
+    return (
+        select(*(walk.c[c.key] for c in files.c), walk.c.depth, shares.c.user_id, shares.c.role)
+        .outerjoin(shares, shares.c.file_id == walk.c.id)
+        .order_by(walk.c.depth)
+    )
+
+
+_FILE_COLUMNS = [c.key for c in FileRow.__table__.c]
+_ID, _PARENT, _OWNER = (_FILE_COLUMNS.index(k) for k in ("id", "parent_id", "owner_user_id"))
+_SHARED_CHAIN = SessionStatement(_shared_chain_statement())
 
 
 async def writable_folder(
@@ -295,17 +366,27 @@ async def writable_folder(
     key = (identity.tenant_id, identity.user_id, folder_id)
     found = memo.get(key)
     if found is None:
-        found = memo[key] = await writable(session, identity, folder_id)
+        found = memo[key] = await _writable_folder(session, identity, folder_id)
     folder, role = found
     return folder, role
 
 
-def _shares_of(n: int) -> Any:
-    """The users with a share on any of n files (n is at most MAX_DEPTH + 1)."""
-    shares = ShareRow.__table__.c
-    return select(shares.user_id).where(
-        shares.file_id.in_([bindparam(f"id_{i}", type_=String) for i in range(n)])
+async def _writable_folder(
+    session: AsyncSession, identity: Identity, folder_id: str
+) -> tuple[FileRow, str]:
+    """`writable` for `folder_id` from one read of its chain with every share on it, which
+    also gives the audience of a new file of its owner there (`new_file_audience`'s memo)."""
+    links = await _shared_chain(session, identity.tenant_id, folder_id) if folder_id else []
+    if not links:
+        raise FileNotFound("file not found", file_id=folder_id)
+    folder = loaded(session, FileRow, links[0].row)
+    if folder.owner_user_id == identity.user_id:
+        role: str | None = OWNER
+    else:
+        role = role_in_chain(identity, [link.link(identity.user_id) for link in links])
+    role = _may_write(folder, role)
+    audiences = transaction_memo(session, "new_file_audience")
+    audiences[(folder.tenant_id, folder.id, folder.owner_user_id)] = _audience_in(
+        links, folder.owner_user_id
     )
-
-
-_SHARES_OF = SessionStatements(_shares_of)
+    return folder, role

@@ -61,3 +61,25 @@ async def test_one_transaction_reads_them_once_and_the_next_reads_again(cluster,
         folder_row, _ = await writable_folder(session, identity, team)
         version = await session.scalar(select(FileRow.version).where(FileRow.id == team))
         assert folder_row.version == version
+
+
+async def test_the_folder_read_gives_an_editors_role_and_the_owners_audience(
+    cluster, sessions
+) -> None:
+    """`writable_folder` reads the folder's chain with every share on it once: the
+    caller's role (an editor through a share above) and the audience of a new file of the
+    folder's owner there, the same as `audience` reads for a file made in it."""
+    alice = cluster["alice"]
+    team = await folder(alice, "team")
+    sub = await folder(alice, "sub", team)
+    await share(alice, team, "carol")
+    await share(alice, sub, "dave", upload_pb2.ROLE_VIEWER)
+    made = (await new_file(alice, b"x" * 100, "a.txt", sub)).upload.file_id
+    carol = Identity(tenant_id="acme", user_id="carol")
+    async with sessions() as session:
+        held, role = await writable_folder(session, carol, sub)
+        file = await session.get(FileRow, made)
+        assert (held.id, role) == (sub, "editor")
+        # Given by the folder's read (its memo), the same as the full read below.
+        assert await new_file_audience(session, file) == ["alice", "carol", "dave"]
+        assert await audience(session, file) == ["alice", "carol", "dave"]
