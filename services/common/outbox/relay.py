@@ -40,7 +40,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common import tracing
-from services.common.correlation import bound_correlation_id
+from services.common.correlation import bound_correlation_id, new_correlation_id, sanitize
 from services.common.db import read_only
 from services.common.jobs import metrics
 from services.common.logging import get_logger
@@ -277,15 +277,16 @@ class Relay:
             event = row.event
             metrics.OUTBOX_PUBLISHED.labels(event.event_type).inc()
             # One line per event under its own correlation id, as one by one: an id is
-            # followed from the chunk to the notification whichever way it was sent.
-            with bound_correlation_id(event.correlation_id):
-                log.info(
-                    "outbox_event_published",
-                    event_id=event.event_id,
-                    aggregate=key,
-                    version=event.version,
-                    batch=len(batch),
-                )
+            # followed from the chunk to the notification whichever way it was sent. A key
+            # of the line rather than a context bound around it: the same line, cheaper.
+            log.info(
+                "outbox_event_published",
+                event_id=event.event_id,
+                aggregate=key,
+                version=event.version,
+                batch=len(batch),
+                correlation_id=sanitize(event.correlation_id) or new_correlation_id(),
+            )
 
     async def _publish_one(
         self, key: str, token: str, row: OutboxEvent, *, release: dict[str, str] | None = None
