@@ -36,13 +36,13 @@ async def settle_round(
     session: AsyncSession,
     held: dict[str, str],
     sent: list[tuple[str, int]],
-    lease_seconds: float,
 ) -> set[str]:
-    """Mark the `sent` events ((aggregate key, row id)) whose lease is still ours and give
-    those leases up: the keys still ours."""
-    ours = await leases.renew_many(session, held, lease_seconds)
+    """Give up the `held` leases still ours and mark their `sent` events ((aggregate key,
+    row id)) published, in the caller's transaction: the keys still ours. Released first,
+    in one statement that tells which were ours: the mark commits with the release or
+    neither does, so the order inside the transaction changes nothing."""
+    ours = await leases.release_many(session, held)
     await mark_many_published(session, [row_id for key, row_id in sent if key in ours])
-    await leases.release_many(session, {key: held[key] for key in ours})
     return ours
 
 

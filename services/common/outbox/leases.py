@@ -81,7 +81,9 @@ _RENEW = SessionStatements(
         .returning(relay_leases.c.aggregate_key)
     )
 )
-_RELEASE = SessionStatements(lambda n: delete(relay_leases).where(_in_key_order(n)))
+_RELEASE = SessionStatements(
+    lambda n: delete(relay_leases).where(_in_key_order(n)).returning(relay_leases.c.aggregate_key)
+)
 
 
 def _held_values(held: dict[str, str]) -> dict[str, Any]:
@@ -152,8 +154,11 @@ async def renew_many(session: AsyncSession, held: dict[str, str], seconds: float
     return {key for (key,) in await renew.rows(session, values)}
 
 
-async def release_many(session: AsyncSession, held: dict[str, str]) -> None:
-    """`release` for several leases in one statement."""
-    if held:
-        values = _held_values(held)
-        await _RELEASE.of_padded(values, ("key", "token"), len(held)).execute(session, values)
+async def release_many(session: AsyncSession, held: dict[str, str]) -> set[str]:
+    """`release` for several leases in one statement: the keys given up, those whose lease
+    was still ours (its token unchanged)."""
+    if not held:
+        return set()
+    values = _held_values(held)
+    release = _RELEASE.of_padded(values, ("key", "token"), len(held))
+    return {key for (key,) in await release.rows(session, values)}

@@ -239,9 +239,7 @@ class Relay:
         """Mark a sent round's events whose lease is still ours and give the leases up, in
         one transaction; returns how many were marked."""
         sent = [(key, row.id) for key, row in batch]
-        ours = await self._write(
-            lambda session: settle_round(session, held, sent, self.lease_seconds)
-        )
+        ours = await self._write(lambda session: settle_round(session, held, sent))
         marked = [(key, row) for key, row in batch if key in ours]
         for key in held.keys() - ours:
             log.warning("relay_lease_lost", aggregate=key)

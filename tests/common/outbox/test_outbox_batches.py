@@ -246,7 +246,7 @@ async def test_relays_writing_through_group_commits_publish_in_order_exactly_onc
 
 async def test_leases_of_any_count_are_taken_renewed_and_released_in_full(runtime_db) -> None:  # type: ignore[no-untyped-def]
     """Counts that are no power of two: taken in chunks, renewed and released with padded
-    lists; every one of them, and nothing else."""
+    lists; every one of them, and nothing else (a release tells which were ours)."""
     for count in (1, 3, 37):
         keys = [f"file:c{count}-{i:02d}" for i in range(count)]
         async with runtime_db.sessions.begin() as session:
@@ -255,7 +255,9 @@ async def test_leases_of_any_count_are_taken_renewed_and_released_in_full(runtim
         async with runtime_db.sessions.begin() as session:
             assert await leases.acquire_many(session, keys, "other", 30) == {}
             assert await leases.renew_many(session, held, 30) == set(keys)
-            await leases.release_many(session, held)
+            assert await leases.release_many(session, held) == set(keys)
+            # Given up: releasing them again finds none of them ours.
+            assert await leases.release_many(session, held) == set()
         async with runtime_db.sessions() as session:
             left = await session.scalar(select(func.count()).select_from(relay_leases))
         assert left == 0
