@@ -299,7 +299,8 @@ class UploadFiles:
             # commit: no other writer to exclude or fence, so no lock. Its token is 0, as a
             # root's or a synced file's; any lock taken on it later has a greater one.
             # Its unit writes only behind, so the group reads its checks' rows with the
-            # next new files' (`group_reads`: the name's holder, the allowance figures).
+            # next new files' (`group_reads`: the name's holder, the allowance figures). A
+            # new version's unit declares none: its fenced UPDATE is written straight.
             reads: Declared = {
                 NAME_HOLDERS: (upload.tenant_id, upload.folder_id, upload.name, ""),
                 ALLOWANCE_FIGURES: (identity.tenant_id, identity.user_id),
