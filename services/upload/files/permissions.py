@@ -18,7 +18,7 @@ the tree were ever corrupted into a cycle.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,24 +58,34 @@ class Link:
     share: str | None  # the caller's direct share on this item, if asked for
 
 
-def _chain_statement(with_shares: bool) -> Any:
-    """The walk up from `:file_id` in `:tenant_id`, with `:user_id`'s direct shares if asked
-    (built once: a statement made per call costs more than running it)."""
+# Every column of an item, in table order (the rows `loaded` takes).
+_FILE_COLUMNS = [c.key for c in FileRow.__table__.c]
+
+
+def _walk_up(columns: Sequence[str]) -> Any:
+    """The walk up from `:file_id` in `:tenant_id` (a recursive CTE): each item's
+    `columns` and its `depth`, bounded by MAX_DEPTH so that it ends even on a cycle."""
     files = FileRow.__table__
     tenant_id = bindparam("tenant_id", type_=String)
     start = (
-        select(files.c.id, files.c.parent_id, files.c.owner_user_id, literal(0).label("depth"))
+        select(*(files.c[key] for key in columns), literal(0).label("depth"))
         .where(files.c.id == bindparam("file_id", type_=String), files.c.tenant_id == tenant_id)
         .cte("chain", recursive=True)
     )
     up = files.alias("up")
-    walk = start.union_all(
-        select(up.c.id, up.c.parent_id, up.c.owner_user_id, start.c.depth + 1).where(
+    return start.union_all(
+        select(*(up.c[key] for key in columns), start.c.depth + 1).where(
             up.c.id == start.c.parent_id,
             up.c.tenant_id == tenant_id,
             start.c.depth < MAX_DEPTH,
         )
     )
+
+
+def _chain_statement(with_shares: bool) -> Any:
+    """The walk up from `:file_id` in `:tenant_id`, with `:user_id`'s direct shares if asked
+    (built once: a statement made per call costs more than running it)."""
+    walk = _walk_up(("id", "parent_id", "owner_user_id"))
     if not with_shares:
         query = select(walk.c.id, walk.c.parent_id, walk.c.owner_user_id, literal(None))
     else:
@@ -328,30 +338,17 @@ async def _shared_chain(session: AsyncSession, tenant_id: str, file_id: str) -> 
 def _shared_chain_statement() -> Any:
     """The walk up from `:file_id` in `:tenant_id` with every column of each item and
     every share on it, by depth (built once)."""
-    files = FileRow.__table__
-    tenant_id = bindparam("tenant_id", type_=String)
-    start = (
-        select(*files.c, literal(0).label("depth"))
-        .where(files.c.id == bindparam("file_id", type_=String), files.c.tenant_id == tenant_id)
-        .cte("shared_chain", recursive=True)
-    )
-    up = files.alias("up")
-    walk = start.union_all(
-        select(*up.c, start.c.depth + 1).where(
-            up.c.id == start.c.parent_id,
-            up.c.tenant_id == tenant_id,
-            start.c.depth < MAX_DEPTH,
-        )
-    )
+    walk = _walk_up(_FILE_COLUMNS)
     shares = ShareRow.__table__
     return (
-        select(*(walk.c[c.key] for c in files.c), walk.c.depth, shares.c.user_id, shares.c.role)
+        select(
+            *(walk.c[key] for key in _FILE_COLUMNS), walk.c.depth, shares.c.user_id, shares.c.role
+        )
         .outerjoin(shares, shares.c.file_id == walk.c.id)
         .order_by(walk.c.depth)
     )
 
 
-_FILE_COLUMNS = [c.key for c in FileRow.__table__.c]
 _ID, _PARENT, _OWNER = (_FILE_COLUMNS.index(k) for k in ("id", "parent_id", "owner_user_id"))
 _SHARED_CHAIN = SessionStatement(_shared_chain_statement())
 
