@@ -25,6 +25,11 @@ def sanitize(value: str | None) -> str | None:
     return value
 
 
+def usable(correlation_id: str | None) -> str:
+    """`correlation_id` if `sanitize` keeps it, else a new one: the id to work under."""
+    return sanitize(correlation_id) or new_correlation_id()
+
+
 def bound_or_none() -> str | None:
     """The id bound for the work in progress, or None (nothing generated)."""
     return _current.get()
@@ -33,7 +38,7 @@ def bound_or_none() -> str | None:
 @contextlib.contextmanager
 def bound_correlation_id(correlation_id: str | None) -> Iterator[str]:
     """Bind `correlation_id` (or a new one) for the duration of the block."""
-    cid = sanitize(correlation_id) or new_correlation_id()
+    cid = usable(correlation_id)
     token = _current.set(cid)
     with structlog.contextvars.bound_contextvars(correlation_id=cid):
         try:
@@ -51,7 +56,7 @@ def bind_for_call(correlation_id: str | None) -> str:
     Context". grpc.aio runs every RPC in a task of its own, so its context dies with it and
     nothing needs resetting.
     """
-    cid = sanitize(correlation_id) or new_correlation_id()
+    cid = usable(correlation_id)
     _current.set(cid)
     structlog.contextvars.bind_contextvars(correlation_id=cid)
     return cid

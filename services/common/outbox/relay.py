@@ -40,7 +40,7 @@ from serentak.events.v1 import events_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from services.common import tracing
-from services.common.correlation import bound_correlation_id, new_correlation_id, sanitize
+from services.common.correlation import bound_correlation_id, usable
 from services.common.db import read_only
 from services.common.jobs import metrics
 from services.common.logging import get_logger
@@ -283,7 +283,7 @@ class Relay:
                 aggregate=key,
                 version=event.version,
                 batch=len(batch),
-                correlation_id=sanitize(event.correlation_id) or new_correlation_id(),
+                correlation_id=usable(event.correlation_id),
             )
 
     async def _publish_one(
