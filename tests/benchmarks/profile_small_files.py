@@ -2,8 +2,9 @@
 `UploadFiles.upload` (what the UploadFile RPC runs, the group commit included), `--at-once`
 at a time; per file, the process's CPU (the event loop's and the worker threads': the
 blob writes' fsyncs, SQLite's) and, on PostgreSQL, the statements sent to the server
-(BEGIN and COMMIT not counted; `--postgres`: a database of its own), beside what one
-statement costs a bare psycopg AsyncConnection (a parameterised SELECT, answer read).
+(BEGIN and COMMIT not counted), beside what one statement costs a bare psycopg
+AsyncConnection (a parameterised SELECT, answer read). `--postgres`: a server to create a
+fresh database on for each run (`support.postgres.PostgresDatabases`, dropped after).
 What the server spends beyond it (bench_small_files.py's "CPU ms/file: upload") is the
 RPC layer, gRPC itself and the outbox relay.
 
@@ -125,23 +126,29 @@ async def _bare_statement(dsn: str, count: int = 2000) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2])
-    parser.add_argument("--postgres", help="a PostgreSQL database URL (postgresql+psycopg://...)")
+    parser.add_argument("--postgres", metavar="DSN", help="a server to create a database on")
     parser.add_argument("--at-once", default="1,16,64")
     parser.add_argument("--files", type=int, default=2000)
     args = parser.parse_args()
-    sys.path[:0] = [str(args.repo), str(args.repo / "client")]
+    sys.path[:0] = [str(args.repo), str(args.repo / "client"), str(args.repo / "tests")]
     os.environ.setdefault("SERENTAK_AUTH_MODE", "dev")
+    from support.postgres import PostgresDatabases
+
     from services.common.logging import configure_logging
 
     configure_logging("upload", "json", "WARNING", once=True)
-    for at_once in (int(n) for n in args.at_once.split(",")):
-        with tempfile.TemporaryDirectory(prefix="profile-small-") as tmp:
-            url = args.postgres or f"sqlite+aiosqlite:///{Path(tmp) / 'upload.db'}"
-            files = args.files if at_once > 1 else min(args.files, 500)
-            print(asyncio.run(_run(url, Path(tmp) / "data", at_once, files)), flush=True)
-    if args.postgres:
-        dsn = args.postgres.replace("postgresql+psycopg://", "postgresql://")
-        print(asyncio.run(_bare_statement(dsn)))
+    databases = PostgresDatabases(args.postgres) if args.postgres else None
+    try:
+        for at_once in (int(n) for n in args.at_once.split(",")):
+            with tempfile.TemporaryDirectory(prefix="profile-small-") as tmp:
+                url = databases.create() if databases else f"sqlite+aiosqlite:///{tmp}/upload.db"
+                files = args.files if at_once > 1 else min(args.files, 500)
+                print(asyncio.run(_run(url, Path(tmp) / "data", at_once, files)), flush=True)
+        if args.postgres:
+            print(asyncio.run(_bare_statement(args.postgres)))
+    finally:
+        if databases:
+            databases.drop_all()
 
 
 if __name__ == "__main__":
