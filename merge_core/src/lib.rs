@@ -18,6 +18,7 @@ pub mod options;
 pub mod output;
 mod pair_hasher;
 pub mod pool;
+pub mod put_file;
 pub mod sha256x2;
 pub mod stream;
 mod window;
@@ -35,6 +36,7 @@ fn _merge_core(m: &pyo3::Bound<'_, pyo3::types::PyModule>) -> pyo3::PyResult<()>
     m.add_class::<bindings::checksum::PyHasher>()?;
     m.add_function(wrap_pyfunction!(bindings::checksum::checksum_file, m)?)?;
     m.add_function(wrap_pyfunction!(bindings::chunk_file::write_chunk, m)?)?;
+    m.add_function(wrap_pyfunction!(bindings::put_file::put_file, m)?)?;
     m.add("ALGORITHMS", ("sha256", "blake3", "crc32c"))?;
     m.add_function(wrap_pyfunction!(bindings::merge::merge, m)?)?;
     m.add_class::<bindings::stream::PyStreamingMerge>()?;

@@ -5,18 +5,13 @@ and precise errors for bad arguments."""
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.strace import STRACE, fsynced_paths
 
 import merge_core
 from merge_core import Hasher, MergeIOError, write_chunk
-
-STRACE = shutil.which("strace")
 
 
 def digest(data: bytes, algorithm: str = "sha256") -> str:
@@ -76,25 +71,6 @@ def test_an_unknown_algorithm_is_a_precise_value_error(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-def _fsynced_paths(tmp_path: Path, script: str) -> list[str]:
-    """The paths a child running `script` opened and then fsynced (strace's view)."""
-    log = tmp_path / "strace.log"
-    trace = ["-f", "-qq", "-o", str(log), "-e", "trace=openat,fsync,fdatasync"]
-    subprocess.run(
-        [STRACE or "strace", *trace, sys.executable, "-c", script],
-        check=True,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    opened: dict[str, str] = {}
-    synced: list[str] = []
-    for line in log.read_text().splitlines():
-        if m := re.search(r'openat\(AT_FDCWD, "([^"]+)", [^)]*\) = (\d+)', line):
-            opened[m.group(2)] = m.group(1)
-        elif m := re.search(r"f(?:data)?sync\((\d+)\) += 0", line):
-            synced.append(opened[m.group(1)])
-    return synced
-
-
 @pytest.mark.skipif(STRACE is None, reason="strace is installed by .ci/run")
 def test_the_kept_file_is_fsynced_and_a_refused_one_is_not(tmp_path: Path) -> None:
     kept, refused, unsynced = tmp_path / "kept", tmp_path / "refused", tmp_path / "unsynced"
@@ -107,6 +83,6 @@ def test_the_kept_file_is_fsynced_and_a_refused_one_is_not(tmp_path: Path) -> No
         f"merge_core.write_chunk({str(refused)!r}, data, 'sha256', '0' * 64)\n"
         f"merge_core.write_chunk({str(unsynced)!r}, data, 'sha256', good, False)\n"
     )
-    assert _fsynced_paths(tmp_path, script) == [str(kept)]
+    assert fsynced_paths(tmp_path, script) == [str(kept)]
     assert kept.read_bytes() == data and unsynced.read_bytes() == data
     assert not refused.exists()

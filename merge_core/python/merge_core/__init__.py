@@ -30,6 +30,7 @@ from merge_core._merge_core import (
     StreamingMerge,
     __version__,
     checksum_file,
+    put_file,
     write_chunk,
 )
 
@@ -53,5 +54,6 @@ __all__ = [
     "as_chunk",
     "checksum_file",
     "merge",
+    "put_file",
     "write_chunk",
 ]

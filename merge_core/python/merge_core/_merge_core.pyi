@@ -22,6 +22,7 @@ __all__ = [
     "__version__",
     "checksum_file",
     "merge",
+    "put_file",
     "write_chunk",
 ]
 
@@ -115,6 +116,13 @@ def write_chunk(
     expected: str | None = None,
     fsync: bool = True,
 ) -> str: ...
+def put_file(
+    path: str | os.PathLike[str],
+    staged: str | os.PathLike[str],
+    data: Buffer,
+    fsync: bool = True,
+    folders: Sequence[str | os.PathLike[str]] | None = None,
+) -> None: ...
 def merge(
     chunks: Sequence[_ChunkFields],
     output_path: str | os.PathLike[str],

@@ -5,4 +5,5 @@ pub mod checksum;
 pub mod chunk_file;
 pub mod errors;
 pub mod merge;
+pub mod put_file;
 pub mod stream;

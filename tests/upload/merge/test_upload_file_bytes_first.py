@@ -37,13 +37,16 @@ class GatedPut(LocalBlobStore):
         self.entered = asyncio.Event()
         self.gate = threading.Event()
 
-    def _put_sync(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._wait_at_gate, key)
+        await super().put(key, data)
+
+    def _wait_at_gate(self, key: str) -> None:
         self._loop.call_soon_threadsafe(self.entered.set)
         if not self.gate.wait(GATE_TIMEOUT_S):
             raise RuntimeError("gate never opened")
         if self._fail:
             raise OSError(errno.ENOSPC, "No space left on device", key)
-        super()._put_sync(key, data)
 
 
 class Recorded(GroupCommits):

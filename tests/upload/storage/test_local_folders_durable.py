@@ -16,15 +16,24 @@ from services.upload.storage.blob_store import ChunkRef, LocalBlobStore
 
 @pytest.fixture
 def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths fsynced, in order (the real fsync still runs)."""
+    """The paths fsynced, in order (the real fsyncs still run): Python's, and those
+    merge_core.put_file makes in Rust, in its documented order (the staged file, the
+    object's folder, then the folders it is given)."""
     paths: list[str] = []
     real = os.fsync
+    real_put_file = merge_core.put_file
 
     def fsync(fd: int) -> None:
         paths.append(os.readlink(f"/proc/self/fd/{fd}"))
         real(fd)
 
+    def put_file(path, staged, data, fsync=True, folders=None) -> None:  # type: ignore[no-untyped-def]
+        real_put_file(path, staged, data, fsync, folders)
+        if fsync:
+            paths.extend([str(staged), str(Path(path).parent), *map(str, folders or ())])
+
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(merge_core, "put_file", put_file)
     return paths
 
 

@@ -14,7 +14,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +37,13 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _os_error(exc: merge_core.MergeIOError) -> OSError:
+    """The OSError a Python write raises (a full disk then answers RESOURCE_EXHAUSTED)."""
+    if exc.errno is None:
+        return OSError(str(exc))
+    return OSError(exc.errno, os.strerror(exc.errno), str(exc.path))
 
 
 class LocalBlobStore:
@@ -70,16 +77,26 @@ class LocalBlobStore:
         return Path(p)
 
     async def put(self, key: str, data: bytes) -> None:
-        """Temp + fsync + rename + folder fsync, in one call on a thread."""
-        await asyncio.to_thread(self._put_sync, key, data)
-
-    def _put_sync(self, key: str, data: bytes) -> None:
-        staged = self.stage_sync(key, data)
+        """Temp + fsync + rename + folder fsyncs, in one merge_core call on a thread: the
+        thread takes the GIL back once, not after each system call (a busy event loop
+        made those waits, not the I/O, a small file's slowest step)."""
+        final = self.path(key)
+        folder = final.parent
+        # The entries `_durable_entries` would fsync, named here, marked once durable.
+        fresh = self._fresh_folders(folder) if self._fsync else []
+        staged = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
         try:
-            self._publish_many_sync([(staged, key)])
-        except BaseException:
-            self._discard_sync(staged)
-            raise
+            await asyncio.to_thread(
+                merge_core.put_file,
+                final,
+                staged,
+                data,
+                self._fsync,
+                [parent for _, parent in fresh],
+            )
+        except merge_core.MergeIOError as exc:
+            raise _os_error(exc) from exc
+        self._mark_durable(current for current, _ in fresh)
 
     async def stage(self, key: str, data: bytes) -> object:
         """Write `data` beside `key` under a temporary name, fsynced (on a thread)."""
@@ -97,13 +114,25 @@ class LocalBlobStore:
         file fsynced in a folder whose own entry is not can vanish with it on a crash.
         Called after `folder` itself was fsynced, so on ext4 the journal commit that made
         its contents durable has taken the mkdir along, and these cost next to nothing."""
+        for current, parent in self._fresh_folders(folder):
+            _fsync_dir(parent)
+            self._mark_durable((current,))
+
+    def _fresh_folders(self, folder: Path) -> list[tuple[Path, Path]]:
+        """(folder, its parent) from `folder` up to the root, for each folder whose entry
+        this process has not made durable yet (`_durable_entries`)."""
+        fresh = []
         current = folder
         while current != self.root and str(current) not in self._durable:
-            _fsync_dir(current.parent)
+            fresh.append((current, current.parent))
+            current = current.parent
+        return fresh
+
+    def _mark_durable(self, folders: Iterable[Path]) -> None:
+        for current in folders:
             if len(self._durable) >= DURABLE_FOLDERS_KEPT:
                 self._durable.clear()
             self._durable[str(current)] = None
-            current = current.parent
 
     def stage_sync(self, key: str, data: bytes) -> str:
         """Write `data` to `.{name}.{random}.tmp` beside `key` and fsync it."""
@@ -141,10 +170,7 @@ class LocalBlobStore:
         try:
             actual = merge_core.write_chunk(staged, data, algorithm, expected, self._fsync)
         except merge_core.MergeIOError as exc:
-            # The OSError a Python write raises (a full disk then answers RESOURCE_EXHAUSTED).
-            if exc.errno is None:
-                raise OSError(str(exc)) from exc
-            raise OSError(exc.errno, os.strerror(exc.errno), str(staged)) from exc
+            raise _os_error(exc) from exc
         return (str(staged) if actual == expected else None), actual
 
     async def publish(self, staged: object, key: str) -> None:
