@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any, TypeVar
 
 import grpc
 
@@ -45,6 +46,7 @@ Upload = Named[upload_pb2.Upload]
 ProgressCallback = Callable[[int, int], None]
 
 _MESSAGE_LIMIT = 64 * 1024 * 1024
+_Stub = TypeVar("_Stub")
 # Idempotent calls gRPC may repeat on UNAVAILABLE (PutChunk: a repeat is a duplicate;
 # CreateUpload: the client_request_id returns the same upload).
 _RETRY = (
@@ -104,6 +106,7 @@ class SerentakClient(FileCalls):
         # Per service: each verifies its own name (a ConfigError now, not at the first call).
         self._securities = {which: base.with_server_name(name) for which, name in names.items()}
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[Any, str], Any] = {}
         self._lock_clients: dict[str, LockClient] = {}  # by owner, over the locks channel
         self._addresses = {"upload": address, "locks": locks_address, "notify": notify_address}
 
@@ -123,15 +126,24 @@ class SerentakClient(FileCalls):
             )
         return self._channels[which]
 
+    def _stub(self, stub_class: Callable[[grpc.aio.Channel], _Stub], which: str) -> _Stub:
+        """`stub_class` over the `which` channel, made once: a stub builds a callable per
+        method, which a call a small file makes should not pay again."""
+        key = (stub_class, which)
+        if key not in self._stubs:
+            self._stubs[key] = stub_class(self._channel(which))
+        stub: _Stub = self._stubs[key]
+        return stub
+
     @property
     def uploads(self) -> upload_pb2_grpc.UploadServiceStub:
         """The raw UploadService stub."""
-        return upload_pb2_grpc.UploadServiceStub(self._channel("upload"))
+        return self._stub(upload_pb2_grpc.UploadServiceStub, "upload")
 
     @property
     def files(self) -> upload_pb2_grpc.FileServiceStub:
         """The raw FileService stub."""
-        return upload_pb2_grpc.FileServiceStub(self._channel("upload"))
+        return self._stub(upload_pb2_grpc.FileServiceStub, "upload")
 
     async def close(self) -> None:
         """Close every channel opened so far."""
@@ -139,6 +151,7 @@ class SerentakClient(FileCalls):
         for lock_client in lock_clients:
             await lock_client.close()
         channels, self._channels = list(self._channels.values()), {}
+        self._stubs = {}  # over the channels closed here
         for channel in channels:
             await channel.close()
 
@@ -469,7 +482,7 @@ class SerentakClient(FileCalls):
 
     async def describe_lock(self, key: str) -> locks_pb2.DescribeResponse:
         """The holder and waiters of `key`."""
-        stub = locks_pb2_grpc.LockServiceStub(self._channel("locks"))
+        stub = self._stub(locks_pb2_grpc.LockServiceStub, "locks")
         described: locks_pb2.DescribeResponse = await stub.Describe(
             locks_pb2.DescribeRequest(key=key)
         )
@@ -485,7 +498,7 @@ class SerentakClient(FileCalls):
         in `notifications` rather than `notification`: fewer messages under load, no added
         latency. `notifications_in(message)` reads either shape.
         """
-        stub = notify_pb2_grpc.NotifyServiceStub(self._channel("notify"))
+        stub = self._stub(notify_pb2_grpc.NotifyServiceStub, "notify")
         request = notify_pb2.SubscribeRequest(
             cursor=cursor, device_id=device_id, max_batch=max_batch
         )
