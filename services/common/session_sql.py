@@ -112,6 +112,20 @@ class SessionStatement:
         found = await self.rows(session, values)
         return found[0] if found else None
 
+    async def later(self, session: AsyncSession, values: Mapping[str, Any] | None = None) -> Later:
+        """The statement (one that returns rows) sent now, its rows read later
+        (`Later.rows`): inside a `pipelined` block its answer comes with the block's end,
+        with no round trip of its own; elsewhere it runs at once."""
+        values = values or {}
+        if session.info.get(_PIPELINE) is None:
+            return Later(rows=await self.rows(session, values))
+        compiled, connection, driver = await self._prepare(session, values)
+        try:
+            cursor = await driver.execute(compiled.sql, compiled.params(values))
+        except psycopg.Error as exc:
+            raise await as_sqlalchemy_error(connection, driver, exc, compiled.sql, values) from exc
+        return Later(sent=(compiled, connection, driver, cursor, values))
+
     async def execute(self, session: AsyncSession, values: Mapping[str, Any] | None = None) -> int:
         """Run a statement that returns no rows; the rows it matched (its rowcount)."""
         _, rowcount = await self._run(session, values or {}, count=True)
@@ -177,6 +191,40 @@ class SessionStatement:
         await _autoflush(session)
         connection, driver = await session_driver(session)
         return self._for(connection.dialect, tuple(sorted(values))), connection, driver
+
+
+class Later:
+    """A statement's rows, read once its answer is in (`SessionStatement.later`)."""
+
+    __slots__ = ("_rows", "_sent")
+
+    def __init__(
+        self,
+        *,
+        rows: list[tuple[Any, ...]] | None = None,
+        sent: tuple[CompiledStatement, AsyncConnection, Any, Any, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self._rows = rows
+        self._sent = sent
+
+    async def rows(self) -> list[tuple[Any, ...]]:
+        """Every row the statement returned (tuples, in its columns' order); read inside
+        its pipeline, it waits for the answer (and everything sent before it)."""
+        if self._sent is not None:
+            compiled, connection, driver, cursor, values = self._sent
+            try:
+                raw = await cursor.fetchall()
+            except psycopg.Error as exc:
+                raise await as_sqlalchemy_error(
+                    connection, driver, exc, compiled.sql, values
+                ) from exc
+            self._rows, self._sent = compiled.rows(raw), None
+        return self._rows or []
+
+    async def first(self) -> Any:
+        """The statement's first row, or None."""
+        found = await self.rows()
+        return found[0] if found else None
 
 
 async def _autoflush(session: AsyncSession) -> None:

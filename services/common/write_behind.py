@@ -25,7 +25,7 @@ holds the tenant's tree lock first (`tree.lock_tree`), so the order is never cro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -36,6 +36,8 @@ Item = TypeVar("Item")
 
 # session.info: the items written behind so far, per batch in the order first written.
 _PENDING = "serentak.write_behind"
+# session.info, during `flush`: what to run once the flush's statements are answered.
+_ANSWERED = "serentak.write_behind.answered"
 
 
 class Batch(Protocol[Item]):
@@ -81,15 +83,32 @@ def behind(session: AsyncSession) -> None:
 async def flush(session: AsyncSession) -> None:
     """Write what was written behind so far, batch by batch, pipelined on PostgreSQL (one
     round trip where a batch needs an answer before its next statement, and one at the
-    end)."""
+    end); then what the batches left for their answers (`when_answered`)."""
     pending: dict[Batch[Any], list[Any]] | None = session.info.get(_PENDING)
     if not pending:
         return
-    async with pipelined(session):
-        while pending:
-            batch = next(iter(pending))
-            items = pending.pop(batch)
-            await batch.write(session, items)
+    answered: list[Callable[[], Awaitable[None]]] = []
+    session.info[_ANSWERED] = answered
+    try:
+        async with pipelined(session):
+            while pending:
+                batch = next(iter(pending))
+                items = pending.pop(batch)
+                await batch.write(session, items)
+    finally:
+        del session.info[_ANSWERED]
+    for then in answered:
+        await then()
+
+
+async def when_answered(session: AsyncSession, then: Callable[[], Awaitable[None]]) -> None:
+    """Run `then` once the statements a batch sent have their answers: after the flush's
+    pipeline ends (no round trip of their own), or now outside a flush."""
+    answered: list[Callable[[], Awaitable[None]]] | None = session.info.get(_ANSWERED)
+    if answered is None:
+        await then()
+    else:
+        answered.append(then)
 
 
 def discard(session: AsyncSession) -> None:

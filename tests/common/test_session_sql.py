@@ -21,9 +21,10 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from support.tables import engine_with
 
 from services.common.db import session_factory
@@ -154,6 +155,27 @@ async def test_a_pipelined_constraint_error_is_sqlalchemys_and_nothing_is_stored
     async with sessions() as session:
         assert await BY_ID.first(session, {"id": "fresh"}) is None
         assert (await COUNT.one(session))[0] == 2  # "taken" and "after"
+
+
+async def test_a_read_sent_later_gives_what_a_read_at_once_gives(sessions) -> None:
+    async with sessions.begin() as session:
+        await INSERT.execute_many(session, [note("l-1"), note("l-2")])
+    async with sessions.begin() as session:
+        at_once = [await BY_ID.rows(session, {"id": "l-1"}), await COUNT.rows(session)]
+        unpipelined = await BY_ID.later(session, {"id": "l-1"})  # runs at once
+        async with pipelined(session):
+            answers = [await BY_ID.later(session, {"id": "l-1"}), await COUNT.later(session)]
+            await INSERT.execute(session, note("l-3"))  # sent after: not in the count
+        assert [await answer.rows() for answer in answers] == at_once
+        assert await unpipelined.rows() == at_once[0]
+        assert await answers[1].first() == at_once[1][0]
+        assert (await COUNT.one(session))[0] == 3
+    # A read that fails is SQLAlchemy's error, at the block's end or at its rows.
+    with pytest.raises(DBAPIError):
+        async with sessions() as session:
+            async with pipelined(session):
+                failing = await SessionStatement(text("SELECT * FROM no_such_table")).later(session)
+            await failing.rows()
 
 
 async def test_what_it_cannot_do_is_refused_not_done_wrong(sessions) -> None:

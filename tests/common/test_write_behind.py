@@ -6,6 +6,7 @@ once."""
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
@@ -135,3 +136,54 @@ async def test_a_unit_sees_what_earlier_units_wrote_behind_and_not_yet_written(s
     assert seen == [[], ["a"], ["a", "b"]]  # pending: written behind, in the order written
     async with sessions() as session, session.begin():
         assert write_behind.pending(session, rows) == []  # outside a group: nothing waits
+
+
+class ReadBack:
+    """A batch whose rows' ids are read back once the flush's statements are answered."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    async def write(self, session, items) -> None:  # type: ignore[no-untyped-def]
+        for item in items:
+            answer = await INSERT_RETURNING.later(session, item)
+            self.events.append(("sent", item["name"]))
+            await write_behind.when_answered(
+                session, functools.partial(self._answered, answer, item["name"])
+            )
+
+    async def _answered(self, answer, name: str) -> None:  # type: ignore[no-untyped-def]
+        (row_id,) = await answer.first()
+        self.events.append(("answered", name, row_id))
+
+
+INSERT_RETURNING = SessionStatement(insert(trail).returning(trail.c.id))
+
+
+async def test_a_batchs_answers_are_read_once_every_write_of_the_flush_is_sent(sessions) -> None:
+    read_back, rows = ReadBack(), CountedRows()
+    groups = GroupCommits(sessions)
+
+    def unit(name: str):  # type: ignore[no-untyped-def]
+        async def work(session) -> None:  # type: ignore[no-untyped-def]
+            await write_behind.write(session, read_back, {"name": name})
+            await write_behind.write(session, rows, {"name": f"{name}-row"})
+
+        return work
+
+    await one_group(groups, [unit("a"), unit("b")])
+    async with sessions() as session:
+        ids = dict((await session.execute(select(trail.c.name, trail.c.id))).all())
+    # Both sent, then (after the other batch's rows too) both answers, with the stored ids.
+    assert read_back.events == [
+        ("sent", "a"),
+        ("sent", "b"),
+        ("answered", "a", ids["a"]),
+        ("answered", "b", ids["b"]),
+    ]
+    assert rows.writes == [2]
+    # Outside a flush the answer is read at once.
+    async with sessions() as session, session.begin():
+        await write_behind.write(session, read_back, {"name": "alone"})
+    assert read_back.events[-2:][0] == ("sent", "alone")
+    assert read_back.events[-1][:2] == ("answered", "alone")

@@ -12,6 +12,7 @@ every commit under a lock goes through `commit_fenced`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import String, Table, bindparam, insert, update
@@ -19,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from services.common import write_behind
 from services.common.session_rows import insert_values, inserted, refreshed, updated
-from services.common.session_sql import SessionStatement
+from services.common.session_sql import Later, SessionStatement
 from services.upload.errors import FileNotFound, StaleFencingToken, VersionMismatch
 from services.upload.models import FileRow, utcnow
 
@@ -129,9 +130,18 @@ class _FolderBumps:
 
     async def write(self, session: AsyncSession, items: list[str]) -> None:
         for folder_id in sorted(set(items)):
-            row = await _TOUCH.first(session, {"folder_id": folder_id})
-            if row is not None:  # the session's copy of the folder, if any, shows it
-                updated(session, FileRow, folder_id, {"children_version": row[0]})
+            answer = await _TOUCH.later(session, {"folder_id": folder_id})
+            # The session's copy of the folder, if any, shows it once answered (the rest of
+            # the writes go on meanwhile).
+            await write_behind.when_answered(
+                session, functools.partial(_show_bump, session, folder_id, answer)
+            )
+
+
+async def _show_bump(session: AsyncSession, folder_id: str, answer: Later) -> None:
+    row = await answer.first()
+    if row is not None:
+        updated(session, FileRow, folder_id, {"children_version": row[0]})
 
 
 _BUMPS = _FolderBumps()
