@@ -73,7 +73,16 @@ _NEXT_SEQ = SessionStatement(
         "sqlite": _next_seq_statement(sqlite.insert),
     }
 )
-_INSERT_CHANGE = SessionStatement(insert(ChangeRow.__table__))  # type: ignore[arg-type]
+# A row's number is its tenant's head, just moved by `_NEXT_SEQ` in this transaction, less
+# `back`: read by the INSERT itself, so nothing waits for the head's answer in between.
+_INSERT_CHANGE = SessionStatement(
+    insert(ChangeRow.__table__).values(  # type: ignore[arg-type]
+        seq=select(ChangeHeadRow.last_seq)
+        .where(ChangeHeadRow.tenant_id == bindparam("head_tenant_id", type_=String))
+        .scalar_subquery()
+        - bindparam("back", type_=BigInteger)
+    )
+)
 
 
 async def next_seqs(session: AsyncSession, tenant_id: str, count: int) -> int:
@@ -148,19 +157,22 @@ class _Changes:
         counts: dict[str, int] = {}
         for change in items:
             counts[change.tenant_id] = counts.get(change.tenant_id, 0) + len(change.items)
-        following: dict[str, int] = {}
         for tenant_id in sorted(counts):
-            last = await next_seqs(session, tenant_id, counts[tenant_id])
-            following[tenant_id] = last - counts[tenant_id] + 1
+            # Only sent when pipelined: each row reads the head back itself (`_INSERT_CHANGE`)
+            # instead of the batch waiting for this answer.
+            await _NEXT_SEQ.later(session, {"tenant_id": tenant_id, "count": counts[tenant_id]})
+        # A change's numbers counted back from the head: the last of its tenant's run is 0.
+        back = dict(counts)
         rows: list[dict[str, Any]] = []
         for change in items:
-            first = following[change.tenant_id]
-            following[change.tenant_id] = first + len(change.items)
+            back[change.tenant_id] -= len(change.items)
+            behind = back[change.tenant_id] + len(change.items) - 1
             rows.extend(
                 {
                     "tenant_id": change.tenant_id,
+                    "head_tenant_id": change.tenant_id,
+                    "back": behind - i,
                     "user_id": user,
-                    "seq": first + i,
                     "file_id": file_id,
                     "event_type": change.event_type,
                     "via_folder": via,
