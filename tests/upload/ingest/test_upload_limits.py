@@ -173,6 +173,27 @@ async def test_concurrent_small_files_never_exceed_the_quota(cluster) -> None:
     assert info.metadata["used"] == str(9 * CHUNK)
 
 
+async def test_small_files_and_creates_racing_never_exceed_the_quota(cluster) -> None:
+    # Small files (one transaction each, under the tenant's tree lock, in group commits)
+    # and creates (their own transaction) take one allowance lock: they count each other.
+    users = {u: cluster[u] for u in ("alice", "bob", "carol")}
+    racers = [(u, f"mixed-{i}", i % 2 == 0) for u in users for i in range(3)]
+    results = await asyncio.gather(
+        *(
+            _small_file(users[u], 3 * CHUNK, name=name)
+            if small
+            else _create(users[u], 3 * CHUNK, name)
+            for u, name, small in racers
+        ),
+        return_exceptions=True,
+    )
+    won = [r for r in results if isinstance(r, upload_pb2.UploadFileResponse | upload_pb2.Upload)]
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(won) + len(refused) == 9, results
+    assert len(won) == 3, f"{len(won)} small files and creates of 3 KiB in a 10 KiB quota"
+    assert {(exc.code(), error_info(exc).reason) for exc in refused} == {(RE, "QUOTA_EXCEEDED")}
+
+
 async def test_concurrent_new_versions_never_exceed_the_quota(cluster) -> None:
     # Nine 1-byte files, then a 3 KiB version of each at once: a new version's size counts
     # as soon as its row is updated, so the versions committed together see each other.
