@@ -9,11 +9,13 @@ What the server spends beyond it (bench_small_files.py's "CPU ms/file: upload") 
 RPC layer, gRPC itself and the outbox relay.
 
     .venv/bin/python tests/benchmarks/profile_small_files.py [--repo DIR] [--postgres DSN]
-        [--at-once 1,16,64] [--files 2000]
+        [--at-once 1,16,64] [--files 2000] [--timeline]
 
 `--repo`: another checkout (with this tree's `.venv`) to compare its code in the same
-window. The first 200 files warm up and are not counted. A profile aid, not a target:
-issue #32's numbers are bench_small_files.py's.
+window. `--timeline`: one file at a time only, and the median timeline of a file's commit
+(its statements, psycopg's waits, the blob write, the COMMIT: `small_files_timeline.py`).
+The first 200 files warm up and are not counted. A profile aid, not a target: issue #32's
+numbers are bench_small_files.py's.
 """
 
 from __future__ import annotations
@@ -129,8 +131,10 @@ def main() -> None:
     parser.add_argument("--postgres", metavar="DSN", help="a server to create a database on")
     parser.add_argument("--at-once", default="1,16,64")
     parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--timeline", action="store_true", help="one at a time, timed")
     args = parser.parse_args()
     sys.path[:0] = [str(args.repo), str(args.repo / "client"), str(args.repo / "tests")]
+    sys.path.append(str(Path(__file__).resolve().parent))  # small_files_timeline
     os.environ.setdefault("SERENTAK_AUTH_MODE", "dev")
     from support.postgres import PostgresDatabases
 
@@ -138,12 +142,21 @@ def main() -> None:
 
     configure_logging("upload", "json", "WARNING", once=True)
     databases = PostgresDatabases(args.postgres) if args.postgres else None
+    timeline = None
+    if args.timeline:
+        from small_files_timeline import Timeline
+
+        timeline = Timeline()
+        timeline.install()
+        args.at_once = "1"
     try:
         for at_once in (int(n) for n in args.at_once.split(",")):
             with tempfile.TemporaryDirectory(prefix="profile-small-") as tmp:
                 url = databases.create() if databases else f"sqlite+aiosqlite:///{tmp}/upload.db"
                 files = args.files if at_once > 1 else min(args.files, 500)
                 print(asyncio.run(_run(url, Path(tmp) / "data", at_once, files)), flush=True)
+        if timeline is not None:
+            print("\n".join(timeline.report(min(args.files, 500) - 50)))
         if args.postgres:
             print(asyncio.run(_bare_statement(args.postgres)))
     finally:
