@@ -13,7 +13,10 @@ COMMIT. On PostgreSQL each saved statement is a round trip made under the tenant
 lock, which the next group waits for.
 
 `write(session, batch, item)` writes at once, in a session nobody made write behind: one
-item, the same statement, so every other caller is unchanged. The group committer makes
+item, the same statement, so every other caller is unchanged. A batch that needs what its
+statements answer (a value for the session's objects) reads it after the flush's pipeline
+ends (`when_answered`), not in the middle of it: on PostgreSQL a wait there is a round
+trip under the tenant's tree lock. The group committer makes
 its transactions write behind (`behind`) and owns the rest: it writes a unit's items
 (`flush`) before that unit's savepoint is released, or the whole group's before its
 COMMIT; it drops a failed unit's (`discard`) with its savepoint.

@@ -85,13 +85,6 @@ _INSERT_CHANGE = SessionStatement(
 )
 
 
-async def next_seqs(session: AsyncSession, tenant_id: str, count: int) -> int:
-    """Reserve `count` sequence numbers for the tenant; returns the last (row-locked)."""
-    # Insert-or-increment in one statement: the row lock is held until this commit.
-    (last,) = await _NEXT_SEQ.one(session, {"tenant_id": tenant_id, "count": count})
-    return int(last)
-
-
 async def _below(session: AsyncSession, folder: FileRow) -> list[FileRow]:
     """Everything under `folder`, level by level (bounded by MAX_DEPTH)."""
     found: list[FileRow] = []
