@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 use crate::chunk_file;
 
+use super::buffer::contiguous;
 use super::checksum::parse_algorithm;
 use super::errors::to_py;
 
@@ -26,15 +27,8 @@ pub fn write_chunk(
     fsync: bool,
 ) -> PyResult<String> {
     let algorithm = parse_algorithm(py, algorithm)?;
-    let copy;
-    let bytes: &[u8] = if data.is_c_contiguous() {
-        // SAFETY: the buffer is C-contiguous and `data` keeps the exporter's
-        // buffer alive (and unresizable) until it is dropped after this call.
-        unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes()) }
-    } else {
-        copy = data.to_vec(py)?;
-        &copy
-    };
+    let mut copy = Vec::new();
+    let bytes = contiguous(py, &data, &mut copy)?;
     // File I/O and hashing over memory we hold: no Python objects touched.
     py.detach(|| chunk_file::write_chunk(&path, bytes, algorithm, expected.as_deref(), fsync))
         .map(|written| written.digest().to_owned())

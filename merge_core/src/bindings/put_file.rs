@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 use crate::put_file as core;
 
+use super::buffer::contiguous;
 use super::errors::to_py;
 
 /// Writes `data` to the new file `staged` beside `path` (its folder made 0700),
@@ -25,14 +26,7 @@ pub fn put_file(
     folders: Option<Vec<PathBuf>>,
 ) -> PyResult<()> {
     let folders = folders.unwrap_or_default();
-    let copy;
-    let bytes: &[u8] = if data.is_c_contiguous() {
-        // SAFETY: the buffer is C-contiguous and `data` keeps the exporter's
-        // buffer alive (and unresizable) until it is dropped after this call.
-        unsafe { std::slice::from_raw_parts(data.buf_ptr() as *const u8, data.len_bytes()) }
-    } else {
-        copy = data.to_vec(py)?;
-        &copy
-    };
+    let mut copy = Vec::new();
+    let bytes = contiguous(py, &data, &mut copy)?;
     py.detach(|| core::put_file(&path, &staged, bytes, fsync, &folders)).map_err(|e| to_py(py, e))
 }
