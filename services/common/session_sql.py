@@ -126,6 +126,11 @@ class SessionStatement:
             raise await as_sqlalchemy_error(connection, driver, exc, compiled.sql, values) from exc
         return Later(sent=(compiled, connection, driver, cursor, values))
 
+    async def send(self, session: AsyncSession, values: Mapping[str, Any] | None = None) -> None:
+        """Run a statement that returns no rows, its rowcount not needed: inside a
+        `pipelined` block it is only sent (its errors come with a later answer)."""
+        await self._run(session, values or {})
+
     async def execute(self, session: AsyncSession, values: Mapping[str, Any] | None = None) -> int:
         """Run a statement that returns no rows; the rows it matched (its rowcount)."""
         _, rowcount = await self._run(session, values or {}, count=True)

@@ -129,12 +129,14 @@ async def test_pipelined_statements_keep_their_order_rows_and_counts(sessions) -
         assert (await BUMP.one(session, {"note": "p-03"}))[0] == 8
         assert await UNDONE.execute(session, {"note": "p-04"}) == 1
         assert await UNDONE.execute(session, {"note": "absent"}) == 0
+        await UNDONE.send(session, {"note": "p-05"})  # only sent: no count asked for
         await INSERT.execute(session, note("p-last"))
         assert (await COUNT.one(session))[0] == 13
     async with sessions() as session:
         assert (await COUNT.one(session))[0] == 13
         assert (await BY_ID.one(session, {"id": "p-03"}))[4] == 8
         assert tuple(await BY_ID.one(session, {"id": "p-04"}))[1:4] == (AT, {"a": [1, "b"]}, False)
+        assert (await BY_ID.one(session, {"id": "p-05"}))[3] is False
 
 
 async def test_a_pipelined_constraint_error_is_sqlalchemys_and_nothing_is_stored(sessions) -> None:

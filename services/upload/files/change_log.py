@@ -55,7 +55,7 @@ def subscribe(callback: Callable[[str], None]) -> Callable[[], None]:
 
 
 def _next_seq_statement(dialect_insert: Any) -> Any:
-    """Insert-or-increment the tenant's head by `:count`, returning the last number."""
+    """Insert-or-increment the tenant's head by `:count` (row-locked until commit)."""
     head = ChangeHeadRow.__table__
     count = bindparam("count", type_=BigInteger)
     stmt = dialect_insert(head).values(
@@ -63,7 +63,7 @@ def _next_seq_statement(dialect_insert: Any) -> Any:
     )
     return stmt.on_conflict_do_update(
         index_elements=["tenant_id"], set_={"last_seq": head.c.last_seq + count}
-    ).returning(head.c.last_seq)
+    )
 
 
 # Built once per dialect: a statement made per call costs more than running it.
@@ -151,9 +151,8 @@ class _Changes:
         for change in items:
             counts[change.tenant_id] = counts.get(change.tenant_id, 0) + len(change.items)
         for tenant_id in sorted(counts):
-            # Only sent when pipelined: each row reads the head back itself (`_INSERT_CHANGE`)
-            # instead of the batch waiting for this answer.
-            await _NEXT_SEQ.later(session, {"tenant_id": tenant_id, "count": counts[tenant_id]})
+            # Each row reads the head back itself (`_INSERT_CHANGE`): nothing waits for it.
+            await _NEXT_SEQ.send(session, {"tenant_id": tenant_id, "count": counts[tenant_id]})
         # A change's numbers counted back from the head: the last of its tenant's run is 0.
         back = dict(counts)
         rows: list[dict[str, Any]] = []
